@@ -1,0 +1,81 @@
+"""The `agent` command line: a thin root that loads each command group only when it is used.
+
+Commands live in ``agent/commands/``; each parses options, calls a library function and prints.
+The registry below is the whole list; a cron tick imports only the command it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from agent import AgentError, __version__
+
+COMMANDS: dict[str, str] = {
+    "init": "agent.commands.setup:init",
+    "task": "agent.commands.task:task",
+    "checklist": "agent.commands.task:checklist",
+    "events": "agent.commands.task:events",
+    "watch": "agent.commands.watch:watch",
+}
+
+
+class LazyGroup(click.Group):
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy:
+            module, attr = self.lazy[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="agent")
+@click.option("--home", type=click.Path(file_okay=False), envvar="AGENT_HOME", show_envvar=True,
+              help="Home folder: ledger, config, mirrors, worktrees, logs. Default: the user data dir.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Use this config file instead of HOME/config.yaml.")
+@click.pass_context
+def cli(ctx, home, config_file):
+    """Turn production errors into reviewed draft pull requests.
+
+    \b
+    Quick start:
+      agent demo                  # the whole path on an embedded example, offline
+      agent init                  # create the home, ledger and a commented config
+      agent watch all             # one pass of every scan (for cron)
+    """
+    from pathlib import Path
+
+    from agent.app import App, resolve_home
+
+    app = App(home=resolve_home(home), config_file=Path(config_file).resolve() if config_file else None)
+    ctx.obj = app
+    ctx.call_on_close(app.close)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="agent", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    except AgentError as exc:
+        click.echo(f"agent: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)

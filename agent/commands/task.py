@@ -1,0 +1,198 @@
+"""`agent task ...`, `agent checklist set`, `agent events`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from agent.commands.common import emit, get_app, json_option
+
+STATES = ("open", "working", "gate-blocked", "done", "failed")
+
+
+@click.group()
+def task():
+    """Tasks: one per error.fix conclusion, each with its checklist of steps."""
+
+
+@task.command("create")
+@click.option("--repo", required=True, help="OWNER/NAME of the repository to fix.")
+@click.option("--title", required=True, help="One line saying what the task is.")
+@click.option("--error-id", help="The error this task fixes (id or unique prefix).")
+@click.option("--base", default="main", show_default=True, help="Base branch.")
+@json_option
+def task_create(repo, title, error_id, base, as_json):
+    """Create a task by hand (for humans and tests).
+
+    \b
+    Example:
+      agent task create --repo acme/widgets --title "Fix KeyError in checkout"
+    """
+    from agent.tasks import create_task, resolve_error
+
+    app = get_app()
+    eid = resolve_error(app.ledger, error_id)["id"] if error_id else None
+    task_id, created = create_task(app.ledger, repo, title, error_id=eid, base=base,
+                                   round_cap=app.config.limits.round_cap, actor="human")
+    emit({"id": task_id, "created": created}, as_json,
+         lambda r: click.echo(f"task {r['id']} {'created' if r['created'] else 'exists'}"))
+
+
+@task.command("list")
+@click.option("--state", type=click.Choice(STATES), help="Only tasks in this state.")
+@json_option
+def task_list(state, as_json):
+    """List tasks.
+
+    \b
+    Example:
+      agent task list --state gate-blocked --json
+    """
+    from agent.tasks import list_tasks
+
+    rows = list_tasks(get_app().ledger, state)
+
+    def human(rows):
+        for r in rows:
+            why = r["blocked_reason"] or r["failed_reason"] or ""
+            click.echo(f"{r['id']:>5}  {r['state']:<12} round {r['round']}/{r['round_cap']}  {r['repo']}  "
+                       f"{r['title']}{'  -- ' + why if why else ''}")
+        if not rows:
+            click.echo("no tasks")
+
+    emit(rows, as_json, human)
+
+
+@task.command("show")
+@click.argument("task_id", type=int)
+@json_option
+def task_show(task_id, as_json):
+    """Show a task with its steps, lane runs, checks, gates and PR.
+
+    \b
+    Example:
+      agent task show 12
+    """
+    from agent.tasks import task_detail
+
+    t = task_detail(get_app().ledger, task_id)
+
+    def human(t):
+        click.echo(f"task {t['id']}  {t['state']}  round {t['round']}/{t['round_cap']}  {t['repo']}  {t['title']}")
+        for k in ("error_id", "branch", "worktree", "head_sha", "blocked_reason", "failed_reason"):
+            if t.get(k):
+                click.echo(f"  {k}: {t[k]}")
+        for s in t["steps"]:
+            click.echo(f"  [{s['status']:<7}] {s['key']:<20} {s['source'] or '':<6} {(s['evidence'] or '')[:80]}")
+        for r in t["lane_runs"]:
+            click.echo(f"  lane #{r['id']} r{r['round']} {r['role']}/{r['vendor']}: {r['status']} "
+                       f"findings={r['findings_count']} cost={r['cost_usd']}")
+        for ch in t["checks"]:
+            click.echo(f"  check r{ch['round']} {'pass' if ch['passed'] else 'FAIL'} at {(ch['head_sha'] or '')[:12]}")
+        if t["pr"]:
+            click.echo(f"  pr: {t['pr']['url']} ({t['pr']['state']}, draft)")
+
+    emit(t, as_json, human)
+
+
+SOURCE = click.option("--source", type=click.Choice(["human", "script"]), default="human", show_default=True,
+                      help="Who closes the step.")
+
+
+@task.command("close-step")
+@click.argument("task_id", type=int)
+@click.argument("key")
+@click.option("--evidence", required=True, help="What shows the step is done.")
+@SOURCE
+@json_option
+def close_step(task_id, key, evidence, source, as_json):
+    """Close one step of a task, if the guard allows it (same guard as `checklist set`).
+
+    \b
+    Example:
+      agent task close-step 12 spec_written --evidence "spec reviewed" --source human
+    """
+    from agent.tasks import set_step
+
+    r = set_step(get_app().ledger, task_id, key, "ja", evidence, source=source)
+    emit(r, as_json, lambda r: click.echo(f"task {task_id} {key}: ja"))
+
+
+@task.command("reset")
+@click.argument("task_id", type=int)
+@click.option("--reason", required=True, help="Why the task may go on (recorded as a human event).")
+@click.option("--rounds", type=int, help="Grant N more rounds (round cap becomes current round + N).")
+@json_option
+def task_reset(task_id, reason, rounds, as_json):
+    """Put a gate-blocked or failed task back to work.
+
+    \b
+    Example:
+      agent task reset 12 --reason "installed codex and logged in" --rounds 2
+    """
+    from agent.tasks import reset_task
+
+    r = reset_task(get_app().ledger, task_id, reason, rounds)
+    emit(r, as_json, lambda r: click.echo(f"task {task_id} back to work (round {r['round']}/{r['round_cap']})"))
+
+
+@click.group()
+def checklist():
+    """A task's checklist (same guard as `task close-step`)."""
+
+
+@checklist.command("set")
+@click.argument("task_id", type=int)
+@click.argument("key")
+@click.option("--status", type=click.Choice(["ja", "nein", "n_a"]), required=True,
+              help="ja closes, nein reopens, n_a marks not applicable (human only).")
+@click.option("--evidence", required=True, help="What shows it.")
+@SOURCE
+@json_option
+def checklist_set(task_id, key, status, evidence, source, as_json):
+    """Set one checklist step; refused exactly when `task close-step` would refuse.
+
+    \b
+    Example:
+      agent checklist set 12 reviewer_approved --status nein --evidence "reviewer missed a case"
+    """
+    from agent.tasks import set_step
+
+    r = set_step(get_app().ledger, task_id, key, status, evidence, source=source)
+    emit(r, as_json, lambda r: click.echo(f"task {task_id} {key}: {status}"))
+
+
+@click.command()
+@click.option("--task", "task_id", type=int, help="Only events of this task.")
+@click.option("--follow", is_flag=True, help="Keep printing new events (Ctrl-C stops).")
+@click.option("--limit", type=int, help="At most N events.")
+@json_option
+def events(task_id, follow, limit, as_json):
+    """The append-only event log.
+
+    \b
+    Example:
+      agent events --task 12
+      agent events --follow
+    """
+    app = get_app()
+    rows = app.ledger.events(task_id=task_id, limit=limit)
+
+    def line(e):
+        who = f"task {e['task_id']}" if e["task_id"] else (f"error {e['error_id'][:8]}" if e["error_id"] else "-")
+        click.echo(f"{e['id']:>6} {e['ts']} {e['actor']:<6} {who:<10} {e['kind']} "
+                   f"{json.dumps(e['payload'], sort_keys=True)[:160]}")
+
+    if as_json and not follow:
+        emit(rows, True)
+        return
+    for e in rows:
+        click.echo(json.dumps(e, default=str)) if as_json else line(e)
+    last = rows[-1]["id"] if rows else 0
+    while follow:
+        time.sleep(0.5)
+        for e in app.ledger.events(task_id=task_id, after_id=last):
+            click.echo(json.dumps(e, default=str)) if as_json else line(e)
+            last = e["id"]

@@ -1,0 +1,417 @@
+"""YAML config -> typed dataclasses, with errors naming file, key path and what was expected.
+
+Two files are read: the home config (``$AGENT_HOME/config.yaml`` or ``--config FILE``) and,
+optionally, a target repository's ``.agent/config.yaml``.  Both are a user-facing contract
+(see DESIGN.md "Config"): unknown keys and wrong types are errors and nothing runs.
+Secrets never live here: config names environment variables instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import AgentError
+
+ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
+BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
+FORGES = ("github", "local")
+SOURCE_KINDS = ("loki", "file", "sentry")
+
+
+class ConfigError(AgentError):
+    """``config.yaml: limits.round_cap: expected an integer >= 1, got "five"``"""
+
+
+@dataclass(frozen=True)
+class RepoConfig:
+    name: str                      # OWNER/NAME
+    url: str
+    base: str = "main"
+    forge: str = "local"
+    services: tuple[str, ...] = ()
+    check: str | None = None
+    branch_prefix: str = "agent/fix-"
+    blocked_paths: tuple[str, ...] = (".github/",)
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    role: str
+    vendor: str
+    model: str | None = None
+    timeout: int | None = None     # seconds; None -> limits.lane_timeout
+    repair: int | None = None      # 0-3; None -> limits.repair
+
+
+@dataclass(frozen=True)
+class VendorConfig:
+    name: str
+    bin: str | None = None
+    env: tuple[str, ...] = ()
+    command: tuple[str, ...] | None = None   # a command vendor's argv template
+    resume: tuple[str, ...] | None = None
+    args: tuple[str, ...] = ()               # extra argv appended for a built-in vendor
+
+
+@dataclass(frozen=True)
+class Limits:
+    round_cap: int = 5
+    repair: int = 1
+    lane_timeout: int = 1800
+    check_timeout: int = 900
+    task_budget_usd: float = 3.0
+    daily_budget_usd: float = 50.0
+    open_drafts_per_repo: int = 3
+    prs_per_hour: int = 2
+    task_wall_time: int = 4 * 3600
+
+
+@dataclass(frozen=True)
+class DecideConfig:
+    auto: bool = False
+    min_count: int = 3
+    max_age_days: int = 14
+
+
+@dataclass(frozen=True)
+class GitConfig:
+    author_name: str = "agent"
+    author_email: str = "agent@localhost"
+
+
+@dataclass(frozen=True)
+class GithubConfig:
+    api_url: str = "https://api.github.com"
+    token_env: str = "GITHUB_TOKEN"
+    token_command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    kind: str
+    service: str | None = None
+    environment: str | None = None
+    url: str | None = None
+    query: str | None = None
+    auth_env: str | None = None
+    path: str | None = None
+    org: str | None = None
+    project: str | None = None
+    token_env: str | None = None
+    format: str = "auto"
+
+    @property
+    def key(self) -> str:
+        """Stable identity of this source, used for its persisted cursor."""
+        return "|".join(str(x or "") for x in (self.kind, self.url, self.query, self.path, self.org, self.project))
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None = None
+    repos: dict[str, RepoConfig] = field(default_factory=dict)
+    lanes: dict[str, LaneConfig] = field(default_factory=dict)
+    vendors: dict[str, VendorConfig] = field(default_factory=dict)
+    limits: Limits = Limits()
+    decide: DecideConfig = DecideConfig()
+    git: GitConfig = GitConfig()
+    github: GithubConfig = GithubConfig()
+    sources: tuple[SourceConfig, ...] = ()
+
+    def repo_for_service(self, service: str | None) -> RepoConfig | None:
+        for repo in self.repos.values():
+            if service and service in repo.services:
+                return repo
+        return None
+
+    def lane(self, role: str, repo: "RepoSettings | None" = None) -> LaneConfig | None:
+        if repo is not None and role in repo.lanes:
+            return repo.lanes[role]
+        return self.lanes.get(role)
+
+    def vendor(self, name: str) -> VendorConfig:
+        return self.vendors.get(name) or VendorConfig(name=name)
+
+
+@dataclass(frozen=True)
+class RepoSettings:
+    """A target repository's own ``.agent/config.yaml``."""
+    check: str | None = None
+    blocked_paths: tuple[str, ...] = ()
+    lanes: dict[str, LaneConfig] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _V:
+    """Walks a parsed YAML document, raising ConfigError with ``file: key.path: expected ...``."""
+
+    def __init__(self, filename: str):
+        self.filename = filename
+
+    def fail(self, path: str, expected: str, got: Any) -> None:
+        shown = f'"{got}"' if isinstance(got, str) else ("nothing" if got is None else repr(got))
+        raise ConfigError(f"{self.filename}: {path}: expected {expected}, got {shown}")
+
+    def mapping(self, value: Any, path: str, allowed: tuple[str, ...] | None = None) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(path, "a mapping", value)
+        if allowed is not None:
+            for key in value:
+                if key not in allowed:
+                    where = f"{path}.{key}" if path else str(key)
+                    raise ConfigError(
+                        f"{self.filename}: {where}: unknown key; expected one of {', '.join(allowed)}")
+        return value
+
+    def string(self, value: Any, path: str, choices: tuple[str, ...] | None = None) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(path, "a non-empty string" if not choices else f"one of {'|'.join(choices)}", value)
+        if choices and value not in choices:
+            self.fail(path, f"one of {'|'.join(choices)}", value)
+        return value
+
+    def opt_string(self, value: Any, path: str) -> str | None:
+        return None if value is None else self.string(value, path)
+
+    def integer(self, value: Any, path: str, lo: int | None = None, hi: int | None = None) -> int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+            bound = f" >= {lo}" if lo is not None and hi is None else (f" from {lo} to {hi}" if hi is not None else "")
+            self.fail(path, f"an integer{bound}", value)
+        return value
+
+    def number(self, value: Any, path: str, lo: float = 0.0) -> float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < lo:
+            self.fail(path, f"a number >= {lo:g}", value)
+        return float(value)
+
+    def boolean(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(path, "true or false", value)
+        return value
+
+    def strings(self, value: Any, path: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if not isinstance(value, list):
+            self.fail(path, "a list of strings", value)
+        return tuple(self.string(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+    def argv(self, value: Any, path: str) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            self.fail(path, "a non-empty list of strings (an argv)", value)
+        return self.strings(value, path)
+
+
+def _lane(v: _V, role: str, raw: Any, path: str) -> LaneConfig:
+    if role not in ROLES:
+        raise ConfigError(f"{v.filename}: {path}: unknown role; expected one of {', '.join(ROLES)}")
+    if isinstance(raw, str):
+        raw = {"vendor": raw}
+    d = v.mapping(raw, path, ("vendor", "model", "timeout", "repair"))
+    return LaneConfig(
+        role=role,
+        vendor=v.string(d.get("vendor"), f"{path}.vendor"),
+        model=v.opt_string(d.get("model"), f"{path}.model"),
+        timeout=None if d.get("timeout") is None else v.integer(d["timeout"], f"{path}.timeout", 1),
+        repair=None if d.get("repair") is None else v.integer(d["repair"], f"{path}.repair", 0, 3),
+    )
+
+
+def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
+    return {role: _lane(v, role, spec, f"{path}.{role}" if path else role)
+            for role, spec in v.mapping(raw, path).items()}
+
+
+def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
+    v = _V(filename)
+    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources"))
+
+    repos: dict[str, RepoConfig] = {}
+    for name, raw in v.mapping(top.get("repos"), "repos").items():
+        p = f"repos.{name}"
+        if not isinstance(name, str) or name.count("/") != 1 or not all(name.split("/")):
+            raise ConfigError(f"{filename}: {p}: expected a repository name OWNER/NAME")
+        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        repos[name] = RepoConfig(
+            name=name,
+            url=v.string(d.get("url"), f"{p}.url"),
+            base=v.string(d.get("base", "main"), f"{p}.base"),
+            forge=v.string(d.get("forge", "local"), f"{p}.forge", FORGES),
+            services=v.strings(d.get("services"), f"{p}.services"),
+            check=v.opt_string(d.get("check"), f"{p}.check"),
+            branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
+            blocked_paths=v.strings(d.get("blocked_paths", [".github/"]), f"{p}.blocked_paths"),
+        )
+
+    lanes = _lanes(v, top.get("lanes"), "lanes")
+
+    vendors: dict[str, VendorConfig] = {}
+    for name, raw in v.mapping(top.get("vendors"), "vendors").items():
+        p = f"vendors.{name}"
+        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args"))
+        vendors[name] = VendorConfig(
+            name=name,
+            bin=v.opt_string(d.get("bin"), f"{p}.bin"),
+            env=v.strings(d.get("env"), f"{p}.env"),
+            command=v.argv(d.get("command"), f"{p}.command"),
+            resume=v.argv(d.get("resume"), f"{p}.resume"),
+            args=v.strings(d.get("args"), f"{p}.args"),
+        )
+    for role, lane in lanes.items():
+        if lane.vendor not in BUILTIN_VENDORS and lane.vendor not in vendors:
+            raise ConfigError(
+                f"{filename}: lanes.{role}.vendor: expected a built-in vendor ({', '.join(BUILTIN_VENDORS)}) "
+                f'or one defined under vendors:, got "{lane.vendor}"')
+    for name, vc in vendors.items():
+        if name not in BUILTIN_VENDORS and vc.command is None:
+            raise ConfigError(f"{filename}: vendors.{name}.command: expected an argv list for a command vendor, "
+                              "got nothing")
+
+    ld = v.mapping(top.get("limits"), "limits", tuple(Limits.__dataclass_fields__))
+    dflt = Limits()
+    limits = Limits(
+        round_cap=v.integer(ld.get("round_cap", dflt.round_cap), "limits.round_cap", 1),
+        repair=v.integer(ld.get("repair", dflt.repair), "limits.repair", 0, 3),
+        lane_timeout=v.integer(ld.get("lane_timeout", dflt.lane_timeout), "limits.lane_timeout", 1),
+        check_timeout=v.integer(ld.get("check_timeout", dflt.check_timeout), "limits.check_timeout", 1),
+        task_budget_usd=v.number(ld.get("task_budget_usd", dflt.task_budget_usd), "limits.task_budget_usd"),
+        daily_budget_usd=v.number(ld.get("daily_budget_usd", dflt.daily_budget_usd), "limits.daily_budget_usd"),
+        open_drafts_per_repo=v.integer(ld.get("open_drafts_per_repo", dflt.open_drafts_per_repo),
+                                       "limits.open_drafts_per_repo", 1),
+        prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
+        task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+    )
+
+    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
+    decide = DecideConfig(
+        auto=v.boolean(dd.get("auto", False), "decide.auto"),
+        min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
+        max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
+    )
+
+    gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
+    git = GitConfig(
+        author_name=v.string(gd.get("author_name", "agent"), "git.author_name"),
+        author_email=v.string(gd.get("author_email", "agent@localhost"), "git.author_email"),
+    )
+
+    hd = v.mapping(top.get("github"), "github", ("api_url", "token_env", "token_command"))
+    github = GithubConfig(
+        api_url=v.string(hd.get("api_url", "https://api.github.com"), "github.api_url").rstrip("/"),
+        token_env=v.string(hd.get("token_env", "GITHUB_TOKEN"), "github.token_env"),
+        token_command=v.argv(hd.get("token_command"), "github.token_command"),
+    )
+
+    sources = []
+    raw_sources = top.get("sources") or []
+    if not isinstance(raw_sources, list):
+        v.fail("sources", "a list of sources", raw_sources)
+    for i, raw in enumerate(raw_sources):
+        p = f"sources[{i}]"
+        d = v.mapping(raw, p, tuple(SourceConfig.__dataclass_fields__))
+        kind = v.string(d.get("kind"), f"{p}.kind", SOURCE_KINDS)
+        src = SourceConfig(kind=kind, **{k: v.opt_string(d.get(k), f"{p}.{k}")
+                                         for k in SourceConfig.__dataclass_fields__
+                                         if k not in ("kind", "format")},
+                           format=v.string(d.get("format", "auto"), f"{p}.format",
+                                           ("auto", "jsonl", "sentry", "traceback")))
+        needed = {"loki": ("url", "query"), "file": ("path",), "sentry": ("url", "org", "project")}[kind]
+        for k in needed:
+            if getattr(src, k) is None:
+                v.fail(f"{p}.{k}", f"a non-empty string (required for kind {kind})", None)
+        if src.kind == "loki" and d.get("password") is not None:
+            raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
+        sources.append(src)
+
+    return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
+                  git=git, github=github, sources=tuple(sources))
+
+
+def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
+    v = _V(filename)
+    top = v.mapping(data, "", ("check", "blocked_paths", "lanes"))
+    return RepoSettings(
+        check=v.opt_string(top.get("check"), "check"),
+        blocked_paths=v.strings(top.get("blocked_paths"), "blocked_paths"),
+        lanes=_lanes(v, top.get("lanes"), "lanes"),
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml  # imported here: a cron tick without config should not pay for it
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def load_config(path: Path, required: bool = False) -> Config:
+    """Load the home config; a missing file is an empty config unless ``required``."""
+    if not path.exists():
+        if required:
+            raise ConfigError(f"{path}: no such config file; run `agent init` or pass an existing --config")
+        return Config(path=None)
+    return parse_config(_read_yaml(path), filename=str(path), path=path)
+
+
+def load_repo_settings(worktree: Path) -> RepoSettings:
+    path = Path(worktree) / ".agent" / "config.yaml"
+    if not path.exists():
+        return RepoSettings()
+    return parse_repo_settings(_read_yaml(path), filename=str(path))
+
+
+DEFAULT_CONFIG = """\
+# agent configuration. Every key is optional; see `agent --help` and DESIGN.md.
+# Secrets never live here: name environment variables instead.
+
+# repos:
+#   acme/widgets:
+#     url: https://github.com/acme/widgets.git   # any git URL or local path
+#     base: main
+#     forge: local                               # github | local
+#     services: [widgets-api]
+#     check: "python -m pytest -q"
+#     branch_prefix: "agent/fix-"
+
+# lanes:
+#   implementer: {vendor: codex, timeout: 1800, repair: 2}
+#   reviewer:    {vendor: claude}
+#   pr-quality:  {vendor: claude}
+#   pr-logic:    {vendor: codex}
+#   decider:     {vendor: claude}
+
+# limits:
+#   round_cap: 5
+#   repair: 1
+#   lane_timeout: 1800
+#   check_timeout: 900
+#   task_budget_usd: 3.0
+#   daily_budget_usd: 50.0
+#   open_drafts_per_repo: 3
+#   prs_per_hour: 2
+
+# decide: {auto: false, min_count: 3, max_age_days: 14}
+# git: {author_name: agent, author_email: agent@localhost}
+# github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
+# sources:
+#   - {kind: file, path: /var/log/widgets/*.log, service: widgets-api}
+"""

@@ -1,0 +1,140 @@
+"""Append-only schema migrations. Never edit or reorder one that has shipped: add a new one.
+
+Each migration is a function taking a ``sqlite_utils.Database``; its name is recorded in the
+``_migrations`` table in the same transaction as its DDL, so a crash mid-migration rolls back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+MIGRATIONS: list[tuple[str, Callable]] = []
+
+
+def migration(fn: Callable) -> Callable:
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_initial(db) -> None:
+    db["errors"].create({
+        "id": str,                # 16 hex chars; branches use the first 8
+        "fingerprint": str,
+        "service": str,
+        "environment": str,
+        "class": str,
+        "message": str,           # redacted
+        "excerpt": str,           # redacted, latest occurrence
+        "signature": str,         # normalised stack signature
+        "frames": str,            # JSON list of redacted "file:function" frames
+        "repo": str,              # OWNER/NAME if the event named one
+        "level": str,
+        "release": str,
+        "count": int,
+        "first_seen": str,
+        "last_seen": str,
+        "state": str,             # open | fixing | resolved | skipped
+        "state_reason": str,
+        "created_at": str,
+    }, pk="id", not_null={"fingerprint", "service", "count", "state"}, defaults={"count": 1, "state": "open"})
+    db["errors"].create_index(["fingerprint"])
+    db["errors"].create_index(["state", "last_seen"])
+
+    db["conclusions"].create({
+        "id": int, "error_id": str, "kind": str, "brief": str, "reason": str,
+        "decided_by": str, "lane_run_id": int, "created_at": str,
+    }, pk="id", foreign_keys=[("error_id", "errors", "id")], not_null={"error_id", "kind", "decided_by"})
+    db["conclusions"].create_index(["error_id"], unique=True)
+
+    db["tasks"].create({
+        "id": int,
+        "error_id": str,
+        "conclusion_id": int,
+        "repo": str,
+        "base": str,
+        "base_sha": str,
+        "branch": str,
+        "worktree": str,
+        "spec_path": str,
+        "title": str,
+        "state": str,             # open | working | gate-blocked | done | failed
+        "round": int,
+        "round_cap": int,
+        "blocked_reason": str,
+        "failed_reason": str,
+        "head_sha": str,          # the task branch's current head
+        "pushed_sha": str,        # the head last pushed to the remote
+        "cost_usd": float,
+        "claim_owner": str,
+        "claim_pid": int,
+        "claim_token": str,
+        "lease_until": float,
+        "created_at": str,
+        "updated_at": str,
+    }, pk="id", foreign_keys=[("error_id", "errors", "id"), ("conclusion_id", "conclusions", "id")],
+        not_null={"repo", "state", "round", "round_cap"}, defaults={"round": 1, "round_cap": 5, "cost_usd": 0.0})
+    db["tasks"].create_index(["error_id"], unique=True)   # never two tasks for one error (NULLs allowed)
+    db["tasks"].create_index(["state"])
+
+    db["steps"].create({
+        "task_id": int, "key": str, "kind": str, "status": str, "evidence": str, "source": str,
+        "head_sha": str, "round": int, "closed_at": str,
+    }, pk=("task_id", "key"), foreign_keys=[("task_id", "tasks", "id")], not_null={"status", "kind"},
+        defaults={"status": "pending"})
+
+    db["lane_runs"].create({
+        "id": int, "task_id": int, "error_id": str, "round": int, "role": str, "vendor": str,
+        "attempt": int, "manifest_hash": str, "manifest": str, "session_id": str,
+        "status": str,            # running | complete | partial | blocked | malformed | timeout | unavailable | rejected
+        "findings_count": int, "findings_text": str, "summary": str, "lesson": str, "reason": str,
+        "exit_code": int, "cost_usd": float, "usage": str, "repairs": str, "log_dir": str,
+        "head_sha": str, "pid": int, "started_at": str, "ended_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"role", "vendor", "status"})
+    db["lane_runs"].create_index(["task_id", "round", "role"])
+
+    db["commits"].create({
+        "id": int, "task_id": int, "round": int, "sha": str, "parent": str, "message": str, "created_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "sha"})
+    db["commits"].create_index(["task_id", "round"])
+
+    db["checks"].create({
+        "id": int, "task_id": int, "round": int, "command": str, "exit_code": int, "passed": int,
+        "head_sha": str, "output_path": str, "duration_s": float, "created_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "passed"})
+
+    db["gates"].create({
+        "id": int, "task_id": int, "round": int,
+        "stage": str,             # review | pr
+        "dimension": str,         # code | quality | logic
+        "verdict": str,           # approve | reject
+        "findings_count": int, "head_sha": str, "lane_run_id": int, "created_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id"), ("lane_run_id", "lane_runs", "id")],
+        not_null={"task_id", "verdict", "head_sha", "lane_run_id"})
+
+    db["prs"].create({
+        "id": int, "task_id": int, "forge": str, "repo": str, "number": int, "url": str,
+        "head_branch": str, "head_sha": str, "base": str, "state": str, "draft": int,
+        "title": str, "body": str, "body_hash": str, "created_at": str, "updated_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "forge", "repo", "state"},
+        defaults={"draft": 1, "state": "open"})
+    db["prs"].create_index(["task_id"], unique=True)
+
+    db["lessons"].create({
+        "id": int, "service": str, "fingerprint": str, "text": str, "task_id": int, "created_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"text"})
+    db["lessons"].create_index(["service"])
+
+    db["cursors"].create({"source": str, "value": str, "updated_at": str}, pk="source")
+
+    db["events"].create({
+        "id": int, "ts": str, "task_id": int, "error_id": str, "kind": str,
+        "actor": str,             # script | lane | human
+        "payload": str,           # JSON
+    }, pk="id", not_null={"ts", "kind", "actor"})
+    db["events"].create_index(["task_id", "id"])
+    # The event log is append-only: the database itself refuses to change history.
+    db.execute("CREATE TRIGGER events_no_update BEFORE UPDATE ON events "
+               "BEGIN SELECT RAISE(ABORT, 'events are append-only'); END")
+    db.execute("CREATE TRIGGER events_no_delete BEFORE DELETE ON events "
+               "BEGIN SELECT RAISE(ABORT, 'events are append-only'); END")

@@ -1,0 +1,241 @@
+"""Task operations on the ledger: create, read, close/reopen steps, change state, new rounds, reset.
+
+Every function here that writes opens one ``Ledger.tx()``, asks ``agent.chain`` (the one guard,
+the one state machine) inside it, and writes its event in the same transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from agent import AgentError, chain
+from agent.ledger import Ledger, now
+
+
+class Refused(AgentError):
+    """The guard or the state machine said no; ``reasons`` lists every reason."""
+
+    def __init__(self, reasons: list[str], prefix: str = ""):
+        self.reasons = reasons
+        super().__init__(prefix + "; ".join(reasons))
+
+
+class ClaimLost(AgentError):
+    """A worker's claim token no longer matches the task's: someone else owns it now."""
+
+
+def resolve_error(ledger: Ledger, ref: str) -> dict:
+    """An error by full id or unique id prefix (at least 4 characters)."""
+    ref = (ref or "").strip().lower()
+    row = ledger.one("SELECT * FROM errors WHERE id = ?", (ref,))
+    if row:
+        return row
+    if len(ref) >= 4:
+        rows = ledger.all("SELECT * FROM errors WHERE id LIKE ? LIMIT 2", (ref + "%",))
+        if len(rows) == 1:
+            return rows[0]
+        if len(rows) > 1:
+            raise AgentError(f"error id {ref!r} is ambiguous; give more characters")
+    raise AgentError(f"no error with id {ref!r}; see `agent error list`")
+
+
+def get_task(ledger: Ledger, task_id: int, conn: sqlite3.Connection | None = None) -> dict:
+    c = conn or ledger.conn
+    row = c.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None:
+        raise AgentError(f"no task {task_id}; see `agent task list`")
+    return dict(row)
+
+
+def _check_claim(conn: sqlite3.Connection, task_id: int, token: str | None) -> None:
+    if token is None:
+        return
+    held = conn.execute("SELECT claim_token FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if held is None or held[0] != token:
+        raise ClaimLost(f"task {task_id}: claim lost to another worker; result not written")
+
+
+def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = None,
+                conclusion_id: int | None = None, base: str = "main", branch: str | None = None,
+                round_cap: int = 5, actor: str = "human") -> tuple[int, bool]:
+    """Find or create the task for an error (never two); returns (task_id, created)."""
+    if not repo or repo.count("/") != 1 or not all(repo.split("/")):
+        raise AgentError(f"repo {repo!r} is not OWNER/NAME; pass e.g. --repo acme/widgets")
+    if not (title or "").strip():
+        raise AgentError("title is empty; pass --title TEXT")
+    with ledger.tx() as c:
+        if error_id is not None:
+            if c.execute("SELECT 1 FROM errors WHERE id = ?", (error_id,)).fetchone() is None:
+                raise AgentError(f"no error with id {error_id!r}; see `agent error list`")
+            found = c.execute("SELECT id FROM tasks WHERE error_id = ?", (error_id,)).fetchone()
+            if found:
+                return found[0], False
+        ts = now()
+        task_id = ledger.insert(c, "tasks", {
+            "error_id": error_id, "conclusion_id": conclusion_id, "repo": repo, "base": base,
+            "branch": branch, "title": title.strip(), "state": chain.OPEN, "round": 1,
+            "round_cap": round_cap, "cost_usd": 0.0, "created_at": ts, "updated_at": ts,
+        })
+        for step in chain.STEPS:
+            ledger.insert(c, "steps", {"task_id": task_id, "key": step.key, "kind": step.kind,
+                                       "status": "pending", "round": 1})
+        ledger.event(c, "task.created", actor, {"repo": repo, "title": title.strip(), "base": base,
+                                                "branch": branch, "conclusion_id": conclusion_id},
+                     task_id=task_id, error_id=error_id)
+        return task_id, True
+
+
+def snapshot(ledger: Ledger, task_id: int, conn: sqlite3.Connection | None = None) -> chain.Snapshot:
+    c = conn or ledger.conn
+    t = get_task(ledger, task_id, c)
+    from_conclusion = False
+    if t["conclusion_id"] is not None:
+        row = c.execute("SELECT kind FROM conclusions WHERE id = ? AND error_id = ?",
+                        (t["conclusion_id"], t["error_id"])).fetchone()
+        from_conclusion = row is not None and row[0] == "fix"
+    steps = {r[0]: r[1] for r in c.execute("SELECT key, status FROM steps WHERE task_id = ?", (task_id,))}
+    impl = c.execute("SELECT 1 FROM lane_runs WHERE task_id = ? AND round = ? AND role = 'implementer' "
+                     "AND status = 'complete' LIMIT 1", (task_id, t["round"])).fetchone()
+    committed = t["head_sha"] is not None and c.execute(
+        "SELECT 1 FROM commits WHERE task_id = ? AND round = ? AND sha = ?",
+        (task_id, t["round"], t["head_sha"])).fetchone() is not None
+    checks = {r[0] for r in c.execute("SELECT head_sha FROM checks WHERE task_id = ? AND passed = 1", (task_id,))}
+    approvals: dict[str, set[str]] = {}
+    for stage, dim, head in c.execute("SELECT stage, dimension, head_sha FROM gates "
+                                      "WHERE task_id = ? AND verdict = 'approve'", (task_id,)):
+        approvals.setdefault(f"{stage}:{dim}", set()).add(head)
+    pr = c.execute("SELECT head_sha FROM prs WHERE task_id = ? AND state = 'open'", (task_id,)).fetchone()
+    return chain.Snapshot(
+        task_id=task_id, state=t["state"], round=t["round"], from_conclusion=from_conclusion,
+        head_sha=t["head_sha"], base_sha=t["base_sha"], pushed_sha=t["pushed_sha"], spec_path=t["spec_path"],
+        steps=steps, implementer_complete=impl is not None, committed_round=committed,
+        checks_passed=checks, approvals=approvals, pr_head=pr[0] if pr else None)
+
+
+def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str | None,
+             source: str = "human", actor: str | None = None, claim_token: str | None = None) -> dict:
+    """Close (ja), mark not applicable (n_a) or reopen (nein) a step, through the one guard.
+
+    Both ``agent task close-step`` and ``agent checklist set`` call this; so does the fixer.
+    """
+    actor = actor or (source if source in ("human", "script", "lane") else "human")
+    with ledger.tx() as c:
+        _check_claim(c, task_id, claim_token)
+        snap = snapshot(ledger, task_id, c)
+        reasons = chain.close_reasons(snap, key, status, source, evidence)
+        if reasons:
+            raise Refused(reasons, prefix=f"task {task_id} step {key}: ")
+        head = snap.head_sha if status == "ja" else None
+        ledger.update(c, "steps", {"task_id": task_id, "key": key}, {
+            "status": status, "evidence": evidence.strip(), "source": source, "head_sha": head,
+            "round": snap.round, "closed_at": now() if status in chain.CLOSED else None})
+        if snap.state == chain.OPEN and status in chain.CLOSED:
+            _transition(ledger, c, task_id, snap.state, chain.WORKING, actor, f"{key} closed")
+        ledger.event(c, "step.reopened" if status == "nein" else "step.closed", actor,
+                     {"key": key, "status": status, "source": source, "evidence": evidence.strip(),
+                      "head": head, "round": snap.round}, task_id=task_id)
+        return {"task_id": task_id, "key": key, "status": status, "head": head, "round": snap.round}
+
+
+def _transition(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: str, target: str,
+                actor: str, reason: str, **fields: Any) -> None:
+    why = chain.check_transition(current, target, actor)
+    if why:
+        raise Refused([why], prefix=f"task {task_id}: ")
+    values = {"state": target, "updated_at": now(), **fields}
+    if target == chain.BLOCKED:
+        values["blocked_reason"] = reason
+    elif target == chain.FAILED:
+        values["failed_reason"] = reason
+    elif target == chain.WORKING:
+        values.setdefault("blocked_reason", None)
+    ledger.update(c, "tasks", {"id": task_id}, values)
+    ledger.event(c, "task.state", actor, {"from": current, "to": target, "reason": reason}, task_id=task_id)
+
+
+def transition(ledger: Ledger, task_id: int, target: str, actor: str, reason: str,
+               claim_token: str | None = None, **fields: Any) -> None:
+    """Move a task to another state through the state machine, with its event."""
+    with ledger.tx() as c:
+        _check_claim(c, task_id, claim_token)
+        t = get_task(ledger, task_id, c)
+        _transition(ledger, c, task_id, t["state"], target, actor, reason, **fields)
+
+
+def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "script",
+                     claim_token: str | None = None) -> tuple[bool, int]:
+    """A rejected round: reopen the round steps and count up, or fail the task at the round cap.
+
+    Returns (started, round) — started is False when the cap failed the task.
+    """
+    with ledger.tx() as c:
+        _check_claim(c, task_id, claim_token)
+        t = get_task(ledger, task_id, c)
+        if chain.round_exhausted(t["round"], t["round_cap"]):
+            _transition(ledger, c, task_id, t["state"], chain.FAILED, actor,
+                        f"round cap {t['round_cap']} reached; last feedback: {feedback[:300]}")
+            return False, t["round"]
+        new_round = t["round"] + 1
+        for key in chain.ROUND_STEPS:
+            ledger.update(c, "steps", {"task_id": task_id, "key": key},
+                          {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
+                           "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
+        _transition(ledger, c, task_id, t["state"], chain.WORKING, actor,
+                    f"round {new_round}", round=new_round)
+        ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000]},
+                     task_id=task_id)
+        return True, new_round
+
+
+def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = None) -> dict:
+    """A human puts a gate-blocked or failed task back to work; ``rounds`` grants N more rounds."""
+    if not (reason or "").strip():
+        raise AgentError("reason is empty; say why the task may go on (--reason TEXT)")
+    if rounds is not None and rounds < 1:
+        raise AgentError(f"--rounds must be >= 1, got {rounds}")
+    with ledger.tx() as c:
+        t = get_task(ledger, task_id, c)
+        if t["state"] not in (chain.BLOCKED, chain.FAILED):
+            raise Refused([f"task {task_id} is {t['state']}; only gate-blocked or failed tasks are reset"])
+        fields: dict[str, Any] = {"failed_reason": None, "blocked_reason": None,
+                                  "claim_owner": None, "claim_pid": None, "claim_token": None, "lease_until": None}
+        cap = t["round_cap"]
+        if rounds is not None:
+            cap = t["round"] + rounds
+        elif t["state"] == chain.FAILED and chain.round_exhausted(t["round"], cap):
+            cap = t["round"] + 1
+        fields["round_cap"] = cap
+        _transition(ledger, c, task_id, t["state"], chain.WORKING, "human", reason.strip(), **fields)
+        ledger.event(c, "task.reset", "human", {"reason": reason.strip(), "rounds": rounds,
+                                                "from": t["state"], "round_cap": cap}, task_id=task_id)
+        return {"task_id": task_id, "state": chain.WORKING, "round": t["round"], "round_cap": cap}
+
+
+def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
+    sql = ("SELECT t.id, t.error_id, t.repo, t.branch, t.state, t.round, t.round_cap, t.title, "
+           "t.blocked_reason, t.failed_reason, t.head_sha, t.cost_usd, t.updated_at, p.url AS pr_url "
+           "FROM tasks t LEFT JOIN prs p ON p.task_id = t.id")
+    params: tuple = ()
+    if state:
+        sql += " WHERE t.state = ?"
+        params = (state,)
+    return ledger.all(sql + " ORDER BY t.id", params)
+
+
+def task_detail(ledger: Ledger, task_id: int) -> dict:
+    t = get_task(ledger, task_id)
+    order = {k: i for i, k in enumerate(chain.STEP_KEYS)}
+    steps = sorted(ledger.all("SELECT key, kind, status, source, evidence, head_sha AS head, round, closed_at "
+                              "FROM steps WHERE task_id = ?", (task_id,)), key=lambda s: order.get(s["key"], 99))
+    t["steps"] = steps
+    t["lane_runs"] = ledger.all("SELECT id, round, role, vendor, status, findings_count, session_id, exit_code, "
+                                "cost_usd, head_sha, reason, started_at, ended_at FROM lane_runs "
+                                "WHERE task_id = ? ORDER BY id", (task_id,))
+    t["checks"] = ledger.all("SELECT id, round, command, exit_code, passed, head_sha, duration_s, created_at "
+                             "FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
+    t["gates"] = ledger.all("SELECT id, round, stage, dimension, verdict, findings_count, head_sha, lane_run_id "
+                            "FROM gates WHERE task_id = ? ORDER BY id", (task_id,))
+    t["pr"] = ledger.one("SELECT forge, repo, number, url, head_sha, state, draft FROM prs WHERE task_id = ?",
+                         (task_id,))
+    return t
