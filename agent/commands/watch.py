@@ -15,6 +15,8 @@ from agent.commands.common import emit, get_app, json_option
 
 SCANS: dict[str, tuple[str, str]] = {
     # name: (module:function, one-line help)
+    "error-fix": ("agent.fixer:fix_scan", "Turn confirmed error.fix conclusions into tasks with worktrees."),
+    "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
 }
 
 
