@@ -39,6 +39,7 @@ FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "reje
 CAPABILITY_DRIFT = "capability_drift"
 VERSION_TIMEOUT = 20.0
 EXCERPT_CHARS = 2000
+_round = round  # run_lane has a parameter named `round`
 
 
 @dataclass
@@ -352,9 +353,11 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     if not cwd.is_dir():
         raise AgentError(f"working directory {cwd} does not exist")
     if ledger is not None and task_id is not None and claim_token is not None:
+        from agent.tasks import ClaimLost
+
         held = ledger.scalar("SELECT claim_token FROM tasks WHERE id = ?", (task_id,))
         if held != claim_token:
-            raise AgentError(f"task {task_id}: claim lost (another worker holds it); not starting a lane")
+            raise ClaimLost(f"task {task_id}: claim lost to another worker; not starting a lane")
 
     vendor_name, model, timeout, repair_budget = _lane_settings(config, role, repo_lanes, vendor)
     adapter = get_vendor(vendor_name, config)
@@ -498,7 +501,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         entry = {"label": label, "kind": kind, "round": round, "note": note_text,
                  "problem": prev_problem, "session_id": out.session_id or session_before,
                  "resumed_session": session_before if kind == "resume" else None,
-                 "exit_code": res.exit_code, "cost_usd": round(r.cost - cost_before, 6),
+                 "exit_code": res.exit_code, "cost_usd": _round(r.cost - cost_before, 6),
                  "outcome": status or "malformed", "log": str(res.stdout_path)}
         r.repairs.append(entry)
         r.event("lane.repair", {"run_id": run_id, "label": label, "kind": kind, "problem": prev_problem,
