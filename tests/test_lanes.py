@@ -437,3 +437,31 @@ def test_progress_display_only_on_tty():
     assert "[reviewer fake 00:00] running tests" in tty.getvalue()
     assert format_line("x", 125, "a" * 500, width=40).startswith("[x 02:05] ")
     assert len(format_line("x", 125, "a" * 500, width=40)) == 40
+
+
+def test_interrupted_run_is_superseded_on_resume(env):
+    env.agent.set({"session": "sess-X", "print": report_impl()})
+    first = lane(env, "implementer", cfg(env))
+    with env.ledger.tx() as c:  # simulate a crash mid-run: the row is still 'running'
+        c.execute("UPDATE lane_runs SET status = 'running', ended_at = NULL WHERE id = ?", (first.run_id,))
+    env.agent.set({"expect_session": "sess-X", "print": report_impl("continued")})
+    again = lane(env, "implementer", cfg(env), resume_run_id=first.run_id)
+    assert again.status == "complete" and again.summary == "continued"
+    old = env.ledger.one("SELECT status, reason FROM lane_runs WHERE id = ?", (first.run_id,))
+    assert old["status"] == "interrupted" and str(again.run_id) in old["reason"]
+
+
+def test_deadline_in_the_past_starts_nothing(env):
+    env.agent.set({"print": report_impl()})
+    res = lane(env, "implementer", cfg(env), deadline=time.time() - 1)
+    assert res.status == "timeout" and env.agent.calls == []
+
+
+def test_huge_output_with_report_at_end(env):
+    script = env.tmp / "loud.py"
+    script.write_text("import sys\nfor i in range(100000):\n    sys.stdout.write('noise line %06d ' % i + 'x' * 40 + '\\n')\n"
+                      "print('STATUS: complete')\nprint('FINDINGS:')\nprint('- one real finding')\n")
+    config = make_config({"loud": {"command": [sys.executable, str(script)]}}, {"reviewer": {"vendor": "loud"}})
+    res = lane(env, "reviewer", config)
+    assert res.status == "complete" and res.findings == 1
+    assert (res.log_dir / "01-turn.stdout").stat().st_size > 5_000_000

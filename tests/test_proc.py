@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from agent import proc
 from agent.lanes.env import config_denylist, lane_env

@@ -10,6 +10,7 @@ Outcomes (``LaneResult.status``):
 - timeout                       the deadline passed (the whole process group was killed)
 - unavailable                   binary missing, exit 127, or authentication refused -> gate-blocked
 - rejected                      a read-only lane changed the worktree, or ``capability_drift``
+A run found still 'running' and passed as ``resume_run_id`` is marked 'interrupted' (superseded).
 
 The run is recorded in ``lane_runs`` (status 'running' + manifest before the child starts, pid when
 it starts, final fields after) with events lane.started / lane.repair / lane.finished.
@@ -24,7 +25,7 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -446,6 +447,12 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         prev = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (resume_run_id,)) if ledger is not None else None
         if prev is None:
             raise AgentError(f"lane run {resume_run_id} not found; cannot resume it")
+        if prev.get("status") == "running":
+            # the interrupted run is superseded by this one; it no longer counts as in flight
+            with ledger.tx() as c:
+                ledger.update(c, "lane_runs", {"id": resume_run_id, "status": "running"},
+                              {"status": "interrupted", "reason": f"interrupted; resumed as run {run_id}",
+                               "ended_at": now()})
         if prev.get("manifest_hash") != mhash:
             return finish("rejected", CAPABILITY_DRIFT, None, mhash)
         if prev.get("session_id") and adapter.can_resume:
@@ -459,6 +466,9 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
                 pass  # fall back to the fresh first turn built above
 
     before = None if writable else worktree_state(cwd)
+
+    if time.time() >= end:
+        return finish("timeout", "deadline already passed before the lane started", None, mhash)
 
     # -- the first turn and the repair loop
     res, out = r.turn(first, "turn", ctx)
