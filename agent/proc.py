@@ -159,11 +159,27 @@ def _kill_group(pgid: int, sig: int) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process remains in the group.  Zombies whose parent does not
+    reap them (PID 1 in some containers) answer killpg(0) but hold nothing open."""
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, timeout: float | None,
