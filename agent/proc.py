@@ -182,6 +182,30 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+# Process groups started by run() and not yet finished: kill_all() ends them (daemon's second signal).
+_RUNNING: dict[int, str] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def running() -> dict[int, str]:
+    """pgid -> program name of every process group run() is currently waiting for."""
+    with _RUNNING_LOCK:
+        return dict(_RUNNING)
+
+
+def kill_all(grace: float = 2.0) -> int:
+    """SIGTERM every running group, then SIGKILL what is left after ``grace``; returns how many."""
+    groups = list(running())
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(_group_alive(g) for g in groups) and time.monotonic() < end:
+        time.sleep(0.05)
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGKILL)
+    return len(groups)
+
+
 def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, timeout: float | None,
         stdin_path: Path | str | None = None, stdout_path: Path | str, stderr_path: Path | str,
         max_bytes: int = DEFAULT_MAX_BYTES, tail_bytes: int = DEFAULT_TAIL_BYTES,
@@ -225,6 +249,18 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
             stdin.close()
 
     pgid = proc.pid  # start_new_session: the child leads its own group
+    with _RUNNING_LOCK:
+        _RUNNING[pgid] = os.path.basename(argv[0])
+    try:
+        return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
+                          max_bytes, tail_bytes, on_line, on_start)
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(pgid, None)
+
+
+def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path, max_bytes,
+               tail_bytes, on_line, on_start) -> ProcResult:
     pumps = [_Pump(proc.stdout, stdout_path, max_bytes, tail_bytes, on_line),
              _Pump(proc.stderr, stderr_path, max_bytes, tail_bytes, on_line)]
     for p in pumps:

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import cli
-from tests.lane_helpers import FakeAgent, make_repo, report_impl, report_review
+from lane_helpers import FakeAgent, make_repo, report_impl, report_review
 
 AGENT_BIN = Path(sys.executable).parent / "agent"
 

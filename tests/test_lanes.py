@@ -14,7 +14,7 @@ from agent import AgentError
 from agent.lanes.lane import CAPABILITY_DRIFT, run_lane
 from agent.lanes.vendors import VENDORS, CommandVendor, get_vendor
 from agent.ledger import Ledger
-from tests.lane_helpers import FakeAgent, make_config, make_repo, report_impl, report_review
+from lane_helpers import FakeAgent, make_config, make_repo, report_impl, report_review
 
 
 @pytest.fixture

@@ -175,3 +175,23 @@ def test_missing_cwd_is_reported(tmp_path):
     res = proc.run(["true"], cwd=tmp_path / "nope", env=None, timeout=5,
                    stdout_path=tmp_path / "o", stderr_path=tmp_path / "e")
     assert res.missing and "does not exist" in res.error
+
+
+def test_kill_all_ends_running_groups_from_another_thread(tmp_path):
+    import threading
+
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("res", _run(
+        tmp_path, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], timeout=60)))
+    t0 = time.monotonic()
+    t.start()
+    deadline = time.monotonic() + 10
+    while not proc.running() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(proc.running()) == 1
+    assert proc.kill_all(grace=1.0) == 1
+    t.join(15)
+    res = box["res"]
+    assert res.exit_code is not None and res.exit_code < 0 and not res.timed_out
+    assert time.monotonic() - t0 < 15
+    assert proc.running() == {}
