@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "events": "agent.commands.task:events",
     "watch": "agent.commands.watch:watch",
     "daemon": "agent.commands.watch:daemon",
+    "lane": "agent.commands.lane:lane",
 }
 
 
