@@ -15,6 +15,7 @@ from agent.commands.common import emit, get_app, json_option
 
 SCANS: dict[str, tuple[str, str]] = {
     # name: (module:function, one-line help)
+    "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states: merged, closed, branch pruning."),
 }
 
 
