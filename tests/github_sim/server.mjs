@@ -193,7 +193,7 @@ const handlers = () => ({
       if (have.some((l) => l.name === name)) continue;
       const label = clone(examples["label-items"].value[0]);
       Object.assign(label, {
-        id: nextId++, name, default: false, description: null,
+        id: nextId++, name, default: false, description: "",
         url: `${hostOf(request)}/repos/${owner}/${repo}/labels/${encodeURIComponent(name)}`,
       });
       have.push(label);
