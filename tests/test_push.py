@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.push import PushError, check_branch, delete_remote_branch, push_branch, remote_branch_sha, safe_url
-from tests.conftest import git
+from conftest import git
 
 PREFIX = "agent/fix-"
 BRANCH = "agent/fix-0a1b2c3d"
