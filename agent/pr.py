@@ -195,7 +195,7 @@ def render_body(d: PRData) -> str:
         ("Error", _code(_hexid(d.error_id))),
         ("Fingerprint", _code(_hexid(d.fingerprint))),
         ("Service", svc),
-        ("Head", _code(_hexid(d.head_sha, 12))),
+        ("Head", _code(_hexid(d.head_sha))),
         ("Branch", _code(guard(d.branch)) if d.branch else "-"),
         ("Base", _code(guard(d.base)) if d.base else "-"),
         ("Rounds", str(rounds)),
@@ -215,7 +215,8 @@ def render_body(d: PRData) -> str:
     parts += ["**Reviewer verdicts**", ""]
     if not d.verdicts:
         parts += ["- none recorded", ""]
-    for v in sorted(d.verdicts, key=lambda v: (v.round, v.stage, v.dimension)):
+    stage_order = {"review": 0, "pr": 1}
+    for v in sorted(d.verdicts, key=lambda v: (v.round, stage_order.get(v.stage, 2), v.dimension)):
         who = f" by {_code(guard(v.vendor))}" if v.vendor else ""
         head = f" at {_code(_hexid(v.head_sha, 12))}" if v.head_sha else ""
         verdict = "approve" if v.verdict == "approve" else "reject"
