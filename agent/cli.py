@@ -15,11 +15,13 @@ from agent import AgentError, __version__
 
 COMMANDS: dict[str, str] = {
     "init": "agent.commands.setup:init",
+    "status": "agent.commands.setup:status",
     "task": "agent.commands.task:task",
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",
     "watch": "agent.commands.watch:watch",
     "pr": "agent.commands.pr:pr",
+    "daemon": "agent.commands.watch:daemon",
 }
 
 

@@ -263,9 +263,41 @@ def _close_open_fence(body: str) -> str:
 
 
 def render_pr(data: PRData | dict) -> tuple[str, str]:
-    """``(title, body)`` for a task's draft PR."""
-    d = data if isinstance(data, PRData) else PRData.from_dict(data)
+    """``(title, body)`` for a task's draft PR.
+
+    ``data`` is a ``PRData``, a dict of its fields, or the fixer's ``pr_inputs`` shape
+    (``{"task": row, "error": row, "brief", "gates", "checks", "cost_usd", "summary"}``).
+    """
+    if isinstance(data, PRData):
+        d = data
+    elif isinstance(data, dict) and "task" in data and "task_id" not in data:
+        d = pr_data_from_rows(data)
+    else:
+        d = PRData.from_dict(data)
     return render_title(d), render_body(d)
+
+
+def pr_data_from_rows(inputs: dict) -> PRData:
+    """PRData from ledger rows: ``task`` (tasks row), ``error`` (errors row or None), ``brief``,
+    ``gates`` (gates joined with their lane run's vendor and findings_text), ``checks``, ``cost_usd``,
+    ``summary``."""
+    t = inputs["task"]
+    e = inputs.get("error") or {}
+    verdicts = [Verdict(round=g.get("round") or 1, stage=g.get("stage") or "", dimension=g.get("dimension") or "",
+                        verdict=g.get("verdict") or "reject", vendor=g.get("vendor") or "",
+                        findings=g.get("findings_text") or "", findings_count=g.get("findings_count") or 0,
+                        head_sha=g.get("head_sha")) for g in inputs.get("gates") or []]
+    checks = [CheckResult(round=c.get("round") or 1, command=c.get("command") or "", passed=bool(c.get("passed")),
+                          exit_code=c.get("exit_code"), head_sha=c.get("head_sha"), duration_s=c.get("duration_s"))
+              for c in inputs.get("checks") or []]
+    cost = inputs.get("cost_usd")
+    return PRData(task_id=int(t["id"]), error_id=t.get("error_id") or "", fingerprint=e.get("fingerprint") or "",
+                  service=e.get("service") or "", head_sha=t.get("head_sha") or "",
+                  brief=inputs.get("brief") or t.get("title") or "", rounds=t.get("round") or 1,
+                  error_class=e.get("class") or "", message=e.get("message") or "", count=e.get("count"),
+                  summary=inputs.get("summary") or "", verdicts=verdicts, checks=checks,
+                  cost_usd=float(cost if cost is not None else t.get("cost_usd") or 0.0),
+                  branch=t.get("branch") or "", base=t.get("base") or "")
 
 
 # --------------------------------------------------------------------------- from the ledger
@@ -279,23 +311,13 @@ def pr_data_from_ledger(ledger, task_id: int) -> PRData:
 
         raise AgentError(f"no task {task_id}; see `agent task list`")
     e = ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
-    e = e or {}
     concl = ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],)) \
         if t["conclusion_id"] else None
     summary = ledger.scalar("SELECT summary FROM lane_runs WHERE task_id = ? AND role = 'implementer' "
                             "AND status = 'complete' ORDER BY id DESC LIMIT 1", (task_id,)) or ""
-    verdicts = [Verdict(round=g["round"] or 1, stage=g["stage"] or "", dimension=g["dimension"] or "",
-                        verdict=g["verdict"], vendor=g["vendor"] or "", findings=g["findings_text"] or "",
-                        findings_count=g["findings_count"] or 0, head_sha=g["head_sha"])
-                for g in ledger.all("SELECT g.round, g.stage, g.dimension, g.verdict, g.findings_count, g.head_sha, "
-                                    "l.vendor, l.findings_text FROM gates g LEFT JOIN lane_runs l "
-                                    "ON l.id = g.lane_run_id WHERE g.task_id = ? ORDER BY g.id", (task_id,))]
-    checks = [CheckResult(round=c["round"] or 1, command=c["command"] or "", passed=bool(c["passed"]),
-                          exit_code=c["exit_code"], head_sha=c["head_sha"], duration_s=c["duration_s"])
-              for c in ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))]
-    return PRData(task_id=task_id, error_id=t["error_id"] or "", fingerprint=e.get("fingerprint") or "",
-                  service=e.get("service") or "", head_sha=t["head_sha"] or "",
-                  brief=(concl or {}).get("brief") or t["title"] or "", rounds=t["round"] or 1,
-                  error_class=e.get("class") or "", message=e.get("message") or "", count=e.get("count"),
-                  summary=summary, verdicts=verdicts, checks=checks, cost_usd=t["cost_usd"] or 0.0,
-                  branch=t["branch"] or "", base=t["base"] or "")
+    gates = ledger.all("SELECT g.round, g.stage, g.dimension, g.verdict, g.findings_count, g.head_sha, "
+                       "l.vendor, l.findings_text FROM gates g LEFT JOIN lane_runs l ON l.id = g.lane_run_id "
+                       "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
+    checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
+    return pr_data_from_rows({"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates,
+                              "checks": checks, "cost_usd": t["cost_usd"], "summary": summary})

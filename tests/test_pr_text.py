@@ -162,3 +162,7 @@ def test_pr_data_from_ledger(ledger):
     assert d.verdicts[0].vendor == "claude" and d.verdicts[0].findings == "- a finding"
     title, body = render_pr(d)
     assert "a finding" in body and parse_task_marker(body) == tid
+    # the fixer's own input shape renders the same PR
+    from agent.fixer import pr_inputs
+
+    assert render_pr(pr_inputs(ledger, tid)) == (title, body)

@@ -63,7 +63,7 @@ class Forge(Protocol):
     def find_pr_by_head(self, branch: str) -> PR | None:
         """The PR whose head is ``branch`` (an open one first, else the newest), or None."""
 
-    def create_draft(self, head: str, base: str, title: str, body: str) -> PR:
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
         """Open a draft PR; adopts an existing one only if it is open, a draft and on ``head``."""
 
     def update(self, number: int, title: str, body: str) -> PR:

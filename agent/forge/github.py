@@ -229,7 +229,7 @@ class GithubForge:
         prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
         return prs[0]
 
-    def create_draft(self, head: str, base: str, title: str, body: str) -> PR:
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
         payload = {"title": title, "head": head, "base": base, "body": body, "draft": True,
                    "maintainer_can_modify": False}
         for attempt in range(1, self.retries + 2):

@@ -92,7 +92,7 @@ class LocalForge:
                               "ORDER BY (state = 'open') DESC, number DESC LIMIT 1", (self.repo, branch))
         return self._pr(row) if row else None
 
-    def create_draft(self, head: str, base: str, title: str, body: str) -> PR:
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
         if head == base:
             raise ForgeError(f"local forge: head {head!r} is the base branch; a PR needs its own branch")
         from agent.push import safe_url
