@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import AgentError
+from agent.forge import ForgeAuthError
 
 GIT_TIMEOUT = 120  # seconds for one network git command
 
 
-class PushError(AgentError):
-    pass
+class PushError(ForgeAuthError):
+    """A push refused or failed.  A human must look (foreign commits on the branch, a wrong prefix,
+    credentials or a remote that cannot be read), so it is a ForgeAuthError: the fixer gate-blocks."""
 
 
 @dataclass(frozen=True)

@@ -125,3 +125,9 @@ def test_check_branch_and_safe_url():
     check_branch("agent/fix-1234", "main", PREFIX)
     assert safe_url("https://user:pw@github.com/a/b.git") == "https://***@github.com/a/b.git"
     assert safe_url("/srv/git/a.git") == "/srv/git/a.git"
+
+
+def test_push_errors_gate_block_the_task():
+    from agent.forge import ForgeAuthError
+
+    assert issubclass(PushError, ForgeAuthError)  # the fixer gate-blocks on ForgeAuthError
