@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",
     "watch": "agent.commands.watch:watch",
+    "pr": "agent.commands.pr:pr",
     "daemon": "agent.commands.watch:daemon",
     "lane": "agent.commands.lane:lane",
 }

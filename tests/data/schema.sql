@@ -121,6 +121,23 @@ table lessons
   created_at TEXT
   fk task_id -> tasks.id
   index (service) c
+table local_prs
+  id INTEGER PK1
+  repo TEXT NOT NULL
+  number INTEGER NOT NULL
+  head TEXT NOT NULL
+  head_sha TEXT
+  base TEXT NOT NULL
+  title TEXT
+  body TEXT
+  state TEXT NOT NULL DEFAULT 'open'
+  draft INTEGER DEFAULT 1
+  labels TEXT
+  comments TEXT
+  created_at TEXT
+  updated_at TEXT
+  index (repo, head) c
+  index unique (repo, number) c
 table prs
   id INTEGER PK1
   task_id INTEGER NOT NULL
