@@ -454,69 +454,34 @@ def _pr_limits_reached(ctx: Ctx, repo: str) -> str | None:
     return None
 
 
-def pr_inputs(ledger: Ledger, task_id: int) -> dict:
-    """Everything the PR text needs, read from the ledger (already redacted data only)."""
-    t = get_task(ledger, task_id)
-    error = ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
-    brief = None
-    if t["conclusion_id"]:
-        brief = (ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],)) or {}).get("brief")
-    gates = ledger.all("SELECT g.round, g.stage, g.dimension, g.verdict, g.findings_count, g.head_sha, "
-                       "r.findings_text, r.vendor FROM gates g JOIN lane_runs r ON r.id = g.lane_run_id "
-                       "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
-    checks = ledger.all("SELECT round, command, passed, exit_code, head_sha FROM checks WHERE task_id = ? "
-                        "ORDER BY id", (task_id,))
-    cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
-    summary = (ledger.one("SELECT summary FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
-                          "status = 'complete' ORDER BY id DESC LIMIT 1", (task_id,)) or {}).get("summary")
-    return {"task": t, "error": error, "brief": brief or t["title"], "gates": gates, "checks": checks,
-            "cost_usd": cost, "summary": summary}
-
-
 def step_pr_opened(ctx: Ctx) -> None:
-    from agent.forge import ForgeAuthError, ForgeError, get_forge
-    from agent.pr import render_pr
+    from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, get_forge, publish_pr
+    from agent.pr import pr_data_from_ledger, render_pr
 
     t = ctx.task
     repo_cfg = _repo_config(ctx)
-    title, body = render_pr(pr_inputs(ctx.ledger, ctx.task_id))
-    forge = get_forge(repo_cfg, ctx.config, ctx.home, ledger=ctx.ledger)
-    existing = ctx.ledger.one("SELECT * FROM prs WHERE task_id = ?", (ctx.task_id,))
+    title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
+    if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
+        why = _pr_limits_reached(ctx, t["repo"])
+        if why:
+            ctx.say(f"waiting to open a PR: {why}")
+            raise Stop()
     try:
-        pr = forge.find_pr_by_head(t["branch"]) if existing is None else None
-        if existing is None and pr is None:
-            why = _pr_limits_reached(ctx, t["repo"])
-            if why:
-                ctx.say(f"waiting to open a PR: {why}")
-                raise Stop()
-            pr = forge.create_draft(t["branch"], t["base"], title, body, task_id=ctx.task_id)
-        number = existing["number"] if existing else pr.number
-        if existing is not None or pr.title != title or pr.body != body:
-            forge.update(number, title, body)
-        pr = forge.state(number)
+        forge = get_forge(repo_cfg, ctx.config, ctx.home, ledger=ctx.ledger)
+        with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
+            from agent.tasks import _check_claim
+
+            _check_claim(c, ctx.task_id, ctx.token)
+        pr, action = publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
     except ForgeAuthError as exc:
         _block(ctx, f"forge refused: {exc}")
-    except ForgeError as exc:
-        ctx.say(f"forge error, will retry next scan: {exc}")
+    except (ForgeRateLimited, ForgeTransient) as exc:
+        ctx.say(f"forge busy, will retry next scan: {exc}")
         raise Stop()
-    import hashlib
-
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
-        row = {"forge": repo_cfg.forge, "repo": t["repo"], "number": pr.number, "url": pr.url,
-               "head_branch": t["branch"], "head_sha": t["head_sha"], "base": t["base"], "state": "open",
-               "draft": 1, "title": title, "body": body,
-               "body_hash": hashlib.sha256(body.encode()).hexdigest(), "updated_at": now()}
-        if c.execute("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)).fetchone():
-            ctx.ledger.update(c, "prs", {"task_id": ctx.task_id}, row)
-        else:
-            ctx.ledger.insert(c, "prs", {"task_id": ctx.task_id, "created_at": now(), **row})
-        ctx.ledger.event(c, "pr.opened" if existing is None else "pr.updated", "script",
-                         {"number": pr.number, "url": pr.url, "head": t["head_sha"]}, task_id=ctx.task_id)
-    _close(ctx, "pr_opened", f"draft PR {pr.url} at {t['head_sha'][:12]}")
-    ctx.say(f"draft PR {'opened' if existing is None else 'updated'}: {pr.url}")
+    except ForgeError as exc:  # e.g. a PR on our branch that we may not adopt: a human decides
+        _block(ctx, f"forge: {exc}")
+    _close(ctx, "pr_opened", f"draft PR {pr.url} at {t['head_sha'][:12]} ({action})")
+    ctx.say(f"draft PR {action}: {pr.url}")
 
 
 def step_pr_reviews(ctx: Ctx) -> None:

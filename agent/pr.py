@@ -265,15 +265,9 @@ def _close_open_fence(body: str) -> str:
 def render_pr(data: PRData | dict) -> tuple[str, str]:
     """``(title, body)`` for a task's draft PR.
 
-    ``data`` is a ``PRData``, a dict of its fields, or the fixer's ``pr_inputs`` shape
-    (``{"task": row, "error": row, "brief", "gates", "checks", "cost_usd", "summary"}``).
+    ``data`` is a ``PRData`` (see ``pr_data_from_ledger``) or a dict of its fields.
     """
-    if isinstance(data, PRData):
-        d = data
-    elif isinstance(data, dict) and "task" in data and "task_id" not in data:
-        d = pr_data_from_rows(data)
-    else:
-        d = PRData.from_dict(data)
+    d = data if isinstance(data, PRData) else PRData.from_dict(data)
     return render_title(d), render_body(d)
 
 
@@ -319,5 +313,6 @@ def pr_data_from_ledger(ledger, task_id: int) -> PRData:
                        "l.vendor, l.findings_text FROM gates g LEFT JOIN lane_runs l ON l.id = g.lane_run_id "
                        "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
     checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
+    cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
     return pr_data_from_rows({"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates,
-                              "checks": checks, "cost_usd": t["cost_usd"], "summary": summary})
+                              "checks": checks, "cost_usd": cost, "summary": summary})

@@ -55,6 +55,14 @@ class PR:
         return asdict(self)
 
 
+class ForgeRateLimited(ForgeError):
+    """GitHub's rate limit would need a longer wait than allowed; try again later."""
+
+
+class ForgeTransient(ForgeError):
+    """A timeout, a dropped connection or a 5xx that was not (or could not safely be) retried."""
+
+
 @runtime_checkable
 class Forge(Protocol):
     name: str                 # "github" | "local"

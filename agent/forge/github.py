@@ -23,19 +23,11 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from agent import __version__
-from agent.forge import PR, ForgeAuthError, ForgeError, adoption_refusal
+from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
 
 API_VERSION = "2022-11-28"
 MAX_PAGES = 50
 TOKEN_COMMAND_TIMEOUT = 30
-
-
-class ForgeRateLimited(ForgeError):
-    """GitHub's rate limit would need a longer wait than allowed; try again later."""
-
-
-class ForgeTransient(ForgeError):
-    """A timeout, a dropped connection or a 5xx that was not (or could not safely be) retried."""
 
 
 def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...] | None = None,
