@@ -150,9 +150,11 @@ def test_pr_data_from_ledger(ledger):
     tid, _ = create_task(ledger, "acme/widgets", "t", error_id="0a1b2c3d4e5f6789", conclusion_id=cid,
                          branch="agent/fix-0a1b2c3d")
     with ledger.tx() as c:
-        ledger.update(c, "tasks", {"id": tid}, {"head_sha": HEAD, "cost_usd": 0.5})
+        ledger.update(c, "tasks", {"id": tid}, {"head_sha": HEAD})
         run = ledger.insert(c, "lane_runs", {"task_id": tid, "round": 1, "role": "reviewer", "vendor": "claude",
-                                             "status": "complete", "findings_text": "- a finding"})
+                                             "status": "complete", "findings_text": "- a finding", "cost_usd": 0.3})
+        ledger.insert(c, "lane_runs", {"task_id": tid, "round": 1, "role": "implementer", "vendor": "codex",
+                                       "status": "complete", "cost_usd": 0.2})
         ledger.insert(c, "gates", {"task_id": tid, "round": 1, "stage": "review", "dimension": "code",
                                    "verdict": "reject", "findings_count": 1, "head_sha": HEAD, "lane_run_id": run})
         ledger.insert(c, "checks", {"task_id": tid, "round": 1, "command": "pytest", "passed": 1, "exit_code": 0,
