@@ -16,6 +16,7 @@ from agent import AgentError, __version__
 COMMANDS: dict[str, str] = {
     "init": "agent.commands.setup:init",
     "status": "agent.commands.setup:status",
+    "demo": "agent.commands.setup:demo",
     "task": "agent.commands.task:task",
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",

@@ -45,3 +45,29 @@ def status(as_json, html_file):
         Path(html_file).write_text(render_html(ledger, data), encoding="utf-8")
         data["html"] = str(Path(html_file).resolve())
     emit(data, as_json, lambda d: click.echo(render_text(d) + (f"\n\nwrote {d['html']}" if html_file else "")))
+
+
+@click.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False),
+              help="An empty or new folder for the demo (default: a new temporary folder).")
+@json_option
+def demo(directory, as_json):
+    """Run the whole path on an embedded example project, offline, ending in a draft PR.
+
+    It makes a project with a real bug and a failing test, a local bare remote, a home with its own ledger and
+    config (DIR/home, not your usual home), ingests an error, decides it, and runs the fixer with scripted stand-in
+    lanes (plain scripts, no model, no API key). The scripted reviewer rejects round 1 so a second round shows.
+
+    \b
+    Example:
+      agent demo
+      agent demo --dir /tmp/agent-demo
+    """
+    import tempfile
+    from pathlib import Path
+
+    from agent.demo import run_demo
+
+    root = Path(directory).resolve() if directory else Path(tempfile.mkdtemp(prefix="agent-demo-"))
+    result = run_demo(root, echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+    emit(result, as_json)

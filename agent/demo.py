@@ -1,0 +1,195 @@
+"""`agent demo`: the whole path on an embedded example project, offline, ending in a draft PR.
+
+It makes a small real project with a real bug and a failing test, a local bare remote and a config; ingests an
+error event; decides it; and runs the fixer with scripted stand-in lanes (``agent/demo_lanes``). The scripted
+reviewer rejects round 1 (a leftover debug print) so a second round shows. The tests use the same builder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SERVICE = "widgets-api"
+REPO = "demo/widgets"
+
+PRICING = '''"""Order pricing for the widgets shop."""
+
+
+def line_total(item):
+    return item["price"] * item["qty"]
+
+
+def order_total(items):
+    """Total of an order. A line without "qty" means one unit."""
+    return sum(line_total(item) for item in items)
+'''
+
+TESTS = '''import unittest
+
+from widgets.pricing import order_total
+
+
+class OrderTotal(unittest.TestCase):
+    def test_quantities(self):
+        self.assertEqual(order_total([{"price": 2, "qty": 3}, {"price": 1, "qty": 1}]), 7)
+
+    def test_missing_qty_means_one_unit(self):
+        self.assertEqual(order_total([{"price": 5}]), 5)
+
+
+if __name__ == "__main__":
+    unittest.main()
+'''
+
+PLAYBOOK = {
+    "groups": [
+        {"summary": "Default a missing qty to one unit in line_total",
+         "edits": [{"path": "widgets/pricing.py", "find": '    return item["price"] * item["qty"]',
+                    "replace": '    print("debug: pricing", item)\n    return item["price"] * item.get("qty", 1)'}]},
+        {"summary": "Remove the leftover debug print from line_total",
+         "lesson": "widgets-api: order lines may omit qty; it means one unit",
+         "edits": [{"path": "widgets/pricing.py", "find": '    print("debug: pricing", item)\n', "replace": ""}]},
+    ],
+}
+
+BRIEF = ("order_total raises KeyError 'qty' when an order line has no qty. The docstring says a missing qty means "
+         "one unit. Look at line_total in widgets/pricing.py.")
+
+
+def error_events(n: int = 3) -> str:
+    """JSONL error events as a service would log them (different requests, same bug)."""
+    lines = []
+    for i in range(n):
+        stack = ("Traceback (most recent call last):\n"
+                 f'  File "/srv/widgets/app.py", line {40 + i}, in checkout\n'
+                 "    total = order_total(cart.items)\n"
+                 '  File "/srv/widgets/widgets/pricing.py", line 9, in order_total\n'
+                 "    return sum(line_total(item) for item in items)\n"
+                 '  File "/srv/widgets/widgets/pricing.py", line 5, in line_total\n'
+                 '    return item["price"] * item["qty"]\n'
+                 "KeyError: 'qty'")
+        lines.append(json.dumps({
+            "service": SERVICE, "environment": "production", "level": "error",
+            "message": f"KeyError: 'qty' (request {1000 + i}, user demo{i}@example.com)", "class": "KeyError",
+            "stack": stack, "timestamp": f"2026-11-30T10:0{i}:00Z"}))
+    return "\n".join(lines) + "\n"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@localhost",
+           "GIT_COMMITTER_NAME": "demo", "GIT_COMMITTER_EMAIL": "demo@localhost"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_project(root: Path) -> tuple[Path, Path]:
+    """A real project with a bug and a failing test, pushed to a local bare remote. Returns (project, remote)."""
+    project = root / "project"
+    (project / "widgets").mkdir(parents=True)
+    (project / "tests").mkdir()
+    (project / "widgets" / "__init__.py").write_text("")
+    (project / "widgets" / "pricing.py").write_text(PRICING)
+    (project / "tests" / "__init__.py").write_text("")
+    (project / "tests" / "test_pricing.py").write_text(TESTS)
+    (project / ".gitignore").write_text("__pycache__/\n*.pyc\n")
+    (project / ".agent").mkdir()
+    (project / ".agent" / "config.yaml").write_text('blocked_paths: [".github/"]\n')
+    _git(project, "init", "-q", "-b", "main")
+    _git(project, "add", "-A")
+    _git(project, "commit", "-qm", "widgets: order pricing")
+    remote = root / "remote.git"
+    _git(root, "clone", "-q", "--bare", str(project), str(remote))
+    return project, remote
+
+
+def check_command() -> str:
+    return f"{shlex.quote(sys.executable)} -m unittest discover -s tests -q"
+
+
+def write_config(home: Path, remote: Path, playbook: Path, implementer_status: str | None = None) -> Path:
+    py = sys.executable
+    impl = [py, "-m", "agent.demo_lanes.implementer", "--spec", "{spec}", "--playbook", str(playbook),
+            "--cwd", "{cwd}"]
+    rev = [py, "-m", "agent.demo_lanes.reviewer", "--spec", "{spec}", "--role", "{role}"]
+    config = {
+        "repos": {REPO: {"url": str(remote), "base": "main", "forge": "local", "services": [SERVICE],
+                         "check": check_command()}},
+        "vendors": {"demo-implementer": {"command": impl}, "demo-reviewer": {"command": rev}},
+        "lanes": {"implementer": {"vendor": "demo-implementer", "timeout": 60},
+                  "reviewer": {"vendor": "demo-reviewer", "timeout": 60},
+                  "pr-quality": {"vendor": "demo-reviewer", "timeout": 60},
+                  "pr-logic": {"vendor": "demo-reviewer", "timeout": 60}},
+        "limits": {"round_cap": 5, "repair": 1},
+        "git": {"author_name": "agent demo", "author_email": "agent-demo@localhost"},
+    }
+    import yaml
+
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / "config.yaml"
+    path.write_text("# written by `agent demo`: scripted stand-in lanes, local forge, local bare remote\n"
+                    + yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def setup(root: Path) -> dict:
+    """Project, remote, playbook, home and config under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if any(root.iterdir()):
+        from agent import AgentError
+
+        raise AgentError(f"{root} is not empty; pass an empty or new --dir")
+    project, remote = make_project(root)
+    playbook = root / "playbook.json"
+    playbook.write_text(json.dumps(PLAYBOOK, indent=2))
+    home = root / "home"
+    write_config(home, remote, playbook)
+    return {"root": root, "project": project, "remote": remote, "home": home, "playbook": playbook}
+
+
+def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
+    from agent.app import App
+    from agent.commands.watch import run_scan
+    from agent.decide import decide
+    from agent.intake.store import ingest_text
+
+    started = time.monotonic()
+    paths = setup(root)
+    home = paths["home"]
+    echo(f"demo project with a bug and a failing test: {paths['project']}")
+    echo(f"local bare remote: {paths['remote']}")
+    app = App(home=home)
+    try:
+        result, fmt = ingest_text(app.ledger, error_events(), "auto", actor="script", source="demo")
+        echo(f"ingested 3 error events ({fmt}): {result.new} new error, {result.deduplicated} deduplicated")
+        error = app.ledger.one("SELECT id, fingerprint, count FROM errors ORDER BY created_at LIMIT 1")
+        decide(app.ledger, app.config, error["id"], "fix", brief=BRIEF, decided_by="human")
+        echo(f"decided error {error['id'][:8]} (seen {error['count']}x): fix")
+        for line in (i["line"] for i in run_scan(app, "error-fix")):
+            echo(line)
+        for _ in range(max_passes):
+            items = run_scan(app, "error-fix-work")
+            for item in items:
+                echo(item["line"])
+            if not app.ledger.one("SELECT id FROM tasks WHERE state IN ('open', 'working')"):
+                break
+        task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
+        pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?", (task["id"],))
+    finally:
+        app.close()
+    h = shlex.quote(str(home))
+    echo("")
+    echo(f"task {task['id']}: {task['state']} after {task['round']} round(s) in {time.monotonic() - started:.1f}s")
+    if pr:
+        echo(f"draft PR: {pr['url']} (branch {pr['head_branch']} at {pr['head_sha'][:12]})")
+    echo("look next:")
+    echo(f"  agent --home {h} status")
+    echo(f"  agent --home {h} task show {task['id']}")
+    echo(f"  agent --home {h} pr show {task['id']}")
+    echo(f"  agent --home {h} events --task {task['id']}")
+    echo(f"  git -C {shlex.quote(str(paths['remote']))} log --oneline main..{pr['head_branch'] if pr else 'HEAD'}")
+    return {"task": task, "pr": pr, **{k: str(v) for k, v in paths.items()}}
