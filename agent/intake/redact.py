@@ -1,0 +1,83 @@
+"""Secret redaction: the one function every stored or published text passes through.
+
+``redact(text) -> str`` replaces secrets with ``[redacted:KIND]`` markers.  It is deterministic
+(so fingerprints computed from redacted fields are stable) and idempotent (redacting twice
+changes nothing).  It over-redacts rather than under-redacts: a key named ``*token*`` loses its
+value even when the value was harmless.  The forge and fixer call it as a final guard on PR
+bodies and evidence; intake calls it on every field of every event before anything is stored.
+Note: hex runs of 32+ characters are redacted, so a full 40-char git SHA is too; publish short SHAs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SECRET_KEYS = (
+    r"passw(?:or)?d|passwd|pwd|pass(?![a-z0-9])|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|"
+    r"client[_-]?secret|credentials?|session(?:[_-]?id)?|sessid|cookie|signature|auth(?![a-z0-9])|"
+    r"authorization|bearer|jwt|dsn|otp(?![a-z0-9])|pin(?![a-z0-9])"
+)
+
+_RULES: list[tuple[str, re.Pattern, Any]] = [
+    ("private-key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
+                               re.S), "[redacted:private-key]"),
+    # Whole header lines whose value is a credential, to the end of the line.
+    ("header", re.compile(r"(?im)\b((?:set-)?cookie|authorization|proxy-authorization|x-api-key|x-auth-token)"
+                          r"([ \t]*:[ \t]*)(?!\[redacted)([^\s\"'][^\r\n\"']*)"),
+     lambda m: f"{m.group(1)}{m.group(2)}[redacted:{_kind(m.group(1))}]"),
+    ("bearer", re.compile(r"(?i)\b(bearer|basic|token|digest)\s+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,})"),
+     lambda m: f"{m.group(1)} [redacted:bearer]"),
+    ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]+):([^/\s@\"'<>]+)@"),
+     lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
+    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[redacted:jwt]"),
+    ("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+     "[redacted:github-token]"),
+    ("aws-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b"),
+     "[redacted:aws-key]"),
+    ("slack-token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "[redacted:token]"),
+    ("stripe-key", re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"), "[redacted:token]"),
+    ("google-key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), "[redacted:token]"),
+    # key=value, key: value, "key": "value", 'key': 'value' where the key names a secret.
+    ("key-value", re.compile(
+        r"(?i)(?P<k>[\"']?[A-Za-z0-9_.-]*?(?:" + _SECRET_KEYS + r")[A-Za-z0-9_.-]*[\"']?)"
+        r"(?P<s>\s*(?:=|:|=>)\s*)"
+        r"(?P<v>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|[^\s,;&\"'}\])<>]+)"),
+     lambda m: _kv(m)),
+    ("email", re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+     "[redacted:email]"),
+    ("hex", re.compile(r"(?<![0-9A-Za-z])(?:0x)?[0-9a-fA-F]{32,}(?![0-9A-Za-z])"), "[redacted:hex]"),
+]
+
+
+def _kind(header: str) -> str:
+    h = header.lower()
+    return "cookie" if "cookie" in h else "authorization" if "auth" in h else "token"
+
+
+def _kv(m: re.Match) -> str:
+    v = m.group("v")
+    if v.strip("\"'").startswith("[redacted") or not v.strip("\"'"):
+        return m.group(0)
+    q = v[0] if v[0] in "\"'" and len(v) >= 2 and v[-1] == v[0] else ""
+    return f"{m.group('k')}{m.group('s')}{q}[redacted:secret]{q}"
+
+
+def redact(text: Any) -> Any:
+    """Return ``text`` with secrets replaced by ``[redacted:KIND]``; non-strings pass through."""
+    if not isinstance(text, str) or not text:
+        return text
+    for _name, pattern, repl in _RULES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def redact_obj(value: Any) -> Any:
+    """Redact every string (keys too) inside nested dicts/lists."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(str(k)): redact_obj(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_obj(v) for v in value]
+    return value
