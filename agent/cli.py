@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",
     "watch": "agent.commands.watch:watch",
+    "error": "agent.commands.error:error",
 }
 
 

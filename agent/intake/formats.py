@@ -264,7 +264,9 @@ def parse_log_text(text: str, final: bool = True, line_base: int = 1) -> ParseRe
     With ``final=False`` (tailing a file still being written) an event that reaches the end of the
     text is held back: ``consumed_lines`` stops before it so the next read starts there.
     """
-    lines = text.splitlines()
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()               # text ending in a newline has no extra empty line
     n = len(lines)
     result = ParseResult(format="traceback")
     consumed = n
@@ -400,7 +402,7 @@ def event_from_record(obj: dict) -> Event:
 
 def parse_jsonl(text: str, line_base: int = 1) -> ParseResult:
     result = ParseResult(format="jsonl")
-    for offset, line in enumerate(text.splitlines()):
+    for offset, line in enumerate(text.split("\n")):
         lineno = line_base + offset
         if not line.strip():
             continue
@@ -574,7 +576,7 @@ def parse_sentry(text: str, line_base: int = 1) -> ParseResult:
         doc = json.loads(text)
     except ValueError:
         doc = None
-        lines = text.splitlines()
+        lines = text.split("\n")
         skip_next = False
         for offset, line in enumerate(lines):
             lineno = line_base + offset
