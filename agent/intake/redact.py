@@ -28,7 +28,7 @@ _RULES: list[tuple[str, re.Pattern, Any]] = [
      lambda m: f"{m.group(1)}{m.group(2)}[redacted:{_kind(m.group(1))}]"),
     ("bearer", re.compile(r"(?i)\b(bearer|basic|token|digest)\s+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,})"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
-    ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]+):([^/\s@\"'<>]+)@"),
+    ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*):([^/\s@\"'<>]+)@"),
      lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
     ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[redacted:jwt]"),
     ("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
