@@ -491,8 +491,11 @@ def _sentry_frames(stacktrace: Any) -> list[Frame]:
 
 
 def _exc_class(value: dict, platform: str | None) -> str:
-    typ = _str(value.get("type")) or ""
-    module = _str(value.get("module")) or ""
+    from agent.intake.redact import redact
+
+    # redacted part by part: joining first could glue a secret to the next part's text
+    typ = redact(_str(value.get("type")) or "")
+    module = redact(_str(value.get("module")) or "")
     if module and module not in _BUILTIN_MODULES and platform not in ("javascript", "node"):
         return f"{module}.{typ}" if typ else module
     return typ

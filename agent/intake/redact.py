@@ -26,27 +26,31 @@ _RULES: list[tuple[str, re.Pattern, Any]] = [
     ("header", re.compile(r"(?im)\b((?:set-)?cookie|authorization|proxy-authorization|x-api-key|x-auth-token)"
                           r"([ \t]*:[ \t]*)(?!\[redacted)([^\s\"'][^\r\n\"']*)"),
      lambda m: f"{m.group(1)}{m.group(2)}[redacted:{_kind(m.group(1))}]"),
-    ("bearer", re.compile(r"(?i)\b(bearer|basic|token|digest)\s+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,})"),
+    # "Bearer X" anywhere; "Basic/Token/Digest X" as words, when X looks like a credential (has a digit or symbol)
+    ("bearer", re.compile(r"(?i)(bearer)\s+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,})"),
+     lambda m: f"{m.group(1)} [redacted:bearer]"),
+    ("token", re.compile(r"(?i)(?<![A-Za-z0-9])(basic|token|digest)\s+(?!\[redacted)"
+                         r"(?=[A-Za-z._~]*[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,})"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
     ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*):([^/\s@\"'<>]+)@"),
      lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[redacted:jwt]"),
-    ("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+    ("jwt", re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[redacted:jwt]"),
+    ("github-token", re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
      "[redacted:github-token]"),
-    ("aws-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b"),
+    ("aws-key", re.compile(r"(?<![0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
      "[redacted:aws-key]"),
-    ("slack-token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "[redacted:token]"),
-    ("stripe-key", re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"), "[redacted:token]"),
-    ("google-key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), "[redacted:token]"),
+    ("slack-token", re.compile(r"xox[abprs]-[A-Za-z0-9-]{10,}"), "[redacted:token]"),
+    ("stripe-key", re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"), "[redacted:token]"),
+    ("google-key", re.compile(r"AIza[0-9A-Za-z_-]{35}\b"), "[redacted:token]"),
     # key=value, key: value, "key": "value", 'key': 'value' where the key names a secret.
     ("key-value", re.compile(
         r"(?i)(?P<k>[\"']?[A-Za-z0-9_.-]*?(?:" + _SECRET_KEYS + r")[A-Za-z0-9_.-]*[\"']?)"
         r"(?P<s>\s*(?:=|:|=>)\s*)"
         r"(?P<v>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|[^\s,;&\"'}\])<>]+)"),
      lambda m: _kv(m)),
-    ("email", re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+    ("email", re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
      "[redacted:email]"),
-    ("hex", re.compile(r"(?<![0-9A-Za-z])(?:0x)?[0-9a-fA-F]{32,}(?![0-9A-Za-z])"), "[redacted:hex]"),
+    ("hex", re.compile(r"(?:0x)?[0-9a-fA-F]{32,}"), "[redacted:hex]"),
 ]
 
 
