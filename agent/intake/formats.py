@@ -28,7 +28,9 @@ class Frame:
     in_app: bool | None = None
 
     def label(self) -> str:
-        return f"{self.file or self.module}:{self.function}"
+        """``path/file.py:function``; a Java/Kotlin frame (bare file name) uses its class: ``pkg.Class:method``."""
+        where = self.file if ("/" in self.file or not self.module) else self.module
+        return f"{where}:{self.function}"
 
 
 @dataclass
