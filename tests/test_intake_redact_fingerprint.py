@@ -54,6 +54,19 @@ def test_redaction_holds_inside_any_text(noise, case):
     assert secret not in out
 
 
+SECRETISH = st.sampled_from([c[0] for c in CASES] + ["key=abc", "X-Api-Key: zzz", "ghs_" + "a" * 36, "AIza" + "b" * 35,
+                                                     "xoxb-1234567890-abc", "sk_live_abcdefghijk", "0x" + "f" * 40])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=30), SECRETISH), max_size=6))
+def test_prefilter_never_changes_the_result(parts):
+    from agent.intake.redact import _apply_rules
+
+    text = " ".join(parts)
+    assert redact(text) == _apply_rules(text)
+
+
 # ----------------------------------------------------------------------------- fingerprints
 
 IDENT = st.from_regex(r"[a-z_][a-z_]{2,10}", fullmatch=True)

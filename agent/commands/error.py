@@ -32,8 +32,7 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     Example:
       agent error ingest app.log --format traceback --service widgets-api --env production
     """
-    from agent.intake.formats import parse
-    from agent.intake.store import IngestResult, ingest
+    from agent.intake.store import ingest_text
 
     if repo is not None and (repo.count("/") != 1 or not all(repo.split("/"))):
         raise click.BadParameter(f"{repo!r} is not OWNER/NAME", param_hint="--repo")
@@ -45,13 +44,11 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
                 text = fh.read().decode("utf-8", "replace")
         except OSError as exc:
             raise AgentError(f"{file}: cannot read ({exc.strerror})") from None
-    parsed = parse(text, fmt, service=service, environment=environment, repo=repo)
-    result = IngestResult()
-    result.add_rejected(parsed.rejected)
-    ingest(get_app().ledger, parsed.events, actor="human", source=f"ingest:{parsed.format}", result=result)
+    result, used = ingest_text(get_app().ledger, text, fmt, service=service, environment=environment, repo=repo,
+                               actor="human")
     for r in result.rejections:
         click.echo(f"{file if file != '-' else 'stdin'}: line {r.line}: rejected: {r.reason}", err=True)
-    emit({**result.to_json(), "format": parsed.format}, as_json,
+    emit({**result.to_json(), "format": used}, as_json,
          lambda d: click.echo(f"new {d['new']}, deduplicated {d['deduplicated']}, rejected {d['rejected']}"))
     if result.rejected:
         raise AgentError(f"{result.rejected} line(s) or event(s) rejected; the rest was ingested")

@@ -10,6 +10,7 @@ Note: hex runs of 32+ characters are redacted, so a full 40-char git SHA is too;
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -67,13 +68,40 @@ def _kv(m: re.Match) -> str:
     return f"{m.group('k')}{m.group('s')}{q}[redacted:secret]{q}"
 
 
+# A superset of every rule's necessary literal (lowercased): text holding none of them, and no
+# 32-hex run or GitHub token prefix, cannot hold a secret the rules would find, so it skips the
+# substitutions.  Keep in step with _RULES and _SECRET_KEYS when adding a rule.
+_LITERALS = ("private key", "privatekey", "private_key", "private-key", "apikey", "api_key", "api-key",
+             "accesskey", "access_key", "access-key", "cookie", "authori", "token", "bearer", "basic", "digest", "://", "eyj",
+             "github_pat_", "akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa", "abia", "acca",
+             "xox", "_live_", "_test_", "aiza", "@", "pass", "pwd", "secret", "credential", "session", "sessid",
+             "signature", "auth", "jwt", "dsn", "otp", "pin")
+_MAYBE_RE = re.compile(r"gh[pousr]_|[0-9a-fA-F]{32}")
+
+
+def _maybe(text: str) -> bool:
+    low = text.lower()
+    return any(lit in low for lit in _LITERALS) or _MAYBE_RE.search(text) is not None
+
+
+def _apply_rules(text: str) -> str:
+    for _name, pattern, repl in _RULES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _redact(text: str) -> str:
+    return _apply_rules(text) if _maybe(text) else text
+
+
+_cached = functools.lru_cache(maxsize=8192)(_redact)
+
+
 def redact(text: Any) -> Any:
     """Return ``text`` with secrets replaced by ``[redacted:KIND]``; non-strings pass through."""
     if not isinstance(text, str) or not text:
         return text
-    for _name, pattern, repl in _RULES:
-        text = pattern.sub(repl, text)
-    return text
+    return _cached(text) if len(text) <= 256 else _redact(text)
 
 
 def redact_obj(value: Any) -> Any:

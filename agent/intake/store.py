@@ -212,3 +212,29 @@ def error_detail(ledger: Ledger, error_id: str) -> dict:
                                  "FROM conclusions WHERE error_id = ?", (error_id,))
     e["task"] = ledger.one("SELECT id, repo, branch, state FROM tasks WHERE error_id = ?", (error_id,))
     return e
+
+
+def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | None = None,
+                environment: str | None = None, repo: str | None = None, actor: str = "script",
+                source: str | None = None, chunk_lines: int = BATCH) -> tuple[IngestResult, str]:
+    """Parse and ingest a whole input; returns (result, the format used).
+
+    JSONL is parsed and stored ``chunk_lines`` lines at a time (bounded memory, one transaction per
+    chunk); Sentry documents and log text are parsed whole, since an event may span many lines.
+    """
+    from agent.intake.formats import parse, sniff
+
+    chosen = sniff(text) if fmt == "auto" else fmt
+    result = IngestResult()
+    kw = {"service": service, "environment": environment, "repo": repo}
+    if chosen != "jsonl":
+        parsed = parse(text, chosen, **kw)
+        result.add_rejected(parsed.rejected)
+        ingest(ledger, parsed.events, actor=actor, source=source or f"ingest:{chosen}", result=result)
+        return result, chosen
+    lines = text.split("\n")
+    for start in range(0, len(lines), chunk_lines):
+        parsed = parse("\n".join(lines[start:start + chunk_lines]), "jsonl", line_base=start + 1, **kw)
+        result.add_rejected(parsed.rejected)
+        ingest(ledger, parsed.events, actor=actor, source=source or "ingest:jsonl", result=result, batch=None)
+    return result, chosen
