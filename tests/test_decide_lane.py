@@ -1,6 +1,7 @@
 """`agent watch error-decide`: the decider lane (a `command` vendor that is a small Python script, run
 as a real subprocess by agent.lanes) concludes on errors past the thresholds; refusals are recorded."""
 
+import importlib.util
 import sys
 import textwrap
 from datetime import datetime, timedelta, timezone
@@ -12,11 +13,7 @@ from agent.intake.store import ingest
 
 from intake_support import make_app
 
-try:
-    import agent.lanes.lane  # noqa: F401
-    HAVE_LANES = True
-except ImportError:
-    HAVE_LANES = False
+HAVE_LANES = importlib.util.find_spec("agent.lanes") is not None
 
 pytestmark = pytest.mark.skipif(not HAVE_LANES, reason="lanes not merged yet")
 

@@ -236,7 +236,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
         result = IngestResult()
         result.add_rejected(pulled.rejected)
         ingest(ledger, pulled.events, source=f"{src.kind}", cursor=(key, pulled.cursor or ""), result=result)
-    except AgentError as exc:
+    except (AgentError, OSError, ValueError) as exc:   # one broken source must not stop the others
         return {"source": label, "kind": src.kind, "ok": False, "error": str(exc),
                 "line": f"errors: {label}: failed: {exc}"}
     return {"source": label, "kind": src.kind, "ok": True, **result.to_json(),
