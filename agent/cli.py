@@ -15,12 +15,25 @@ from agent import AgentError, __version__
 
 COMMANDS: dict[str, str] = {
     "init": "agent.commands.setup:init",
+    "status": "agent.commands.setup:status",
     "task": "agent.commands.task:task",
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",
     "watch": "agent.commands.watch:watch",
     "error": "agent.commands.error:error",
+    "pr": "agent.commands.pr:pr",
+    "daemon": "agent.commands.watch:daemon",
+    "lane": "agent.commands.lane:lane",
 }
+
+
+class Refusal(click.ClickException):
+    """An AgentError shown as one line on stderr with exit code 1 (also under CliRunner)."""
+
+    exit_code = 1
+
+    def show(self, file=None):
+        click.echo(f"agent: {self.message}", err=True)
 
 
 class LazyGroup(click.Group):
@@ -36,6 +49,12 @@ class LazyGroup(click.Group):
             module, attr = self.lazy[name].split(":")
             return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, name)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except AgentError as exc:
+            raise Refusal(str(exc)) from None
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
-    except AgentError as exc:
+    except AgentError as exc:  # raised outside a command (e.g. while opening the home)
         click.echo(f"agent: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -214,7 +214,8 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
 
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
     sql = ("SELECT t.id, t.error_id, t.repo, t.branch, t.state, t.round, t.round_cap, t.title, "
-           "t.blocked_reason, t.failed_reason, t.head_sha, t.cost_usd, t.updated_at, p.url AS pr_url "
+           "t.blocked_reason, t.failed_reason, t.head_sha, t.updated_at, p.url AS pr_url, "
+           "(SELECT coalesce(sum(cost_usd), 0) FROM lane_runs r WHERE r.task_id = t.id) AS cost_usd "
            "FROM tasks t LEFT JOIN prs p ON p.task_id = t.id")
     params: tuple = ()
     if state:

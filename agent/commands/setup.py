@@ -22,3 +22,26 @@ def init(as_json):
     emit(result, as_json, lambda r: click.echo(
         f"home {r['home']}\nledger {r['ledger']} (schema {r['schema']}, journal {r['journal_mode']})\n"
         f"config {r['config']}{' (created)' if r['config_created'] else ''}"))
+
+
+@click.command()
+@json_option
+@click.option("--html", "html_file", type=click.Path(dir_okay=False), help="Also write a self-contained HTML page.")
+def status(as_json, html_file):
+    """Errors, tasks and PRs by state; gate-blocked tasks with their reason and reset command.
+
+    \b
+    Example:
+      agent status
+      agent status --html status.html
+    """
+    from pathlib import Path
+
+    from agent.status import gather, render_html, render_text
+
+    ledger = get_app().ledger
+    data = gather(ledger)
+    if html_file:
+        Path(html_file).write_text(render_html(ledger, data), encoding="utf-8")
+        data["html"] = str(Path(html_file).resolve())
+    emit(data, as_json, lambda d: click.echo(render_text(d) + (f"\n\nwrote {d['html']}" if html_file else "")))

@@ -17,12 +17,22 @@ SCANS: dict[str, tuple[str, str]] = {
     # name: (module:function, one-line help)
     "errors": ("agent.intake.sources:scan", "Pull configured error sources (cursor persisted)."),
     "error-decide": ("agent.decide:decide_scan", "Run the decider lane on undecided errors past the thresholds."),
+    "error-fix": ("agent.fixer:fix_scan", "Turn confirmed error.fix conclusions into tasks with worktrees."),
+    "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
+    "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states: merged, closed, branch pruning."),
 }
 
 
 def run_scan(app, name: str, jobs: int = 1) -> list[dict]:
+    """Run one scan under its file lock; a scan already running elsewhere is skipped with a line saying so."""
+    from agent.fence import ScanBusy, scan_lock
+
     module, attr = SCANS[name][0].split(":")
-    items = getattr(importlib.import_module(module), attr)(app, jobs=jobs)
+    try:
+        with scan_lock(app.home, name):
+            items = getattr(importlib.import_module(module), attr)(app, jobs=jobs)
+    except ScanBusy as exc:
+        items = [{"skipped": True, "line": f"{exc}; skipped"}]
     for item in items:
         item.setdefault("scan", name)
     return items
@@ -77,3 +87,21 @@ def watch_all(jobs, as_json):
     for name in SCANS:
         items.extend(run_scan(app, name, jobs=jobs))
     emit(items, as_json, _print)
+
+
+@click.command()
+@click.option("--interval", type=float, default=60.0, show_default=True, help="Seconds between passes.")
+@click.option("--jobs", type=int, default=1, show_default=True, help="Tasks advanced in parallel.")
+@click.option("--max-ticks", type=int, help="Stop after N passes (for tests and benchmarks).")
+def daemon(interval, jobs, max_ticks):
+    """Loop `agent watch all` until SIGTERM/SIGINT.
+
+    The first signal stops new work and lets the running step finish; a second one kills running lanes.
+
+    \b
+    Example:
+      agent daemon --interval 60 --jobs 4
+    """
+    from agent.daemon import run_daemon
+
+    run_daemon(get_app(), interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo)

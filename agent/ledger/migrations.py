@@ -138,3 +138,21 @@ def m001_initial(db) -> None:
                "BEGIN SELECT RAISE(ABORT, 'events are append-only'); END")
     db.execute("CREATE TRIGGER events_no_delete BEFORE DELETE ON events "
                "BEGIN SELECT RAISE(ABORT, 'events are append-only'); END")
+
+
+@migration
+def m002_forge_local_prs(db) -> None:
+    """The embedded local forge's own pull requests (what a hosted forge would keep on its side).
+
+    ``prs`` stays agent's record of each task's PR for every forge; ``local_prs`` is the local
+    forge's store, so a PR can be merged or closed there (`agent pr mark`) and followed up like any other.
+    """
+    db["local_prs"].create({
+        "id": int, "repo": str, "number": int, "head": str, "head_sha": str, "base": str,
+        "title": str, "body": str, "state": str, "draft": int,
+        "labels": str,            # JSON list
+        "comments": str,          # JSON list of {"at", "text"}
+        "created_at": str, "updated_at": str,
+    }, pk="id", not_null={"repo", "number", "head", "base", "state"}, defaults={"state": "open", "draft": 1})
+    db["local_prs"].create_index(["repo", "number"], unique=True)
+    db["local_prs"].create_index(["repo", "head"])

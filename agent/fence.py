@@ -1,0 +1,134 @@
+"""The execution fence: a per-task claim in the ledger, and a file lock per scan.
+
+- **Task claim**: ``tasks.claim_owner/claim_pid/claim_token/lease_until``. A worker claims a task before advancing
+  it, renews the lease while a lane or check runs, and passes its token to every write (``tasks._check_claim``
+  checks it inside the same transaction), so a worker that lost its claim cannot write its result.
+  A claim is stale when its lease expired or its pid is dead on this host; a stale claim is reclaimed.
+- **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` held with ``fcntl.flock`` for the life of the scan, its content
+  naming pid and token. The kernel drops a flock when its process dies, so a killed scan never leaves a lock behind;
+  the pid/token content is for humans and `agent status`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from agent.ledger import Ledger
+
+LEASE_S = 120.0
+HOST = socket.gethostname()
+
+
+def owner_id() -> str:
+    return f"{HOST}:{os.getpid()}:{threading.get_ident()}"
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(row: dict, now: float) -> bool:
+    if not row["claim_token"]:
+        return True
+    if row["lease_until"] is not None and row["lease_until"] < now:
+        return True
+    owner = row["claim_owner"] or ""
+    same_host = owner.split(":", 1)[0] == HOST
+    return same_host and not pid_alive(row["claim_pid"])
+
+
+def claim(ledger: Ledger, task_id: int, lease_s: float = LEASE_S) -> str | None:
+    """Claim a task; returns the token, or None when another live worker holds it."""
+    token = secrets.token_hex(8)
+    with ledger.tx() as c:
+        row = c.execute("SELECT claim_owner, claim_pid, claim_token, lease_until FROM tasks WHERE id = ?",
+                        (task_id,)).fetchone()
+        if row is None:
+            return None
+        row = dict(row)
+        now = time.time()
+        if not _stale(row, now):
+            return None
+        if row["claim_token"]:
+            ledger.event(c, "task.claim_reclaimed", "script",
+                         {"previous_owner": row["claim_owner"], "previous_pid": row["claim_pid"]}, task_id=task_id)
+        ledger.update(c, "tasks", {"id": task_id}, {"claim_owner": owner_id(), "claim_pid": os.getpid(),
+                                                    "claim_token": token, "lease_until": now + lease_s})
+    return token
+
+
+def renew(ledger: Ledger, task_id: int, token: str, lease_s: float = LEASE_S) -> bool:
+    with ledger.tx() as c:
+        return c.execute("UPDATE tasks SET lease_until = ? WHERE id = ? AND claim_token = ?",
+                         (time.time() + lease_s, task_id, token)).rowcount == 1
+
+
+def release(ledger: Ledger, task_id: int, token: str) -> None:
+    with ledger.tx() as c:
+        c.execute("UPDATE tasks SET claim_owner = NULL, claim_pid = NULL, claim_token = NULL, lease_until = NULL "
+                  "WHERE id = ? AND claim_token = ?", (task_id, token))
+
+
+@contextmanager
+def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float = LEASE_S) -> Iterator[None]:
+    """Renew a claim every lease/3 from a background thread (own connection) while the body runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        led = Ledger.open(ledger_path, create=False)
+        try:
+            while not stop.wait(lease_s / 3):
+                if not renew(led, task_id, token, lease_s):
+                    return
+        finally:
+            led.close()
+
+    t = threading.Thread(target=loop, daemon=True, name=f"lease-{task_id}")
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=5)
+
+
+class ScanBusy(Exception):
+    pass
+
+
+@contextmanager
+def scan_lock(home: Path, name: str, wait: bool = False) -> Iterator[str]:
+    """Hold ``locks/<name>.lock`` for one scan; raises ScanBusy if another live process holds it."""
+    import fcntl
+
+    folder = Path(home) / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = path.read_text(errors="replace").strip()
+            raise ScanBusy(f"scan {name} is already running ({holder or 'unknown holder'})") from None
+        token = secrets.token_hex(8)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid={os.getpid()} token={token} since={time.time():.0f}\n".encode())
+        yield token
+    finally:
+        os.close(fd)  # closing drops the flock

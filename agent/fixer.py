@@ -1,0 +1,718 @@
+"""The fixer: confirmed error.fix conclusions -> tasks with worktrees -> rounds -> a reviewed draft PR.
+
+Two scans:
+- ``fix_scan`` (`agent watch error-fix`): each confirmed fix conclusion becomes a task (found or created, never
+  two per error) with its workspace.
+- ``work_scan`` (`agent watch error-fix-work`): drives every open task through the chain as far as it can go now.
+
+``advance`` drives one task one step at a time. For every step it does the work, records the artifact (lane run,
+commit, check, gate, push, PR) and then asks the one guard to close the step through ``tasks.set_step``; it never
+writes step state itself. Every write carries the task's claim token, so a worker that lost its claim writes
+nothing. Everything is re-derivable from the ledger and the worktree, so a kill at any point is continued by the
+next scan (see DESIGN.md "Crash safety").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from agent import AgentError, chain
+from agent.config import Config, RepoConfig, load_repo_settings
+from agent.ledger import Ledger, ledger_path, now
+from agent.tasks import ClaimLost, Refused, get_task, set_step, snapshot, start_next_round, transition
+
+# Set by the daemon on SIGTERM/SIGINT: finish the running step, start no new one.
+STOP = threading.Event()
+
+
+@dataclass
+class Ctx:
+    """Everything one worker needs to advance one task; one Ledger connection per worker thread."""
+    home: Path
+    config: Config
+    ledger: Ledger
+    task_id: int
+    token: str | None = None
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def task(self) -> dict:
+        return get_task(self.ledger, self.task_id)
+
+    def say(self, text: str) -> None:
+        t = self.task
+        self.lines.append(f"task {self.task_id} round {t['round']}: {text}")
+
+
+class Stop(Exception):
+    """Stop advancing this task for now (blocked, failed, waiting or done); the message says why."""
+
+
+def _redact(text: str) -> str:
+    from agent.intake.redact import redact
+
+    return redact(text or "")
+
+
+# ---------------------------------------------------------------------------------------------- outcomes
+
+
+def _block(ctx: Ctx, reason: str) -> None:
+    t = ctx.task
+    transition(ctx.ledger, ctx.task_id, chain.BLOCKED, "script", reason, claim_token=ctx.token)
+    ctx.say(f"gate-blocked: {reason}")
+    raise Stop()
+
+
+def _fail(ctx: Ctx, reason: str) -> None:
+    transition(ctx.ledger, ctx.task_id, chain.FAILED, "script", reason, claim_token=ctx.token)
+    ctx.say(f"failed: {reason}")
+    raise Stop()
+
+
+def _reject_round(ctx: Ctx, what: str, feedback: str) -> None:
+    """A rejected round: next round with the feedback in the spec, or failed at the round cap."""
+    started, rnd = start_next_round(ctx.ledger, ctx.task_id, feedback, claim_token=ctx.token)
+    if started:
+        ctx.lines.append(f"task {ctx.task_id} round {rnd - 1}: {what}")
+    else:
+        ctx.say(f"{what}; round cap reached, failed")
+        raise Stop()
+
+
+def _close(ctx: Ctx, key: str, evidence: str, source: str = "script") -> None:
+    set_step(ctx.ledger, ctx.task_id, key, "ja", evidence, source=source, actor="script", claim_token=ctx.token)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _repo_config(ctx: Ctx) -> RepoConfig:
+    t = ctx.task
+    repo = ctx.config.repos.get(t["repo"])
+    if repo is None:
+        _block(ctx, f"repository {t['repo']} is not configured; add it under repos: in config.yaml")
+    return repo
+
+
+def _error(ctx: Ctx) -> dict | None:
+    t = ctx.task
+    return ctx.ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
+
+
+def _brief(ctx: Ctx) -> str:
+    t = ctx.task
+    if t["conclusion_id"]:
+        row = ctx.ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],))
+        if row and row["brief"]:
+            return row["brief"]
+    return t["title"]
+
+
+def _feedback(ctx: Ctx) -> list[str]:
+    return [e["payload"].get("feedback", "") for e in ctx.ledger.events(task_id=ctx.task_id)
+            if e["kind"] == "round.started" and e["payload"].get("feedback")]
+
+
+def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
+    if not error:
+        return []
+    rows = ctx.ledger.all("SELECT text FROM lessons WHERE (service = ? OR fingerprint = ?) AND task_id IS NOT ? "
+                          "ORDER BY id DESC LIMIT 5", (error["service"], error["fingerprint"], ctx.task_id))
+    return [r["text"] for r in rows]
+
+
+def _settings(ctx: Ctx):
+    t = ctx.task
+    return load_repo_settings(Path(t["worktree"])) if t["worktree"] else None
+
+
+def _check_command(ctx: Ctx, repo: RepoConfig) -> str | None:
+    if repo.check:
+        return repo.check
+    settings = _settings(ctx)
+    return settings.check if settings else None
+
+
+def _blocked_paths(ctx: Ctx, repo: RepoConfig) -> tuple[str, ...]:
+    settings = _settings(ctx)
+    extra = settings.blocked_paths if settings else ()
+    return tuple(dict.fromkeys(repo.blocked_paths + extra))
+
+
+def _repo(ctx: Ctx):
+    import git
+
+    return git.Repo(ctx.task["worktree"])
+
+
+def _daily_cost(ledger: Ledger) -> float:
+    since = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    return ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE started_at >= ?", (since,)) or 0.0
+
+
+def _task_cost(ctx: Ctx) -> float:
+    return ctx.ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?",
+                             (ctx.task_id,)) or 0.0
+
+
+def _check_budgets(ctx: Ctx) -> None:
+    limits = ctx.config.limits
+    spent = _task_cost(ctx)
+    if spent >= limits.task_budget_usd:
+        _block(ctx, f"task budget spent (${spent:.2f} of ${limits.task_budget_usd:.2f}); "
+                    "raise limits.task_budget_usd or reset with a reason")
+    t = ctx.task
+    started = datetime.strptime(t["created_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    if (datetime.now(timezone.utc) - started).total_seconds() > limits.task_wall_time:
+        _block(ctx, f"task wall time {limits.task_wall_time}s exceeded")
+    daily = _daily_cost(ctx.ledger)
+    if daily >= limits.daily_budget_usd:
+        ctx.say(f"waiting: daily budget spent (${daily:.2f} of ${limits.daily_budget_usd:.2f})")
+        raise Stop()
+
+
+def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
+    """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
+    from agent.fence import lease_keeper, pid_alive
+    from agent.lanes.lane import run_lane
+
+    t = ctx.task
+    inflight = ctx.ledger.one("SELECT id, pid FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
+                              "AND status = 'running' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"], role))
+    if inflight and pid_alive(inflight["pid"]):
+        ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
+        raise Stop()
+    settings = _settings(ctx)
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+        return run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
+                        ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
+                        head_sha=head, repo_lanes=settings.lanes if settings else None,
+                        claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _lane_outcome(ctx: Ctx, role: str, result) -> None:
+    """The shared handling of a lane that did not produce a usable report."""
+    if result.status == "unavailable":
+        _block(ctx, f"{role} lane unavailable ({result.vendor}): {result.reason or 'binary missing or auth refused'}")
+    if result.status == "malformed":
+        excerpt = _redact(result.excerpt or "")[-1500:]
+        _fail(ctx, f"{role} report unparseable after {len(result.repairs)} repair turn(s): {result.reason}; "
+                   f"output tail: {excerpt}")
+    if result.status == "rejected":
+        _fail(ctx, f"{role} lane rejected: {result.reason}")
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def step_spec_written(ctx: Ctx) -> None:
+    from agent.spec import implementer_spec, write_spec
+
+    t = ctx.task
+    repo = _repo_config(ctx)
+    error = _error(ctx)
+    text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
+                            [], _lessons(ctx, error))
+    path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
+    with ctx.ledger.tx() as c:
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
+        ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
+    snap = snapshot(ctx.ledger, ctx.task_id)
+    if not snap.from_conclusion:
+        _block(ctx, f"human step pending: spec_written; read {path} and run "
+                    f"`agent task close-step {ctx.task_id} spec_written --source human --evidence ...`, "
+                    f"then `agent task reset {ctx.task_id} --reason ...`")
+    eid = (t["error_id"] or "")[:8]
+    _close(ctx, "spec_written", f"auto spec from error.fix brief (error_id={eid}): {path}")
+
+
+def _round_spec(ctx: Ctx) -> Path:
+    """The implementer spec for the current round (round 1 is the one spec_written recorded)."""
+    from agent.spec import implementer_spec, write_spec
+
+    t = ctx.task
+    path = Path(ctx.home) / "specs" / f"task-{ctx.task_id}" / f"round-{t['round']}.md"
+    if path.exists():
+        return path
+    repo = _repo_config(ctx)
+    error = _error(ctx)
+    text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
+                            _feedback(ctx), _lessons(ctx, error))
+    path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
+    with ctx.ledger.tx() as c:
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
+        ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
+    return path
+
+
+def step_implementer_done(ctx: Ctx) -> None:
+    _check_budgets(ctx)
+    spec = _round_spec(ctx)
+    result = _lane(ctx, "implementer", spec, ctx.task["head_sha"] or ctx.task["base_sha"])
+    _lane_outcome(ctx, "implementer", result)
+    if result.status == "complete":
+        _close(ctx, "implementer_done", f"lane run #{result.run_id}: {(result.summary or '')[:300]}")
+        return
+    if result.status == "timeout":
+        _reject_round(ctx, "implementer timed out", "The previous attempt timed out; make a smaller, focused change.")
+    else:
+        summary = _redact(result.summary or result.reason or "")
+        _reject_round(ctx, f"implementer reported {result.status}",
+                      f"The implementer reported STATUS: {result.status}: {summary}")
+
+
+def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
+    t = ctx.task
+    with ctx.ledger.tx() as c:
+        from agent.tasks import _check_claim
+
+        _check_claim(c, ctx.task_id, ctx.token)
+        ctx.ledger.insert(c, "commits", {"task_id": ctx.task_id, "round": t["round"], "sha": sha, "parent": parent,
+                                         "message": message, "created_at": now()})
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"head_sha": sha, "updated_at": now()})
+        ctx.ledger.event(c, "commit.recorded", "script", {"sha": sha, "round": t["round"]}, task_id=ctx.task_id)
+
+
+def step_committed(ctx: Ctx) -> None:
+    import git
+
+    t = ctx.task
+    repo_cfg = _repo_config(ctx)
+    repo = _repo(ctx)
+    head = repo.head.commit.hexsha
+    known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    previous = t["head_sha"] or t["base_sha"]
+    if head not in known and head != previous and repo.head.commit.parents \
+            and repo.head.commit.parents[0].hexsha == previous and not repo.is_dirty(untracked_files=True):
+        # a crash after `git commit` and before the ledger write: adopt that commit, do not commit again
+        _record_commit(ctx, head, previous, repo.head.commit.message)
+        _close(ctx, "committed", f"commit {head[:12]} (recovered after a crash)")
+        return
+    repo.git.add("-A")
+    changed = [d.a_path or d.b_path for d in repo.index.diff("HEAD")]
+    if not changed:
+        _reject_round(ctx, "implementer made no change",
+                      "The previous round changed no file. The fix needs a code change.")
+        return
+    blocked = [p for p in changed for b in _blocked_paths(ctx, repo_cfg) if p == b.rstrip("/") or p.startswith(b)]
+    if blocked:
+        repo.git.reset("--hard", "HEAD")
+        repo.git.clean("-fdq")
+        _reject_round(ctx, f"touched blocked paths {', '.join(sorted(set(blocked)))}",
+                      f"The previous round edited blocked paths ({', '.join(sorted(set(blocked)))}); never touch "
+                      "them.")
+        return
+    run = ctx.ledger.one("SELECT summary FROM lane_runs WHERE task_id = ? AND round = ? AND role = 'implementer' "
+                         "AND status = 'complete' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"]))
+    summary = _redact((run or {}).get("summary") or t["title"]).strip()
+    subject = summary.splitlines()[0] if summary else t["title"]
+    subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
+    message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
+    actor = git.Actor(ctx.config.git.author_name, ctx.config.git.author_email)
+    commit = repo.index.commit(message, author=actor, committer=actor)
+    _record_commit(ctx, commit.hexsha, previous, message)
+    _close(ctx, "committed", f"commit {commit.hexsha[:12]}: {subject}")
+
+
+def step_local_check_pass(ctx: Ctx) -> None:
+    from agent.fence import lease_keeper
+    from agent.lanes.env import lane_env
+    from agent.proc import run
+
+    t = ctx.task
+    repo_cfg = _repo_config(ctx)
+    command = _check_command(ctx, repo_cfg)
+    if not command:
+        _block(ctx, f"no check command for {t['repo']}; set repos.{t['repo']}.check or check: in the "
+                    "repository's .agent/config.yaml")
+    head = t["head_sha"]
+    folder = Path(ctx.home) / "checks" / f"task-{ctx.task_id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"round-{t['round']}-{head[:8]}.log"
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+        res = run(["sh", "-c", command], cwd=Path(t["worktree"]), env=lane_env(()), timeout=ctx.config.limits.check_timeout,
+                  stdout_path=out, stderr_path=out.with_suffix(".err"))
+    passed = res.status == "ok"
+    _repo(ctx).git.clean("-fdq")  # what the check left behind must not be committed by the next round
+    with ctx.ledger.tx() as c:
+        from agent.tasks import _check_claim
+
+        _check_claim(c, ctx.task_id, ctx.token)
+        ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
+                                        "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
+                                        "output_path": str(out), "duration_s": round(res.duration_s, 3),
+                                        "created_at": now()})
+        ctx.ledger.event(c, "check.recorded", "script", {"passed": passed, "exit_code": res.exit_code,
+                                                          "head": head, "status": res.status}, task_id=ctx.task_id)
+    if passed:
+        _close(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s")
+        return
+    tail = _redact(res.tail(2500))
+    what = "timed out" if res.timed_out else f"exit {res.exit_code}"
+    _reject_round(ctx, f"check failed ({what})", f"The check `{command}` failed ({what}) on the previous round's "
+                                                f"commit. Its output ends with:\n{tail}")
+
+
+def _diff(ctx: Ctx) -> str:
+    t = ctx.task
+    return _repo(ctx).git.diff(t["base_sha"], t["head_sha"])
+
+
+def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
+    t = ctx.task
+    with ctx.ledger.tx() as c:
+        from agent.tasks import _check_claim
+
+        _check_claim(c, ctx.task_id, ctx.token)
+        ctx.ledger.insert(c, "gates", {"task_id": ctx.task_id, "round": t["round"], "stage": stage,
+                                       "dimension": dimension, "verdict": verdict,
+                                       "findings_count": result.findings, "head_sha": t["head_sha"],
+                                       "lane_run_id": result.run_id, "created_at": now()})
+        ctx.ledger.event(c, "gate.recorded", "lane", {"stage": stage, "dimension": dimension, "verdict": verdict,
+                                                      "findings": result.findings, "head": t["head_sha"],
+                                                      "lane_run_id": result.run_id}, task_id=ctx.task_id)
+
+
+def _review_spec(ctx: Ctx, dimension: str) -> Path:
+    from agent.spec import reviewer_spec, write_spec
+
+    t = ctx.task
+    spec_text = Path(t["spec_path"]).read_text(encoding="utf-8") if t["spec_path"] else ""
+    check = ctx.ledger.one("SELECT command, exit_code FROM checks WHERE task_id = ? AND head_sha = ? AND passed = 1 "
+                           "ORDER BY id DESC LIMIT 1", (ctx.task_id, t["head_sha"]))
+    summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
+    text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
+    return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
+
+
+def step_reviewer_approved(ctx: Ctx) -> None:
+    from agent.lanes.report import verdict
+
+    _check_budgets(ctx)
+    t = ctx.task
+    result = _lane(ctx, "reviewer", _review_spec(ctx, "code"), t["head_sha"])
+    _lane_outcome(ctx, "reviewer", result)
+    if result.status == "timeout":
+        _reject_round(ctx, "reviewer timed out", "The review timed out; keep the change small and easy to review.")
+        return
+    v = verdict(result.report)
+    _record_gate(ctx, result, "review", "code", v or "reject")
+    if v == "approve":
+        _close(ctx, "reviewer_approved", f"lane run #{result.run_id}: approved {t['head_sha'][:12]}")
+        return
+    n = result.findings or 0
+    _reject_round(ctx, f"reviewer rejected, {n} finding{'s' if n != 1 else ''}",
+                  f"The reviewer rejected the previous round (STATUS: {result.status}). Findings:\n"
+                  f"{_redact(result.findings_text or result.summary or '')}")
+
+
+def step_pushed(ctx: Ctx) -> None:
+    from agent.forge import ForgeAuthError
+    from agent.push import push_branch
+
+    t = ctx.task
+    repo_cfg = _repo_config(ctx)
+    try:
+        res = push_branch(Path(t["worktree"]), repo_cfg.url, t["branch"], t["base"], repo_cfg.branch_prefix,
+                          expected_remote_sha=t["pushed_sha"])
+    except ForgeAuthError as exc:
+        _block(ctx, f"push refused: {exc}")
+    with ctx.ledger.tx() as c:
+        from agent.tasks import _check_claim
+
+        _check_claim(c, ctx.task_id, ctx.token)
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"pushed_sha": res.sha, "updated_at": now()})
+        ctx.ledger.event(c, "branch.pushed", "script", {"sha": res.sha, "pushed": res.pushed, "forced": res.forced,
+                                                        "branch": t["branch"]}, task_id=ctx.task_id)
+    _close(ctx, "pushed", f"{t['branch']} at {res.sha[:12]}" + ("" if res.pushed else " (already on the remote)"))
+
+
+def _pr_limits_reached(ctx: Ctx, repo: str) -> str | None:
+    limits = ctx.config.limits
+    open_drafts = ctx.ledger.scalar("SELECT count(*) FROM prs WHERE repo = ? AND state = 'open' AND task_id != ?",
+                                    (repo, ctx.task_id))
+    if open_drafts >= limits.open_drafts_per_repo:
+        return f"{open_drafts} open drafts in {repo} (limits.open_drafts_per_repo={limits.open_drafts_per_repo})"
+    since = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    recent = ctx.ledger.scalar("SELECT count(*) FROM prs WHERE created_at >= ?", (since,))
+    if recent >= limits.prs_per_hour:
+        return f"{recent} PRs opened in the last hour (limits.prs_per_hour={limits.prs_per_hour})"
+    return None
+
+
+def step_pr_opened(ctx: Ctx) -> None:
+    from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, get_forge, publish_pr
+    from agent.pr import pr_data_from_ledger, render_pr
+
+    t = ctx.task
+    repo_cfg = _repo_config(ctx)
+    title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
+    if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
+        why = _pr_limits_reached(ctx, t["repo"])
+        if why:
+            ctx.say(f"waiting to open a PR: {why}")
+            raise Stop()
+    try:
+        forge = get_forge(repo_cfg, ctx.config, ctx.home, ledger=ctx.ledger)
+        with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
+            from agent.tasks import _check_claim
+
+            _check_claim(c, ctx.task_id, ctx.token)
+        pr, action = publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
+    except ForgeAuthError as exc:
+        _block(ctx, f"forge refused: {exc}")
+    except (ForgeRateLimited, ForgeTransient) as exc:
+        ctx.say(f"forge busy, will retry next scan: {exc}")
+        raise Stop()
+    except ForgeError as exc:  # e.g. a PR on our branch that we may not adopt: a human decides
+        _block(ctx, f"forge: {exc}")
+    _close(ctx, "pr_opened", f"draft PR {pr.url} at {t['head_sha'][:12]} ({action})")
+    ctx.say(f"draft PR {action}: {pr.url}")
+
+
+def step_pr_reviews(ctx: Ctx) -> None:
+    """The PR quality and logic reviewers run in parallel on the pushed head."""
+    from agent.lanes.report import verdict
+
+    _check_budgets(ctx)
+    t = ctx.task
+    snap = snapshot(ctx.ledger, ctx.task_id)
+    todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
+    specs = {d: _review_spec(ctx, d) for d in todo}
+    results: dict[str, object] = {}
+
+    def one(dimension: str) -> None:
+        led = Ledger.open(ledger_path(ctx.home), create=False)
+        try:
+            sub = Ctx(ctx.home, ctx.config, led, ctx.task_id, ctx.token)
+            results[dimension] = _lane(sub, f"pr-{dimension}", specs[dimension], t["head_sha"])
+        finally:
+            led.close()
+
+    threads = [threading.Thread(target=one, args=(d,)) for d in todo]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    rejected: list[str] = []
+    for d in todo:
+        result = results.get(d)
+        if result is None:
+            _fail(ctx, f"pr-{d} lane crashed; see the lane logs")
+        _lane_outcome(ctx, f"pr-{d}", result)
+        if result.status == "timeout":
+            rejected.append(f"PR {d} review timed out")
+            continue
+        v = verdict(result.report)
+        _record_gate(ctx, result, "pr", d, v or "reject")
+        if v == "approve":
+            _close(ctx, f"pr_{d}_approved", f"lane run #{result.run_id}: approved {t['head_sha'][:12]}")
+        else:
+            rejected.append(f"PR {d} reviewer ({result.findings or 0} findings):\n"
+                            f"{_redact(result.findings_text or result.summary or '')}")
+    if rejected:
+        n = len(rejected)
+        _reject_round(ctx, f"PR review rejected ({n} reviewer{'s' if n > 1 else ''})", "\n\n".join(rejected))
+
+
+def _finish(ctx: Ctx) -> None:
+    t = ctx.task
+    with ctx.ledger.tx() as c:
+        from agent.tasks import _check_claim, _transition
+
+        _check_claim(c, ctx.task_id, ctx.token)
+        lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
+                           "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
+                           (ctx.task_id,)).fetchone()
+        error = c.execute("SELECT service, fingerprint FROM errors WHERE id = ?", (t["error_id"],)).fetchone() \
+            if t["error_id"] else None
+        if lesson and not c.execute("SELECT 1 FROM lessons WHERE task_id = ?", (ctx.task_id,)).fetchone():
+            ctx.ledger.insert(c, "lessons", {"service": error[0] if error else None,
+                                             "fingerprint": error[1] if error else None,
+                                             "text": _redact(lesson[0])[:500], "task_id": ctx.task_id,
+                                             "created_at": now()})
+        _transition(ctx.ledger, c, ctx.task_id, t["state"], chain.DONE, "script",
+                    f"all reviewers approved {t['head_sha'][:12]}")
+    ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
+
+
+STEP_HANDLERS = {
+    "spec_written": step_spec_written,
+    "implementer_done": step_implementer_done,
+    "committed": step_committed,
+    "local_check_pass": step_local_check_pass,
+    "reviewer_approved": step_reviewer_approved,
+    "pushed": step_pushed,
+    "pr_opened": step_pr_opened,
+    "pr_quality_approved": step_pr_reviews,
+    "pr_logic_approved": step_pr_reviews,
+}
+
+
+def _ensure_workspace(ctx: Ctx) -> None:
+    from agent.workspace import branch_name, ensure_worktree
+
+    t = ctx.task
+    if t["worktree"] and Path(t["worktree"]).exists():
+        return
+    repo = _repo_config(ctx)
+    branch = t["branch"] or branch_name(repo.branch_prefix, t["error_id"], ctx.task_id)
+    try:
+        ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id)
+    except AgentError as exc:
+        ctx.say(f"workspace not ready, will retry: {exc}")
+        raise Stop()
+    with ctx.ledger.tx() as c:
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {
+            "worktree": str(ws.path), "branch": ws.branch, "base_sha": t["base_sha"] or ws.base_sha,
+            "updated_at": now()})
+        ctx.ledger.event(c, "workspace.ready", "script", {"path": str(ws.path), "branch": ws.branch,
+                                                         "created": ws.created}, task_id=ctx.task_id)
+
+
+def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> list[str]:
+    """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
+    from agent.fence import claim, release
+
+    ledger = Ledger.open(ledger_path(home), create=False)
+    ctx = Ctx(home, config, ledger, task_id)
+    token = None
+    try:
+        token = claim(ledger, task_id)
+        if token is None:
+            return [f"task {task_id}: claimed by another worker; skipped"]
+        ctx.token = token
+        if ctx.task["state"] not in (chain.OPEN, chain.WORKING):
+            return []
+        _ensure_workspace(ctx)
+        for _ in range(max_steps):
+            if STOP.is_set():
+                ctx.say("stopping: shutdown requested")
+                break
+            t = ctx.task
+            if t["state"] not in (chain.OPEN, chain.WORKING):
+                break
+            snap = snapshot(ledger, task_id)
+            todo = chain.next_steps(snap)
+            if not todo:
+                if chain.all_closed(snap):
+                    _finish(ctx)
+                break
+            STEP_HANDLERS[todo[0]](ctx)
+    except Stop:
+        pass
+    except ClaimLost as exc:
+        ctx.lines.append(f"task {task_id}: {exc}")
+    except Refused as exc:
+        ctx.lines.append(f"task {task_id}: guard refused: {exc}")
+    except Exception as exc:  # one task's failure never stops the others
+        ctx.lines.append(f"task {task_id}: error: {type(exc).__name__}: {exc}")
+        try:
+            with ledger.tx() as c:
+                ledger.event(c, "task.error", "script", {"error": f"{type(exc).__name__}: {exc}"[:1000]},
+                             task_id=task_id)
+        except Exception:
+            pass
+    finally:
+        if token:
+            try:
+                release(ledger, task_id, token)
+            except Exception:
+                pass
+        ledger.close()
+    return ctx.lines
+
+
+def work_scan(app, jobs: int = 1) -> list[dict]:
+    """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once."""
+    ids = [r["id"] for r in app.ledger.all("SELECT id FROM tasks WHERE state IN ('open', 'working') ORDER BY id")]
+    if not ids:
+        return []
+    config = app.config
+
+    def one(task_id: int) -> dict:
+        lines = advance(app.home, config, task_id)
+        t = app_task_state(app.home, task_id)
+        return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
+                "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now"}
+
+    if jobs <= 1 or len(ids) == 1:
+        return [one(i) for i in ids]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, ids))
+
+
+def app_task_state(home: Path, task_id: int) -> dict:
+    led = Ledger.open(ledger_path(home), create=False)
+    try:
+        return led.one("SELECT state, round FROM tasks WHERE id = ?", (task_id,)) or {"state": "?", "round": 0}
+    finally:
+        led.close()
+
+
+# ---------------------------------------------------------------------------------------------- error-fix
+
+
+def fix_scan(app, jobs: int = 1) -> list[dict]:
+    """`agent watch error-fix`: every confirmed error.fix conclusion without a task gets one, with its workspace."""
+    ledger, config = app.ledger, app.config
+    rows = ledger.all("SELECT c.id AS conclusion_id, c.error_id, e.service, e.class, e.message, e.repo, e.state "
+                      "FROM conclusions c JOIN errors e ON e.id = c.error_id "
+                      "LEFT JOIN tasks t ON t.error_id = c.error_id "
+                      "WHERE c.kind = 'fix' AND t.id IS NULL AND e.state IN ('open', 'fixing') ORDER BY c.id")
+    items = []
+    for r in rows:
+        repo = config.repo_for_service(r["service"]) or config.repos.get(r["repo"] or "")
+        if repo is None:
+            items.append({"error_id": r["error_id"], "line": f"error {r['error_id'][:8]}: no repository configured "
+                          f"for service {r['service']!r}; add it to repos.<name>.services"})
+            continue
+        title = f"Fix {r['class'] or 'error'} in {r['service']}"
+        if r["message"]:
+            title += f": {r['message'].splitlines()[0]}"
+        from agent.tasks import create_task
+        from agent.workspace import branch_name
+
+        task_id, created = create_task(ledger, repo.name, title[:200], error_id=r["error_id"],
+                                       conclusion_id=r["conclusion_id"], base=repo.base,
+                                       round_cap=config.limits.round_cap, actor="script")
+        with ledger.tx() as c:
+            if c.execute("SELECT branch FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] is None:
+                ledger.update(c, "tasks", {"id": task_id},
+                              {"branch": branch_name(repo.branch_prefix, r["error_id"], task_id)})
+            if r["state"] == "open":
+                ledger.update(c, "errors", {"id": r["error_id"]}, {"state": "fixing"})
+                ledger.event(c, "error.state", "script", {"from": "open", "to": "fixing", "task_id": task_id},
+                             error_id=r["error_id"])
+        lines = advance_workspace_only(app.home, config, task_id)
+        items.append({"task_id": task_id, "error_id": r["error_id"], "created": created,
+                      "line": f"task {task_id} {'created' if created else 'found'} for error {r['error_id'][:8]}"
+                              + (f"; {lines}" if lines else "")})
+    return items
+
+
+def advance_workspace_only(home: Path, config: Config, task_id: int) -> str:
+    """Prepare the task's workspace now (so `watch error-fix` leaves it ready); errors are retried later."""
+    ledger = Ledger.open(ledger_path(home), create=False)
+    ctx = Ctx(home, config, ledger, task_id)
+    try:
+        _ensure_workspace(ctx)
+        return f"worktree {ctx.task['worktree']}"
+    except Stop:
+        return "; ".join(ctx.lines)
+    finally:
+        ledger.close()

@@ -1,0 +1,125 @@
+"""Follow-up of opened PRs (`agent watch pr-merged`).
+
+For every PR agent recorded as open, ask its forge for the state now:
+- merged -> the PR row becomes merged, the error ``resolved``, the task ``done`` (if the state
+  machine allows it from where the task is);
+- closed without merge -> the error becomes ``skipped`` with that reason (intake never proposes a
+  skipped error again), the task ``failed`` with the reason, and the task branch is pruned from the
+  remote (retried on later scans until it is gone).
+Each change is written together with its event in one transaction.  A forge error for one PR is
+reported as that PR's item and does not stop the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from agent import AgentError, chain
+from agent.forge import PR, ForgeAuthError, ForgeError, get_forge
+from agent.ledger import Ledger, now
+
+
+def _apply(ledger: Ledger, row: dict, pr: PR) -> str | None:
+    """Record a merged/closed PR and its consequences. Returns the new state or None if unchanged."""
+    task_id = row["task_id"]
+    with ledger.tx() as c:
+        cur = c.execute("SELECT state FROM prs WHERE id = ?", (row["id"],)).fetchone()
+        if cur is None or cur[0] != "open":
+            return None  # another scan got here first
+        ledger.update(c, "prs", {"id": row["id"]}, {"state": pr.state, "draft": 1 if pr.draft else 0,
+                                                    "updated_at": now()})
+        task = dict(c.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone())
+        error_id = task["error_id"]
+        ref = f"{row['repo']}#{row['number']}"
+        ledger.event(c, f"pr.{pr.state}", "script", {"forge": row["forge"], "repo": row["repo"],
+                                                      "number": row["number"], "url": row["url"]},
+                     task_id=task_id, error_id=error_id)
+        if pr.state == "merged":
+            error_state, reason, target = "resolved", f"PR {ref} merged", chain.DONE
+        else:
+            error_state, reason, target = "skipped", f"PR {ref} closed without merge", chain.FAILED
+        if error_id:
+            old = c.execute("SELECT state FROM errors WHERE id = ?", (error_id,)).fetchone()
+            if old is not None and old[0] != error_state:
+                ledger.update(c, "errors", {"id": error_id}, {"state": error_state, "state_reason": reason})
+                ledger.event(c, "error.state", "script", {"from": old[0], "to": error_state, "reason": reason},
+                             task_id=task_id, error_id=error_id)
+        if task["state"] != target:
+            why = chain.check_transition(task["state"], target, "script")
+            if why is None:
+                values = {"state": target, "updated_at": now(), "claim_owner": None, "claim_pid": None,
+                          "claim_token": None, "lease_until": None}
+                if target == chain.FAILED:
+                    values["failed_reason"] = reason
+                ledger.update(c, "tasks", {"id": task_id}, values)
+                ledger.event(c, "task.state", "script", {"from": task["state"], "to": target, "reason": reason},
+                             task_id=task_id)
+            else:
+                ledger.event(c, "task.state_kept", "script",
+                             {"state": task["state"], "wanted": target, "reason": reason, "why": why},
+                             task_id=task_id)
+        return pr.state
+
+
+def _prune(ledger: Ledger, row: dict, config, prune: Callable) -> str:
+    """Delete the remote branch of a closed PR once; record it. Returns a short note."""
+    repo_cfg = config.repos.get(row["repo"])
+    task = ledger.one("SELECT branch, base FROM tasks WHERE id = ?", (row["task_id"],)) or {}
+    branch = row["head_branch"] or task.get("branch")
+    if repo_cfg is None or not branch:
+        return "branch not pruned (repo not in config)"
+    deleted = prune(repo_cfg.url, branch, task.get("base") or repo_cfg.base, repo_cfg.branch_prefix)
+    with ledger.tx() as c:
+        ledger.event(c, "pr.branch_pruned", "script", {"branch": branch, "deleted": bool(deleted)},
+                     task_id=row["task_id"])
+    return f"branch {branch} pruned" if deleted else f"branch {branch} already gone"
+
+
+def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get_forge,
+               prune: Callable | None = None) -> list[dict]:
+    """One pass over open PRs (and closed ones whose branch is not pruned yet). Returns one item each."""
+    if prune is None:
+        from agent.push import delete_remote_branch as prune
+    rows = ledger.all(
+        "SELECT * FROM prs p WHERE p.state = 'open' OR (p.state = 'closed' AND NOT EXISTS ("
+        "SELECT 1 FROM events e WHERE e.task_id = p.task_id AND e.kind = 'pr.branch_pruned')) ORDER BY p.id")
+    items: list[dict] = []
+    forges: dict[str, object] = {}
+    for row in rows:
+        ref = f"{row['repo']}#{row['number']}"
+        item = {"task_id": row["task_id"], "forge": row["forge"], "repo": row["repo"], "number": row["number"],
+                "url": row["url"], "state": row["state"], "changed": False}
+        try:
+            if row["state"] == "open":
+                repo_cfg = config.repos.get(row["repo"])
+                if repo_cfg is None:
+                    item.update(line=f"task {row['task_id']}: {ref} skipped: repo {row['repo']} is not in config.yaml",
+                                error="repo not in config")
+                    items.append(item)
+                    continue
+                if row["repo"] not in forges:
+                    forges[row["repo"]] = forge_factory(repo_cfg, config, home, ledger)
+                pr = forges[row["repo"]].state(int(row["number"]))
+                if pr.state == "open":
+                    item["line"] = f"task {row['task_id']}: {ref} still open"
+                    items.append(item)
+                    continue
+                new = _apply(ledger, row, pr)
+                item.update(state=pr.state, changed=new is not None)
+            if item["state"] == "closed":
+                note = _prune(ledger, row, config, prune)
+                item["pruned"] = note
+            item["line"] = f"task {row['task_id']}: {ref} {item['state']}" + \
+                (f"; {item['pruned']}" if item.get("pruned") else "")
+        except ForgeAuthError as exc:
+            item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc), auth=True)
+        except (ForgeError, AgentError) as exc:
+            item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc))
+        items.append(item)
+    return items
+
+
+def scan_pr_merged(app, jobs: int = 1) -> list[dict]:
+    """The `agent watch pr-merged` scan."""
+    return follow_prs(app.ledger, app.config, app.home)

@@ -1,0 +1,183 @@
+"""Forges: where draft pull requests live.  One interface, two implementations, one publish path.
+
+- ``Forge`` is the interface every forge implements (a ``typing.Protocol``).
+- ``FORGES`` maps a repo's ``forge:`` config value to its class (``module:Class``, imported lazily).
+- ``get_forge(repo_config, config, home)`` builds the forge for one repository.
+- ``publish_pr(...)`` is what the fixer calls: create the task's draft PR or update it, found by head
+  branch, and record it in the ledger's ``prs`` table.  It is safe to call again after a crash at any
+  point: a PR created just before a crash is found again by its head branch, never created twice.
+
+Rules every forge keeps: PRs are always drafts; a forge never marks one ready and never merges.
+All HTTP lives in ``agent.forge.github``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from agent import AgentError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Config, RepoConfig
+    from agent.ledger import Ledger
+
+PR_STATES = ("open", "closed", "merged")
+
+
+class ForgeError(AgentError):
+    """The forge refused or failed; the message names what to do."""
+
+
+class ForgeAuthError(ForgeError):
+    """Credentials missing, refused (401), not allowed (403) or the repository not visible (404).
+
+    The fixer gate-blocks the task on this: a human must fix the credentials, then `agent task reset`.
+    """
+
+
+@dataclass(frozen=True)
+class PR:
+    number: int
+    url: str
+    head: str                 # head branch name
+    head_sha: str | None
+    base: str
+    state: str                # open | closed | merged
+    draft: bool
+    title: str
+    body: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ForgeRateLimited(ForgeError):
+    """GitHub's rate limit would need a longer wait than allowed; try again later."""
+
+
+class ForgeTransient(ForgeError):
+    """A timeout, a dropped connection or a 5xx that was not (or could not safely be) retried."""
+
+
+@runtime_checkable
+class Forge(Protocol):
+    name: str                 # "github" | "local"
+    repo: str                 # OWNER/NAME
+
+    def find_pr_by_head(self, branch: str) -> PR | None:
+        """The PR whose head is ``branch`` (an open one first, else the newest), or None."""
+
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+        """Open a draft PR; adopts an existing one only if it is open, a draft and on ``head``."""
+
+    def update(self, number: int, title: str, body: str) -> PR:
+        """Replace the title and body."""
+
+    def comment(self, number: int, text: str) -> None:
+        """Add a comment."""
+
+    def add_labels(self, number: int, labels: list[str]) -> None:
+        """Add labels (existing ones are kept)."""
+
+    def state(self, number: int) -> PR:
+        """The PR as the forge sees it now."""
+
+
+FORGES: dict[str, str] = {
+    "github": "agent.forge.github:GithubForge",
+    "local": "agent.forge.local:LocalForge",
+}
+
+
+def forge_class(name: str):
+    if name not in FORGES:
+        raise ForgeError(f"unknown forge {name!r}; expected one of {', '.join(FORGES)}")
+    module, attr = FORGES[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def get_forge(repo_config: "RepoConfig", config: "Config", home: Path | str, ledger: "Ledger | None" = None) -> Forge:
+    """The forge for ``repo_config`` (its ``forge:`` key).  ``ledger`` is used by the local forge;
+    when omitted it opens ``home/ledger.db``."""
+    return forge_class(repo_config.forge).from_config(repo_config, config, Path(home), ledger)
+
+
+def adoption_refusal(pr: PR, branch: str) -> str | None:
+    """Why an existing PR may not be adopted as the task's draft, or None if it may."""
+    why = []
+    if pr.state != "open":
+        why.append(f"it is {pr.state}")
+    if not pr.draft:
+        why.append("it is not a draft")
+    if pr.head != branch:
+        why.append(f"its head is {pr.head!r}, not {branch!r}")
+    if not why:
+        return None
+    return (f"a pull request for branch {branch} already exists (#{pr.number}, {pr.url}) and {' and '.join(why)}; "
+            "refusing to adopt it: close it or delete the branch, then `agent task reset`")
+
+
+def body_hash(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def publish_pr(ledger: "Ledger", forge: Forge, task_id: int, head: str, base: str, title: str, body: str,
+               head_sha: str | None, actor: str = "script") -> tuple[PR, str]:
+    """Create or update the task's draft PR and record it in ``prs`` (with its event, one transaction).
+
+    Returns ``(pr, action)`` with action ``created`` | ``updated`` | ``adopted`` | ``unchanged``.
+    Order matters for crash safety: the forge is asked first (a PR recorded for the task, else one found
+    by head branch, else a new one), the ledger written last.  A crash between the forge call and the
+    ledger write leaves a PR the ledger does not know; the next call finds it by head and adopts it.
+    """
+    if head == base:
+        raise ForgeError(f"task {task_id}: head branch {head!r} is the base branch; refusing to open a PR")
+    row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
+    if row is not None and row["number"] is not None and row["forge"] == forge.name:
+        current = forge.state(int(row["number"]))
+        if current.state != "open":
+            raise ForgeError(f"task {task_id}: PR #{current.number} is {current.state}; not updating it "
+                             "(`agent watch pr-merged` follows it up)")
+        action = "unchanged"
+        pr = current
+        if current.title != title or current.body != body:
+            pr = forge.update(current.number, title, body)
+            action = "updated"
+    else:
+        found = forge.find_pr_by_head(head)
+        if found is not None:
+            why = adoption_refusal(found, head)
+            if why:
+                raise ForgeError(f"task {task_id}: {why}")
+            pr = found
+            if found.title != title or found.body != body:
+                pr = forge.update(found.number, title, body)
+            action = "adopted"
+        else:
+            pr = forge.create_draft(head, base, title, body)
+            action = "created"
+    record_pr(ledger, task_id, forge, pr, head_sha=head_sha, title=title, body=body, action=action, actor=actor)
+    return pr, action
+
+
+def record_pr(ledger: "Ledger", task_id: int, forge: Forge, pr: PR, head_sha: str | None, title: str, body: str,
+              action: str, actor: str = "script") -> None:
+    from agent.ledger import now
+
+    ts = now()
+    values = {"forge": forge.name, "repo": forge.repo, "number": pr.number, "url": pr.url,
+              "head_branch": pr.head, "head_sha": head_sha or pr.head_sha, "base": pr.base,
+              "state": pr.state, "draft": 1 if pr.draft else 0, "title": title, "body": body,
+              "body_hash": body_hash(body), "updated_at": ts}
+    with ledger.tx() as c:
+        if c.execute("SELECT 1 FROM prs WHERE task_id = ?", (task_id,)).fetchone():
+            ledger.update(c, "prs", {"task_id": task_id}, values)
+        else:
+            ledger.insert(c, "prs", {"task_id": task_id, **values, "created_at": ts})
+        ledger.event(c, f"pr.{action}", actor, {"forge": forge.name, "repo": forge.repo, "number": pr.number,
+                                                "url": pr.url, "head": pr.head, "head_sha": values["head_sha"],
+                                                "body_hash": values["body_hash"]}, task_id=task_id)

@@ -1,0 +1,305 @@
+"""The GitHub forge over REST: github.com and GitHub Enterprise.  All HTTP in the product lives here.
+
+- Base URL from ``github.api_url`` (GHE: ``https://HOST/api/v3``).
+- Token from ``github.token_env`` (default GITHUB_TOKEN), then GITHUB_TOKEN, then GH_TOKEN, then
+  ``github.token_command`` (run with a timeout).  The token is held in memory only: never stored,
+  logged, put in an exception message or in ``repr``.
+- Pagination follows the ``Link: <...>; rel="next"`` header (bounded).
+- 401/403/404 raise ``ForgeAuthError`` with a one-line message saying what to fix.
+- Rate limits (429, or 403 with ``Retry-After`` / ``X-RateLimit-Remaining: 0``) are waited out
+  with a bounded backoff (the sleep function is injected so tests do not wait).
+- Timeouts, connection errors and 5xx are retried only for idempotent calls.  Creating a PR is not
+  idempotent: after such a failure the PR is looked up by head branch first, and the create is only
+  repeated when none exists (proven not applied).
+- Always draft; this module has no call that marks a PR ready or merges it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any, Callable
+from urllib.parse import quote
+
+from agent import __version__
+from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+
+API_VERSION = "2022-11-28"
+MAX_PAGES = 50
+TOKEN_COMMAND_TIMEOUT = 30
+
+
+def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...] | None = None,
+                  environ: dict | None = None) -> str:
+    env = os.environ if environ is None else environ
+    for name in dict.fromkeys((token_env, "GITHUB_TOKEN", "GH_TOKEN")):
+        value = (env.get(name) or "").strip()
+        if value:
+            return value
+    if token_command:
+        try:
+            proc = subprocess.run(list(token_command), capture_output=True, text=True,
+                                  timeout=TOKEN_COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise ForgeAuthError(f"github.token_command: {token_command[0]!r} not found; install it or fix "
+                                 "the command in config.yaml") from None
+        except subprocess.TimeoutExpired:
+            raise ForgeAuthError(f"github.token_command timed out after {TOKEN_COMMAND_TIMEOUT}s; run it by hand "
+                                 "to see why (is it waiting for a login?)") from None
+        token = proc.stdout.strip()
+        if proc.returncode != 0 or not token:
+            # stderr may be shown: it is the tool's own complaint, never the token (stdout is not shown)
+            why = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            raise ForgeAuthError(f"github.token_command exited {proc.returncode} without a token ({why}); "
+                                 "log it in, e.g. `gh auth login`")
+        return token.splitlines()[0].strip()
+    raise ForgeAuthError(f"no GitHub token: set {token_env} (or GH_TOKEN) or github.token_command in config.yaml, "
+                         "with pull-request write access to the repository")
+
+
+def _pr_from_json(data: dict) -> PR:
+    state = data.get("state") or "open"
+    if data.get("merged") or data.get("merged_at"):
+        state = "merged"
+    head = data.get("head") or {}
+    base = data.get("base") or {}
+    return PR(number=int(data["number"]), url=data.get("html_url") or data.get("url") or "",
+              head=head.get("ref") or "", head_sha=head.get("sha"), base=base.get("ref") or "",
+              state=state, draft=bool(data.get("draft")), title=data.get("title") or "",
+              body=data.get("body") or "")
+
+
+class GithubForge:
+    name = "github"
+
+    def __init__(self, repo: str, api_url: str = "https://api.github.com",
+                 token: str | Callable[[], str] | None = None, session=None,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
+                 timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
+                 backoff: float = 1.0):
+        if repo.count("/") != 1:
+            raise ForgeError(f"github: repository {repo!r} is not OWNER/NAME")
+        self.repo = repo
+        self.owner = repo.split("/")[0]
+        self.api_url = api_url.rstrip("/")
+        self._token_source = token
+        self._token: str | None = None
+        self._session = session
+        self.sleep = sleep
+        self.clock = clock
+        self.timeout = timeout
+        self.retries = retries
+        self.max_wait = max_wait
+        self.backoff = backoff
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"GithubForge(repo={self.repo!r}, api_url={self.api_url!r})"
+
+    @classmethod
+    def from_config(cls, repo_config, config, home, ledger=None) -> "GithubForge":
+        gh = config.github
+        return cls(repo_config.name, api_url=gh.api_url,
+                   token=lambda: resolve_token(gh.token_env, gh.token_command))
+
+    # ------------------------------------------------------------------ HTTP
+
+    @property
+    def session(self):
+        if self._session is None:
+            import requests
+
+            self._session = requests.Session()
+        return self._session
+
+    def _auth_header(self) -> str:
+        if self._token is None:
+            src = self._token_source
+            token = src() if callable(src) else src
+            self._token = token if token else resolve_token()
+        return f"Bearer {self._token}"
+
+    def _url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else f"{self.api_url}{path}"
+
+    def _rate_limit_wait(self, resp) -> float | None:
+        """Seconds to wait if ``resp`` is a rate-limit answer, else None."""
+        if resp.status_code not in (403, 429):
+            return None
+        h = resp.headers
+        if h.get("Retry-After"):
+            try:
+                return max(float(h["Retry-After"]), 0.0)
+            except ValueError:
+                return 60.0
+        if h.get("X-RateLimit-Remaining") == "0" and h.get("X-RateLimit-Reset"):
+            try:
+                return max(float(h["X-RateLimit-Reset"]) - self.clock(), 0.0) + 1.0
+            except ValueError:
+                return 60.0
+        if resp.status_code == 429 or "rate limit" in _message(resp).lower():
+            return 60.0  # secondary limit without headers: GitHub asks for at least a minute
+        return None
+
+    def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+                 idempotent: bool = True, what: str = "") -> Any:
+        import requests
+
+        url = self._url(path)
+        headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
+                   "User-Agent": f"agent-fixer/{__version__}", "Authorization": self._auth_header()}
+        what = what or f"{method} {path}"
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = self.session.request(method, url, json=json, params=params, headers=headers,
+                                            timeout=self.timeout)
+            except (requests.Timeout, requests.ConnectionError) as exc:
+                kind = "timed out" if isinstance(exc, requests.Timeout) else "could not connect"
+                if idempotent and attempt <= self.retries:
+                    self.sleep(self.backoff * 2 ** (attempt - 1))
+                    continue
+                raise ForgeTransient(f"github {self.repo}: {what} {kind} ({self.api_url}); "
+                                     "it will be retried on the next scan") from None
+            wait = self._rate_limit_wait(resp)
+            if wait is not None:
+                if attempt > self.retries or wait > self.max_wait:
+                    at = time.strftime("%H:%M:%S", time.localtime(self.clock() + wait))
+                    raise ForgeRateLimited(f"github {self.repo}: rate limited on {what}; GitHub allows the next "
+                                           f"call in {wait:.0f}s (at {at}); the next scan retries")
+                self.sleep(wait)
+                continue
+            if resp.status_code >= 500:
+                if idempotent and attempt <= self.retries:
+                    self.sleep(self.backoff * 2 ** (attempt - 1))
+                    continue
+                raise ForgeTransient(f"github {self.repo}: {what} failed with {resp.status_code} "
+                                     f"({_message(resp)[:120]}); it will be retried on the next scan")
+            if resp.status_code == 401:
+                raise ForgeAuthError(f"github {self.repo}: the token was refused (401) on {what}; set a valid "
+                                     "GITHUB_TOKEN / GH_TOKEN or fix github.token_command, then `agent task reset`")
+            if resp.status_code == 403:
+                raise ForgeAuthError(f"github {self.repo}: access denied (403) on {what}: {_message(resp)[:120]}; "
+                                     "give the token 'pull requests: write' on this repository, then "
+                                     "`agent task reset`")
+            if resp.status_code == 404:
+                raise ForgeAuthError(f"github {self.repo}: not found (404) on {what}; the repository does not "
+                                     "exist or the token cannot see it: check repos: in config.yaml and the "
+                                     "token's repository access")
+            if resp.status_code == 422:
+                raise GithubValidationError(self.repo, what, resp)
+            if resp.status_code >= 400:
+                raise ForgeError(f"github {self.repo}: {what} failed with {resp.status_code}: {_message(resp)[:200]}")
+            return resp
+
+    def _paginate(self, path: str, params: dict, what: str) -> list:
+        items: list = []
+        url: str | None = path
+        for _ in range(MAX_PAGES):
+            resp = self._request("GET", url, params=params, what=what)
+            items.extend(resp.json())
+            nxt = resp.links.get("next", {}).get("url")
+            if not nxt:
+                return items
+            url, params = nxt, None  # the next URL carries the query
+        raise ForgeError(f"github {self.repo}: {what} has more than {MAX_PAGES} pages; narrow the query")
+
+    def _pulls(self) -> str:
+        owner, name = self.repo.split("/")
+        return f"/repos/{quote(owner)}/{quote(name)}"
+
+    # ------------------------------------------------------------------ the Forge interface
+
+    def find_pr_by_head(self, branch: str) -> PR | None:
+        items = self._paginate(f"{self._pulls()}/pulls",
+                               {"head": f"{self.owner}:{branch}", "state": "all", "per_page": 100},
+                               what=f"listing PRs for {branch}")
+        prs = [_pr_from_json(i) for i in items if (i.get("head") or {}).get("ref") == branch]
+        if not prs:
+            return None
+        prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
+        return prs[0]
+
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+        payload = {"title": title, "head": head, "base": base, "body": body, "draft": True,
+                   "maintainer_can_modify": False}
+        for attempt in range(1, self.retries + 2):
+            try:
+                resp = self._request("POST", f"{self._pulls()}/pulls", json=payload, idempotent=False,
+                                     what=f"creating the draft PR for {head}")
+                return _pr_from_json(resp.json())
+            except GithubValidationError as exc:
+                if not exc.already_exists:
+                    raise
+                return self._adopt(head, title, body, exc)
+            except ForgeTransient:
+                # The create may or may not have happened: look before creating again.
+                found = self.find_pr_by_head(head)
+                if found is not None:
+                    return self._adopt(head, title, body, None, found)
+                if attempt > self.retries:
+                    raise
+                self.sleep(self.backoff * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _adopt(self, head: str, title: str, body: str, exc: Exception | None, found: PR | None = None) -> PR:
+        found = found or self.find_pr_by_head(head)
+        if found is None:
+            raise ForgeError(f"github {self.repo}: GitHub says a PR for {head} exists but none is listed; "
+                             "check the repository's pull requests") from exc
+        why = adoption_refusal(found, head)
+        if why:
+            raise ForgeError(f"github {self.repo}: {why}") from None
+        if found.title != title or found.body != body:
+            return self.update(found.number, title, body)
+        return found
+
+    def update(self, number: int, title: str, body: str) -> PR:
+        resp = self._request("PATCH", f"{self._pulls()}/pulls/{int(number)}", json={"title": title, "body": body},
+                             what=f"updating PR #{number}")
+        return _pr_from_json(resp.json())
+
+    def comment(self, number: int, text: str) -> None:
+        # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
+        self._request("POST", f"{self._pulls()}/issues/{int(number)}/comments", json={"body": text},
+                      idempotent=False, what=f"commenting on PR #{number}")
+
+    def add_labels(self, number: int, labels: list[str]) -> None:
+        if not labels:
+            return
+        # Adding labels that are already there is a no-op on GitHub, so a retry is safe.
+        self._request("POST", f"{self._pulls()}/issues/{int(number)}/labels", json={"labels": list(labels)},
+                      what=f"labelling PR #{number}")
+
+    def state(self, number: int) -> PR:
+        resp = self._request("GET", f"{self._pulls()}/pulls/{int(number)}", what=f"reading PR #{number}")
+        return _pr_from_json(resp.json())
+
+
+class GithubValidationError(ForgeError):
+    """A 422 from GitHub; ``already_exists`` when it says a PR for the head already exists."""
+
+    def __init__(self, repo: str, what: str, resp):
+        self.status = resp.status_code
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {}
+        self.errors = (data.get("errors") or []) if isinstance(data, dict) else []
+        details = "; ".join(str(e.get("message") or e.get("code") or e) if isinstance(e, dict) else str(e)
+                            for e in self.errors)
+        text = (data.get("message") if isinstance(data, dict) else None) or "Validation Failed"
+        self.already_exists = "already exists" in details.lower() or "already exists" in text.lower()
+        super().__init__(f"github {repo}: {what} was rejected (422 {text}{': ' + details if details else ''}); "
+                         "check the branch exists on the remote and differs from the base")
+
+
+def _message(resp) -> str:
+    try:
+        data = resp.json()
+        if isinstance(data, dict) and data.get("message"):
+            return str(data["message"])
+    except ValueError:
+        pass
+    return (resp.text or resp.reason or "").strip().replace("\n", " ")

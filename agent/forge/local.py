@@ -1,0 +1,169 @@
+"""The embedded local forge: draft PRs with no account and no network.
+
+Branches are pushed to any git remote (a local bare repository is enough; see ``agent.push``).
+The forge keeps its PRs in the ledger's ``local_prs`` table (numbers allocated per repo) and writes
+each one as markdown to ``$AGENT_HOME/prs/<owner>-<name>-<number>.md`` so a human can read it.
+``agent pr mark TASK merged|closed`` plays the human who merges or closes it; `agent watch pr-merged`
+then follows it up exactly as for a hosted forge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from agent.forge import PR, ForgeError, adoption_refusal
+from agent.ledger import Ledger, ledger_path, now
+
+
+def repo_slug(repo: str) -> str:
+    return repo.replace("/", "-")
+
+
+class LocalForge:
+    name = "local"
+
+    def __init__(self, ledger: Ledger, home: Path, repo: str, remote_url: str | None = None):
+        self.ledger = ledger
+        self.home = Path(home)
+        self.repo = repo
+        self.remote_url = remote_url
+
+    def __repr__(self) -> str:
+        return f"LocalForge(repo={self.repo!r})"
+
+    @classmethod
+    def from_config(cls, repo_config, config, home, ledger=None) -> "LocalForge":
+        if ledger is None:
+            ledger = Ledger.open(ledger_path(Path(home)))
+        return cls(ledger, Path(home), repo_config.name, repo_config.url)
+
+    # ------------------------------------------------------------------ helpers
+
+    def md_path(self, number: int) -> Path:
+        return self.home / "prs" / f"{repo_slug(self.repo)}-{int(number)}.md"
+
+    def _row(self, number: int, conn=None) -> dict:
+        c = conn or self.ledger.conn
+        row = c.execute("SELECT * FROM local_prs WHERE repo = ? AND number = ?", (self.repo, int(number))).fetchone()
+        if row is None:
+            raise ForgeError(f"local forge: {self.repo} has no PR #{number}; see `agent pr list`")
+        return dict(row)
+
+    def _pr(self, row: dict) -> PR:
+        return PR(number=row["number"], url=self.md_path(row["number"]).as_uri(), head=row["head"],
+                  head_sha=row["head_sha"], base=row["base"], state=row["state"], draft=bool(row["draft"]),
+                  title=row["title"] or "", body=row["body"] or "")
+
+    def _remote_sha(self, branch: str) -> str | None:
+        if not self.remote_url:
+            return None
+        from agent.push import remote_branch_sha
+
+        return remote_branch_sha(self.remote_url, branch)
+
+    def _write_md(self, number: int) -> None:
+        row = self._row(number)
+        labels = json.loads(row["labels"] or "[]")
+        comments = json.loads(row["comments"] or "[]")
+        state = row["state"] + (" (draft)" if row["draft"] and row["state"] == "open" else "")
+        lines = [f"# {row['title']}", "",
+                 f"- PR: {self.repo}#{row['number']} (local forge)",
+                 f"- State: {state}",
+                 f"- Head: `{row['head']}` at `{row['head_sha'] or 'unknown'}`",
+                 f"- Base: `{row['base']}`",
+                 f"- Labels: {', '.join(labels) if labels else 'none'}",
+                 f"- Updated: {row['updated_at']}", "", "---", "", row["body"] or "", ""]
+        if comments:
+            lines += ["---", "", "## Comments", ""]
+            for cm in comments:
+                lines += [f"**{cm['at']}**", "", cm["text"], ""]
+        path = self.md_path(number)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ the Forge interface
+
+    def find_pr_by_head(self, branch: str) -> PR | None:
+        row = self.ledger.one("SELECT * FROM local_prs WHERE repo = ? AND head = ? "
+                              "ORDER BY (state = 'open') DESC, number DESC LIMIT 1", (self.repo, branch))
+        return self._pr(row) if row else None
+
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+        if head == base:
+            raise ForgeError(f"local forge: head {head!r} is the base branch; a PR needs its own branch")
+        from agent.push import safe_url
+
+        sha = self._remote_sha(head)
+        if self.remote_url and sha is None:
+            raise ForgeError(f"local forge: branch {head} is not on the remote {safe_url(self.remote_url)}; push it first")
+        with self.ledger.tx() as c:
+            existing = c.execute("SELECT * FROM local_prs WHERE repo = ? AND head = ? AND state = 'open'",
+                                 (self.repo, head)).fetchone()
+            if existing is not None:
+                pr = self._pr(dict(existing))
+                why = adoption_refusal(pr, head)
+                if why:
+                    raise ForgeError(f"local forge: {why}")
+                number = pr.number
+                self.ledger.update(c, "local_prs", {"id": existing["id"]},
+                                   {"title": title, "body": body, "head_sha": sha or pr.head_sha,
+                                    "updated_at": now()})
+            else:
+                number = (c.execute("SELECT max(number) FROM local_prs WHERE repo = ?",
+                                    (self.repo,)).fetchone()[0] or 0) + 1
+                ts = now()
+                self.ledger.insert(c, "local_prs", {
+                    "repo": self.repo, "number": number, "head": head, "head_sha": sha, "base": base,
+                    "title": title, "body": body, "state": "open", "draft": 1, "labels": "[]",
+                    "comments": "[]", "created_at": ts, "updated_at": ts})
+                self.ledger.event(c, "local_pr.opened", "script",
+                                  {"repo": self.repo, "number": number, "head": head, "head_sha": sha})
+        self._write_md(number)
+        return self._pr(self._row(number))
+
+    def update(self, number: int, title: str, body: str) -> PR:
+        row = self._row(number)
+        sha = self._remote_sha(row["head"]) or row["head_sha"]
+        with self.ledger.tx() as c:
+            self.ledger.update(c, "local_prs", {"id": row["id"]},
+                               {"title": title, "body": body, "head_sha": sha, "updated_at": now()})
+        self._write_md(number)
+        return self._pr(self._row(number))
+
+    def comment(self, number: int, text: str) -> None:
+        with self.ledger.tx() as c:
+            row = self._row(number, c)
+            comments = json.loads(row["comments"] or "[]") + [{"at": now(), "text": text}]
+            self.ledger.update(c, "local_prs", {"id": row["id"]},
+                               {"comments": json.dumps(comments), "updated_at": now()})
+        self._write_md(number)
+
+    def add_labels(self, number: int, labels: list[str]) -> None:
+        with self.ledger.tx() as c:
+            row = self._row(number, c)
+            have = json.loads(row["labels"] or "[]")
+            have += [lb for lb in labels if lb not in have]
+            self.ledger.update(c, "local_prs", {"id": row["id"]}, {"labels": json.dumps(have), "updated_at": now()})
+        self._write_md(number)
+
+    def state(self, number: int) -> PR:
+        return self._pr(self._row(number))
+
+    # ------------------------------------------------------------------ the human side (demo, tests)
+
+    def mark(self, number: int, state: str, actor: str = "human") -> PR:
+        """Merge or close a PR in the local forge, as a reviewer would on a hosted forge."""
+        if state not in ("merged", "closed"):
+            raise ForgeError(f"local forge: state must be merged or closed, got {state!r}")
+        with self.ledger.tx() as c:
+            row = self._row(number, c)
+            if row["state"] != "open":
+                raise ForgeError(f"local forge: {self.repo}#{number} is already {row['state']}")
+            self.ledger.update(c, "local_prs", {"id": row["id"]}, {"state": state, "updated_at": now()})
+            self.ledger.event(c, f"local_pr.{state}", actor, {"repo": self.repo, "number": int(number)})
+        self._write_md(number)
+        return self._pr(self._row(number))

@@ -1,0 +1,562 @@
+"""``run_lane``: one lane run — the one entry point the fixer, the decider and `agent lane run` call.
+
+One run = one attempt: a first turn, then up to ``repair`` repair turns that resume the same
+vendor session with a note when the report is missing or malformed (ADR-0061: not a retry; the
+turns share the deadline and the cost).  A vendor that cannot resume gets one fresh retry.
+
+Outcomes (``LaneResult.status``):
+- complete | partial | blocked  the agent's valid final report
+- malformed                     no valid report after the repairs (or the vendor reported an API error)
+- timeout                       the deadline passed (the whole process group was killed)
+- unavailable                   binary missing, exit 127, or authentication refused -> gate-blocked
+- rejected                      a read-only lane changed the worktree, or ``capability_drift``
+A run found still 'running' and passed as ``resume_run_id`` is marked 'interrupted' (superseded).
+
+The run is recorded in ``lane_runs`` (status 'running' + manifest before the child starts, pid when
+it starts, final fields after) with events lane.started / lane.repair / lane.finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agent import AgentError
+from agent.lanes.env import config_denylist, lane_env
+from agent.lanes.report import Report, parse_report, repair_note, verdict
+from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutput, get_vendor
+
+WRITABLE_ROLES = ("implementer",)
+REPORT_STATUSES = ("complete", "partial", "blocked")
+FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected")
+CAPABILITY_DRIFT = "capability_drift"
+VERSION_TIMEOUT = 20.0
+EXCERPT_CHARS = 2000
+_round = round  # run_lane has a parameter named `round`
+
+
+@dataclass
+class LaneResult:
+    run_id: int | None
+    role: str
+    vendor: str
+    status: str
+    report: Report | None
+    findings: int | None
+    findings_text: str
+    summary: str | None
+    lesson: str | None
+    session_id: str | None
+    exit_code: int | None
+    cost_usd: float
+    usage: dict
+    repairs: list[dict]
+    reason: str | None
+    log_dir: Path
+    excerpt: str
+    manifest_hash: str | None = None
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in REPORT_STATUSES
+
+    @property
+    def verdict(self) -> str | None:
+        return verdict(self.report) if self.ok else None
+
+    def to_json(self) -> dict:
+        return {
+            "run_id": self.run_id, "role": self.role, "vendor": self.vendor, "status": self.status,
+            "verdict": self.verdict, "findings": self.findings, "findings_text": self.findings_text,
+            "summary": self.summary, "lesson": self.lesson, "session_id": self.session_id,
+            "exit_code": self.exit_code, "cost": round(self.cost_usd, 6), "usage": self.usage,
+            "repairs": self.repairs, "reason": self.reason, "log_dir": str(self.log_dir),
+            "excerpt": self.excerpt, "manifest_hash": self.manifest_hash,
+            "duration_s": round(self.duration_s, 3),
+            "report": self.report.to_json() if self.report is not None else None,
+        }
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|_KEY$|CREDENTIAL|AUTH)", re.IGNORECASE)
+_SECRET_PATTERNS = [
+    re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    re.compile(r"\b(sk-[A-Za-z0-9_\-]{16,})"),
+    re.compile(r"\b(AKIA[0-9A-Z]{16})\b"),
+    re.compile(r"\b(xox[abprs]-[A-Za-z0-9\-]{10,})"),
+    re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._\-]{16,}"),
+]
+
+
+def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
+    """Mask secret-looking environment values and well-known token shapes in ``text``."""
+    if not text:
+        return text
+    values = set()
+    for env in (os.environ, extra_env or {}):
+        for name, value in env.items():
+            if _SECRET_NAME.search(name) and value and len(value) >= 6:
+                values.add(value)
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, "[REDACTED]")
+    for pat in _SECRET_PATTERNS:
+        if pat.pattern.startswith("(?i)"):
+            text = pat.sub(lambda m: m.group(1) + "[REDACTED]", text)
+        else:
+            text = pat.sub("[REDACTED]", text)
+    return text
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_VERSION_CACHE: dict[tuple, str] = {}
+
+
+def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path) -> str:
+    """The vendor's ``--version`` output (first line), or the binary's content hash when it has none."""
+    st = os.stat(bin_path)
+    key = (vendor.name, bin_path, st.st_mtime_ns, st.st_size)
+    if key in _VERSION_CACHE:
+        return _VERSION_CACHE[key]
+    argv = vendor.version_argv(bin_path)
+    version = ""
+    if argv:
+        from agent import proc
+
+        res = proc.run(argv, cwd=run_dir, env=env, timeout=VERSION_TIMEOUT,
+                       stdout_path=run_dir / "version.stdout", stderr_path=run_dir / "version.stderr",
+                       max_bytes=65536)
+        text = (res.stdout_text() or res.stderr_text()).strip()
+        version = text.splitlines()[0][:200] if text and res.exit_code == 0 else ""
+    if not version:
+        version = "sha256:" + sha256_file(Path(bin_path))[:16]
+    _VERSION_CACHE[key] = version
+    return version
+
+
+def manifest_hash(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def _template(vendor, inv: Invocation, ctx: LaneContext) -> str:
+    if isinstance(vendor, CommandVendor):
+        return vendor.template()
+    subs = sorted([(str(ctx.run_dir), "{run_dir}"), (str(ctx.spec_path), "{spec}"), (str(ctx.cwd), "{cwd}")],
+                  key=lambda kv: len(kv[0]), reverse=True)
+    out = []
+    for arg in inv.argv:
+        for real, ph in subs:
+            arg = arg.replace(real, ph)
+        out.append(arg)
+    return json.dumps(out)
+
+
+# ---------------------------------------------------------------------------- worktree snapshot
+
+
+_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"}
+
+
+def worktree_state(cwd: Path) -> dict[str, str]:
+    """A comparable picture of a worktree: HEAD + every changed/untracked file's content hash (git),
+    or every file's content hash (not a git repo).  Ignored files do not count."""
+    try:
+        import git  # GitPython: git goes through it, not through proc
+        repo = git.Repo(cwd, search_parent_directories=True)
+    except Exception:
+        repo = None
+    state: dict[str, str] = {}
+    if repo is not None and repo.working_tree_dir:
+        root = Path(repo.working_tree_dir)
+        try:
+            state[":HEAD"] = repo.git.rev_parse("HEAD")
+        except Exception:
+            state[":HEAD"] = "(no commits)"
+        raw = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", strip_newline_in_stdout=False)
+        entries = raw.split("\0")
+        i = 0
+        while i < len(entries):
+            entry = entries[i]
+            i += 1
+            if len(entry) < 4:
+                continue
+            code, path = entry[:2], entry[3:]
+            if code[0] in "RC":
+                i += 1  # the rename source follows
+            state[path] = code + ":" + _file_hash(root / path)
+        return state
+    root = Path(cwd)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        for name in filenames:
+            p = Path(dirpath) / name
+            state[str(p.relative_to(root))] = _file_hash(p)
+    return state
+
+
+def _file_hash(p: Path) -> str:
+    try:
+        if p.is_symlink():
+            return "link:" + os.readlink(p)
+        if p.is_dir():
+            return "dir"
+        return sha256_file(p)[:16]
+    except OSError:
+        return "gone"
+
+
+def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    keys = sorted(set(before) | set(after))
+    return [("HEAD" if k == ":HEAD" else k) for k in keys if before.get(k) != after.get(k)]
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def _lane_settings(config, role: str, repo_lanes: dict | None, vendor: str | None):
+    lane = None
+    if repo_lanes and role in repo_lanes:
+        lane = repo_lanes[role]
+        if isinstance(lane, dict):
+            from agent.config import LaneConfig
+
+            lane = LaneConfig(role=role, vendor=lane.get("vendor") or vendor or "", model=lane.get("model"),
+                              timeout=lane.get("timeout"), repair=lane.get("repair"))
+    if lane is None:
+        lane = config.lanes.get(role)
+    name = vendor or (lane.vendor if lane else None)
+    if not name:
+        raise AgentError(f"no vendor configured for role {role}; set lanes.{role}.vendor in config.yaml "
+                         "or pass --vendor")
+    same = lane is not None and lane.vendor == name
+    model = lane.model if same else None
+    timeout = (lane.timeout if lane and lane.timeout else None) or config.limits.lane_timeout
+    repair = lane.repair if lane is not None and lane.repair is not None else config.limits.repair
+    return name, model, timeout, repair
+
+
+class _Run:
+    """State of one run_lane call (kept in one place so the steps below stay small)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+        self.turns: list[tuple[Any, TurnOutput]] = []
+        self.repairs: list[dict] = []
+        self.cost = 0.0
+        self.cost_seen = False
+        self.usage: dict = {}
+        self.session_id: str | None = None
+        self.turn_index = 0
+
+    # ledger ---------------------------------------------------------------
+    def record(self, values: dict) -> None:
+        if self.ledger is None or self.run_id is None:
+            return
+        with self.ledger.tx() as c:
+            self.ledger.update(c, "lane_runs", {"id": self.run_id}, values)
+
+    def event(self, kind: str, payload: dict) -> None:
+        if self.ledger is None:
+            return
+        with self.ledger.tx() as c:
+            self.ledger.event(c, kind, "lane", payload, task_id=self.task_id, error_id=self.error_id)
+
+    # one turn ---------------------------------------------------------------
+    def turn(self, inv: Invocation, slug: str, ctx: LaneContext):
+        from agent import proc
+
+        self.turn_index += 1
+        base = self.run_dir / f"{self.turn_index:02d}-{slug}"
+        remaining = self.deadline - time.time()
+        env = lane_env(self.vendor_env, inv.env, deny=self.deny)
+
+        def on_start(pid: int) -> None:
+            self.record({"pid": pid})
+
+        res = proc.run(inv.argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
+                       stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                       on_line=self.on_progress, on_start=on_start)
+        if res.missing:
+            out = TurnOutput(message="")
+        else:
+            try:
+                out = self.vendor.read_turn(res.stdout_text(), res.stderr_text(), res.exit_code, ctx)
+            except Exception as exc:  # an adapter bug fails this turn closed, not the process
+                out = TurnOutput(message="", api_error=f"could not read the vendor's output ({exc})")
+        if out.cost_usd is not None:
+            self.cost += float(out.cost_usd)
+            self.cost_seen = True
+        for k, v in (out.usage or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.usage[k] = self.usage.get(k, 0) + v
+            else:
+                self.usage[k] = v
+        if out.session_id:
+            self.session_id = out.session_id
+        self.turns.append((res, out))
+        return res, out
+
+    def classify(self, res, out: TurnOutput) -> tuple[str | None, str | None, Report | None]:
+        """(final status or None when the report needs repair, reason, report)."""
+        if res.missing:
+            return "unavailable", res.error or "binary not found", None
+        if res.exit_code == 127 and not res.timed_out:
+            return "unavailable", "exit 127: command not found inside the lane", None
+        if out.auth_failed:
+            return "unavailable", "authentication refused by the vendor CLI; log in or set its key", None
+        if res.timed_out:
+            return "timeout", f"lane timed out after {res.duration_s:.0f}s; process group killed", None
+        report = parse_report(out.message, self.role)
+        if out.api_error and not report.ok:
+            return "malformed", f"vendor error: {out.api_error}", report
+        if report.ok:
+            return report.status, None, report
+        return None, f"malformed report: {report.problem}", report
+
+
+def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
+             ledger=None, task_id: int | None = None, error_id: str | None = None,
+             round: int | None = None, head_sha: str | None = None, repo_lanes: dict | None = None,
+             vendor: str | None = None, deadline: float | None = None, claim_token: str | None = None,
+             resume_run_id: int | None = None, on_progress: Callable[[str], None] | None = None) -> LaneResult:
+    """Run one lane to an outcome; never raises for a failing child (see the module doc).
+
+    ``deadline`` is an absolute ``time.time()``; the lane's own timeout (lanes.ROLE.timeout, else
+    limits.lane_timeout) applies too, whichever is first, and repair turns share it.
+    Raises AgentError only for caller errors: unknown role/vendor, missing spec or cwd, lost claim.
+    """
+    from agent.config import ROLES
+    from agent.ledger import now
+
+    started = time.time()
+    if role not in ROLES:
+        raise AgentError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
+    spec_path, cwd, home = Path(spec_path).resolve(), Path(cwd).resolve(), Path(home)
+    if not spec_path.is_file():
+        raise AgentError(f"spec file {spec_path} does not exist; write the spec first")
+    if not cwd.is_dir():
+        raise AgentError(f"working directory {cwd} does not exist")
+    if ledger is not None and task_id is not None and claim_token is not None:
+        from agent.tasks import ClaimLost
+
+        held = ledger.scalar("SELECT claim_token FROM tasks WHERE id = ?", (task_id,))
+        if held != claim_token:
+            raise ClaimLost(f"task {task_id}: claim lost to another worker; not starting a lane")
+
+    vendor_name, model, timeout, repair_budget = _lane_settings(config, role, repo_lanes, vendor)
+    adapter = get_vendor(vendor_name, config)
+    vc = config.vendor(vendor_name)
+    end = min(deadline if deadline is not None else float("inf"), started + timeout)
+    writable = role in WRITABLE_ROLES
+    deny = config_denylist(config)
+
+    run_id = None
+    if ledger is not None:
+        with ledger.tx() as c:
+            attempt = 1 + (ledger.scalar("SELECT count(*) FROM lane_runs WHERE task_id IS ? AND round IS ? "
+                                         "AND role = ?", (task_id, round, role)) or 0)
+            run_id = ledger.insert(c, "lane_runs", {
+                "task_id": task_id, "error_id": error_id, "round": round, "role": role, "vendor": vendor_name,
+                "attempt": attempt, "status": "running", "head_sha": head_sha, "started_at": now(),
+                "cost_usd": 0.0})
+            ledger.event(c, "lane.started", "lane", {"run_id": run_id, "role": role, "vendor": vendor_name,
+                                                     "round": round, "head_sha": head_sha},
+                         task_id=task_id, error_id=error_id)
+        run_dir = home / "lanes" / str(run_id)
+    else:
+        run_dir = home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    r = _Run(ledger=ledger, run_id=run_id, task_id=task_id, error_id=error_id, role=role, vendor=adapter,
+             run_dir=run_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress)
+    r.record({"log_dir": str(run_dir)})
+
+    def finish(status: str, reason: str | None, report: Report | None, mhash: str | None) -> LaneResult:
+        last_res, last_out = r.turns[-1] if r.turns else (None, None)
+        if status in REPORT_STATUSES and report is not None:
+            findings, ftext, summary, lesson = report.findings, report.findings_text, report.summary, report.lesson
+        else:
+            findings, ftext, summary, lesson = None, "", None, None
+        secrets = lane_env(vc.env, deny=deny)
+        tail = ""
+        if last_out is not None:
+            tail = (last_out.message or "")[-EXCERPT_CHARS:]
+            if not tail.strip() and last_res is not None:
+                tail = last_res.tail(EXCERPT_CHARS)
+        result = LaneResult(
+            run_id=run_id, role=role, vendor=vendor_name, status=status, report=report, findings=findings,
+            findings_text=redact(ftext, secrets), summary=redact(summary, secrets) if summary else None,
+            lesson=redact(lesson, secrets) if lesson else None, session_id=r.session_id,
+            exit_code=last_res.exit_code if last_res is not None else None, cost_usd=r.cost, usage=r.usage,
+            repairs=r.repairs, reason=reason, log_dir=run_dir, excerpt=redact(tail, secrets),
+            manifest_hash=mhash, duration_s=time.time() - started)
+        r.record({"status": status, "findings_count": findings, "findings_text": result.findings_text,
+                  "summary": result.summary, "lesson": result.lesson, "reason": reason,
+                  "session_id": r.session_id, "exit_code": result.exit_code, "cost_usd": r.cost,
+                  "usage": json.dumps(r.usage, sort_keys=True), "repairs": json.dumps(r.repairs, sort_keys=True),
+                  "ended_at": now()})
+        r.event("lane.finished", {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status,
+                                  "reason": reason, "findings": findings, "repairs": len(r.repairs),
+                                  "cost_usd": r.cost, "session_id": r.session_id})
+        try:
+            (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
+        except OSError:
+            pass
+        return result
+
+    # -- binary and manifest (before any child starts)
+    bin_name = vc.bin or adapter.default_bin
+    probe_env = lane_env(vc.env, deny=deny)
+    bin_path = shutil.which(bin_name, path=probe_env.get("PATH"))
+    if bin_path is None and os.path.sep in bin_name and os.access(bin_name, os.X_OK):
+        bin_path = os.path.abspath(bin_name)
+    if bin_path is None:
+        return finish("unavailable", f"{bin_name}: binary not found on the lane's PATH; install it or set "
+                      f"vendors.{vendor_name}.bin", None, None)
+    ctx = LaneContext(role=role, writable=writable, spec_path=spec_path, cwd=cwd, model=model, bin=bin_path,
+                      extra_args=tuple(vc.args), run_dir=run_dir)
+    try:
+        first = adapter.build(ctx)
+    except AgentError as exc:
+        return finish("unavailable", f"vendor {vendor_name} cannot run this lane: {exc}", None, None)
+    manifest = {"vendor": vendor_name, "bin": bin_path,
+                "version": binary_version(adapter, bin_path, probe_env, run_dir),
+                "model": model, "role": role, "argv": _template(adapter, first, ctx),
+                "spec_sha256": sha256_file(spec_path)}
+    mhash = manifest_hash(manifest)
+    r.record({"manifest": json.dumps(manifest, sort_keys=True), "manifest_hash": mhash})
+
+    if resume_run_id is not None:
+        prev = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (resume_run_id,)) if ledger is not None else None
+        if prev is None:
+            raise AgentError(f"lane run {resume_run_id} not found; cannot resume it")
+        if prev.get("status") == "running":
+            # the interrupted run is superseded by this one; it no longer counts as in flight
+            with ledger.tx() as c:
+                ledger.update(c, "lane_runs", {"id": resume_run_id, "status": "running"},
+                              {"status": "interrupted", "reason": f"interrupted; resumed as run {run_id}",
+                               "ended_at": now()})
+        if prev.get("manifest_hash") != mhash:
+            return finish("rejected", CAPABILITY_DRIFT, None, mhash)
+        if prev.get("session_id") and adapter.can_resume:
+            note = run_dir / "resume-note.md"
+            note.write_text("The previous run of this task was interrupted. Continue where you left off and "
+                            "end your last message with the final report.\n")
+            try:
+                first = adapter.build_resume(ctx, prev["session_id"], note)
+                r.session_id = prev["session_id"]
+            except Exception:
+                pass  # fall back to the fresh first turn built above
+
+    before = None if writable else worktree_state(cwd)
+
+    if time.time() >= end:
+        return finish("timeout", "deadline already passed before the lane started", None, mhash)
+
+    # -- the first turn and the repair loop
+    res, out = r.turn(first, "turn", ctx)
+    status, reason, report = r.classify(res, out)
+    fresh_used = False
+    n = 0
+    while status is None and n < repair_budget:
+        if time.time() >= end - 1:
+            reason = f"{reason}; no time left for a repair turn"
+            break
+        n += 1
+        note_text = repair_note(report.problem if report else None, role)
+        note_path = run_dir / f"repair-{n}.md"
+        note_path.write_text(note_text, encoding="utf-8")
+        inv, kind = None, "resume"
+        if adapter.can_resume:
+            try:
+                inv = adapter.build_resume(ctx, r.session_id, note_path)
+            except Exception:
+                inv = None
+        if inv is None:
+            if fresh_used:
+                break
+            fresh_used, kind = True, "fresh"
+            retry_spec = run_dir / "spec-retry.md"
+            retry_spec.write_text(spec_path.read_text(encoding="utf-8", errors="replace")
+                                  + "\n\n## Note from the runner (a previous attempt's report was rejected)\n\n"
+                                  + note_text, encoding="utf-8")
+            retry_ctx = LaneContext(**{**ctx.__dict__, "spec_path": retry_spec})
+            inv = adapter.build(retry_ctx)
+        total = repair_budget if kind == "resume" else 1
+        label = f"{role} repair {n}/{total}"
+        if hasattr(on_progress, "set_label"):
+            on_progress.set_label(label)
+        session_before = r.session_id
+        cost_before = r.cost
+        res, out = r.turn(inv, f"repair-{n}", ctx)
+        prev_problem = report.problem if report else None
+        status, new_reason, new_report = r.classify(res, out)
+        entry = {"label": label, "kind": kind, "round": round, "note": note_text,
+                 "problem": prev_problem, "session_id": out.session_id or session_before,
+                 "resumed_session": session_before if kind == "resume" else None,
+                 "exit_code": res.exit_code, "cost_usd": _round(r.cost - cost_before, 6),
+                 "outcome": status or "malformed", "log": str(res.stdout_path)}
+        r.repairs.append(entry)
+        r.event("lane.repair", {"run_id": run_id, "label": label, "kind": kind, "problem": prev_problem,
+                                "outcome": entry["outcome"], "session_id": entry["session_id"]})
+        if new_report is not None or status is not None:
+            reason, report = new_reason, (new_report if new_report is not None else report)
+        if kind == "fresh":
+            break
+    if status is None:
+        status = "malformed"
+
+    if before is not None:
+        changed = changed_paths(before, worktree_state(cwd))
+        if changed:
+            shown = ", ".join(changed[:10]) + (f" (+{len(changed) - 10} more)" if len(changed) > 10 else "")
+            status, reason = "rejected", f"read-only lane changed the worktree: {shown}"
+    return finish(status, reason, report if status in REPORT_STATUSES else report, mhash)
+
+
+def list_lanes(config, scratch: Path) -> list[dict]:
+    """Every vendor (built-in, configured, or named by a lane) with its roles, binary and version."""
+    from agent.config import BUILTIN_VENDORS
+    from agent.lanes.vendors import known_vendors
+
+    names = set(known_vendors(config)) | set(BUILTIN_VENDORS) | {lc.vendor for lc in config.lanes.values()}
+    probe_dir = Path(scratch) / "probe"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in sorted(names):
+        vc = config.vendor(name)
+        try:
+            adapter = get_vendor(name, config)
+        except AgentError:
+            adapter = None
+        env = lane_env(vc.env, deny=config_denylist(config))
+        bin_name = vc.bin or (adapter.default_bin if adapter is not None else name)
+        path = shutil.which(bin_name, path=env.get("PATH"))
+        version = None
+        if path and adapter is not None:
+            try:
+                version = binary_version(adapter, path, env, probe_dir)
+            except OSError:
+                version = None
+        rows.append({"vendor": name, "kind": "command" if vc.command else "builtin",
+                     "roles": sorted(role for role, lc in config.lanes.items() if lc.vendor == name),
+                     "bin": bin_name, "path": path, "found": path is not None, "version": version,
+                     "adapter": adapter is not None, "can_resume": bool(adapter and adapter.can_resume)})
+    return rows

@@ -1,0 +1,318 @@
+"""PR title and body: a pure function from plain data to ``(title, body)``.
+
+The body is what a human reviewer reads first: a short English paragraph, the same in German, then a
+``<details>`` block with everything needed to audit the PR (error id, fingerprint, service, head, the
+brief, rounds, every reviewer verdict with its findings, check results, cost) and a hidden marker
+``<!-- agent-task: N -->`` tying the PR to its task.
+
+Untrusted text (error message, brief, findings, commands) is fenced with a fence longer than any
+backtick run inside it, so it cannot close the fence or the ``<details>`` block, and it passes a
+final secret guard.  Structured fields (ids, shas, numbers) are validated and printed as-is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+TITLE_MAX = 72
+BODY_MAX = 60000          # GitHub refuses bodies over 65536 characters
+FIELD_MAX = 8000          # one brief / findings block
+MARKER_RE = re.compile(r"<!-- agent-task: (\d+) -->")
+
+
+@dataclass
+class Verdict:
+    round: int
+    stage: str                 # review | pr
+    dimension: str             # code | quality | logic
+    verdict: str               # approve | reject
+    vendor: str = ""
+    findings: str = ""         # the reviewer's FINDINGS text ("none" for zero)
+    findings_count: int = 0
+    head_sha: str | None = None
+
+
+@dataclass
+class CheckResult:
+    round: int
+    command: str
+    passed: bool
+    exit_code: int | None = None
+    head_sha: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass
+class PRData:
+    task_id: int
+    error_id: str
+    fingerprint: str
+    service: str
+    head_sha: str
+    brief: str
+    rounds: int = 1
+    error_class: str = ""
+    message: str = ""
+    count: int | None = None
+    title: str | None = None           # a title to use instead of the composed one
+    summary: str = ""                  # the implementer's SUMMARY (English)
+    verdicts: list[Verdict] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    cost_usd: float = 0.0
+    branch: str = ""
+    base: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PRData":
+        d = dict(d)
+        d["verdicts"] = [v if isinstance(v, Verdict) else Verdict(**v) for v in d.get("verdicts") or []]
+        d["checks"] = [c if isinstance(c, CheckResult) else CheckResult(**c) for c in d.get("checks") or []]
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------- guards
+
+
+_FALLBACK_RULES = [
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S),
+     "[redacted:private-key]"),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"), "[redacted:github-token]"),
+    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), "[redacted:aws-key]"),
+    (re.compile(r"(?i)\b(bearer|token)\s+[A-Za-z0-9._~+/=-]{16,}"), r"\1 [redacted:bearer]"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[redacted:jwt]"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://[^/\s:@]+):[^/\s@]+@"), r"\1:[redacted:password]@"),
+]
+
+
+def guard(text: Any) -> str:
+    """The final secret guard for free text going into a PR.
+
+    Uses intake's redactor (``agent.intake.redact.redact``) when it is installed, and a small built-in
+    set of token patterns in any case.
+    """
+    s = "" if text is None else str(text)
+    try:
+        from agent.intake.redact import redact  # the product's one redactor, when present
+    except ImportError:  # pragma: no cover - depends on what is merged
+        redact = None
+    if redact is not None:
+        s = redact(s)
+    for pattern, repl in _FALLBACK_RULES:
+        s = pattern.sub(repl, s)
+    return s
+
+
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+
+
+def _hexid(value: Any, length: int | None = None) -> str:
+    s = str(value or "").strip()
+    if not s:
+        return "unknown"
+    if not _HEX.match(s):
+        return guard(s)[:80]
+    return s[:length] if length else s
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text or "").split())
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def fence(text: str, info: str = "text") -> str:
+    """``text`` in a backtick fence longer than any backtick run inside it."""
+    runs = [len(m) for m in re.findall(r"`+", text)]
+    ticks = "`" * max(3, max(runs, default=0) + 1)
+    return f"{ticks}{info}\n{text.rstrip()}\n{ticks}"
+
+
+def _code(text: str) -> str:
+    """An inline code span that survives backticks in ``text``."""
+    text = _one_line(text)
+    runs = [len(m) for m in re.findall(r"`+", text)]
+    ticks = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def task_marker(task_id: int) -> str:
+    return f"<!-- agent-task: {int(task_id)} -->"
+
+
+def parse_task_marker(body: str) -> int | None:
+    """The task id of a PR body written by agent (the last marker wins), or None."""
+    found = MARKER_RE.findall(body or "")
+    return int(found[-1]) if found else None
+
+
+# --------------------------------------------------------------------------- the text
+
+
+def render_title(d: PRData) -> str:
+    if d.title and d.title.strip():
+        raw = d.title
+    else:
+        what = ": ".join(x for x in (_one_line(d.error_class), _one_line(d.message)) if x) or "production error"
+        raw = f"fix({_one_line(d.service) or 'service'}): {what}"
+    return _clip(_one_line(guard(raw)), TITLE_MAX)
+
+
+def _check_phrase(checks: list[CheckResult]) -> tuple[str, str]:
+    if not checks:
+        return "no repository check was configured", "es war keine Prüfung des Repositorys eingerichtet"
+    last = checks[-1]
+    if last.passed:
+        return "the repository check passed on the final head", "die Prüfung des Repositorys ist auf dem " \
+                                                                   "letzten Stand bestanden"
+    return "the repository check failed on the final head", "die Prüfung des Repositorys ist auf dem letzten " \
+                                                            "Stand fehlgeschlagen"
+
+
+def render_body(d: PRData) -> str:
+    cls = _code(guard(d.error_class)) if d.error_class.strip() else "an error"
+    cls_de = _code(guard(d.error_class)) if d.error_class.strip() else "einen Fehler"
+    svc = _code(guard(d.service) or "unknown")
+    eid = _hexid(d.error_id, 8)
+    rounds = max(int(d.rounds or 1), 1)
+    check_en, check_de = _check_phrase(d.checks)
+    en = (f"This draft pull request proposes a fix for {cls} in the service {svc} (error {_code(eid)}). "
+          f"An implementer lane wrote the change in {rounds} round{'s' if rounds != 1 else ''} and "
+          f"{check_en}; every reviewer verdict is listed below. "
+          "Agent opened it as a draft: a human reviews it and decides whether to merge.")
+    de = (f"Dieser Entwurf eines Pull Requests schlägt eine Korrektur für {cls_de} im Dienst {svc} vor "
+          f"(Fehler {_code(eid)}). "
+          f"Ein Implementierungs-Agent hat die Änderung in {rounds} Runde{'n' if rounds != 1 else ''} geschrieben "
+          f"und {check_de}; alle Urteile der Review-Agenten stehen unten. "
+          "Agent hat ihn als Entwurf geöffnet: Ein Mensch prüft ihn und entscheidet über das Zusammenführen.")
+
+    rows = [
+        ("Task", str(int(d.task_id))),
+        ("Error", _code(_hexid(d.error_id))),
+        ("Fingerprint", _code(_hexid(d.fingerprint))),
+        ("Service", svc),
+        ("Head", _code(_hexid(d.head_sha))),
+        ("Branch", _code(guard(d.branch)) if d.branch else "-"),
+        ("Base", _code(guard(d.base)) if d.base else "-"),
+        ("Rounds", str(rounds)),
+        ("Cost", f"${float(d.cost_usd or 0):.2f}"),
+    ]
+    if d.count is not None:
+        rows.insert(4, ("Occurrences", str(int(d.count))))
+    table = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v.replace('|', '&#124;')} |" for k, v in rows)
+
+    parts = ["<details>", "<summary>Details for reviewers (agent)</summary>", "", table, ""]
+    if d.message.strip():
+        parts += ["**Error message**", "", fence(_clip(guard(d.message), 2000)), ""]
+    parts += ["**Brief**", "", fence(_clip(guard(d.brief), FIELD_MAX)), ""]
+    if d.summary.strip():
+        parts += ["**Implementer summary**", "", fence(_clip(guard(d.summary), 2000)), ""]
+
+    parts += ["**Reviewer verdicts**", ""]
+    if not d.verdicts:
+        parts += ["- none recorded", ""]
+    stage_order = {"review": 0, "pr": 1}
+    for v in sorted(d.verdicts, key=lambda v: (v.round, stage_order.get(v.stage, 2), v.dimension)):
+        who = f" by {_code(guard(v.vendor))}" if v.vendor else ""
+        head = f" at {_code(_hexid(v.head_sha, 12))}" if v.head_sha else ""
+        verdict = "approve" if v.verdict == "approve" else "reject"
+        parts.append(f"- Round {int(v.round)}, {_code(v.stage + ':' + v.dimension)}{who}: **{verdict}**, "
+                     f"{int(v.findings_count or 0)} finding{'s' if v.findings_count != 1 else ''}{head}")
+        findings = (v.findings or "").strip()
+        if findings and findings.lower() != "none":
+            parts += ["", fence(_clip(guard(findings), FIELD_MAX)), ""]
+    parts.append("")
+
+    parts += ["**Checks**", ""]
+    if not d.checks:
+        parts.append("- none configured")
+    for c in d.checks:
+        res = "passed" if c.passed else "failed"
+        code = f", exit {int(c.exit_code)}" if c.exit_code is not None else ""
+        dur = f", {float(c.duration_s):.1f}s" if c.duration_s is not None else ""
+        head = f" at {_code(_hexid(c.head_sha, 12))}" if c.head_sha else ""
+        parts.append(f"- Round {int(c.round)}: {_code(guard(c.command))} **{res}**{code}{dur}{head}")
+    parts += ["", "</details>", "", task_marker(d.task_id), ""]
+
+    body = "\n\n".join([en, de]) + "\n\n" + "\n".join(parts)
+    if len(body) > BODY_MAX:  # keep the marker and the closing tag; shorten the middle
+        tail = "\n\n</details>\n\n" + task_marker(d.task_id) + "\n"
+        body = body[: BODY_MAX - len(tail) - 80] + "\n\n_(shortened: the full record is in the ledger)_" + tail
+        body = _close_open_fence(body)
+    return body
+
+
+def _close_open_fence(body: str) -> str:
+    """After cutting, make sure no fence is left open before the closing ``</details>``."""
+    head, sep, tail = body.rpartition("\n\n_(shortened")
+    open_fence = None
+    for line in head.splitlines():
+        m = re.match(r"^(`{3,})", line)
+        if m:
+            if open_fence is None:
+                open_fence = m.group(1)
+            elif line.strip() == open_fence:
+                open_fence = None
+    if open_fence:
+        head += "\n" + open_fence
+    return head + sep + tail
+
+
+def render_pr(data: PRData | dict) -> tuple[str, str]:
+    """``(title, body)`` for a task's draft PR.
+
+    ``data`` is a ``PRData`` (see ``pr_data_from_ledger``) or a dict of its fields.
+    """
+    d = data if isinstance(data, PRData) else PRData.from_dict(data)
+    return render_title(d), render_body(d)
+
+
+def pr_data_from_rows(inputs: dict) -> PRData:
+    """PRData from ledger rows: ``task`` (tasks row), ``error`` (errors row or None), ``brief``,
+    ``gates`` (gates joined with their lane run's vendor and findings_text), ``checks``, ``cost_usd``,
+    ``summary``."""
+    t = inputs["task"]
+    e = inputs.get("error") or {}
+    verdicts = [Verdict(round=g.get("round") or 1, stage=g.get("stage") or "", dimension=g.get("dimension") or "",
+                        verdict=g.get("verdict") or "reject", vendor=g.get("vendor") or "",
+                        findings=g.get("findings_text") or "", findings_count=g.get("findings_count") or 0,
+                        head_sha=g.get("head_sha")) for g in inputs.get("gates") or []]
+    checks = [CheckResult(round=c.get("round") or 1, command=c.get("command") or "", passed=bool(c.get("passed")),
+                          exit_code=c.get("exit_code"), head_sha=c.get("head_sha"), duration_s=c.get("duration_s"))
+              for c in inputs.get("checks") or []]
+    cost = inputs.get("cost_usd")
+    return PRData(task_id=int(t["id"]), error_id=t.get("error_id") or "", fingerprint=e.get("fingerprint") or "",
+                  service=e.get("service") or "", head_sha=t.get("head_sha") or "",
+                  brief=inputs.get("brief") or t.get("title") or "", rounds=t.get("round") or 1,
+                  error_class=e.get("class") or "", message=e.get("message") or "", count=e.get("count"),
+                  summary=inputs.get("summary") or "", verdicts=verdicts, checks=checks,
+                  cost_usd=float(cost if cost is not None else t.get("cost_usd") or 0.0),
+                  branch=t.get("branch") or "", base=t.get("base") or "")
+
+
+# --------------------------------------------------------------------------- from the ledger
+
+
+def pr_data_from_ledger(ledger, task_id: int) -> PRData:
+    """Collect what ``render_pr`` needs for one task from the ledger (read-only)."""
+    t = ledger.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+    if t is None:
+        from agent import AgentError
+
+        raise AgentError(f"no task {task_id}; see `agent task list`")
+    e = ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
+    concl = ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],)) \
+        if t["conclusion_id"] else None
+    summary = ledger.scalar("SELECT summary FROM lane_runs WHERE task_id = ? AND role = 'implementer' "
+                            "AND status = 'complete' ORDER BY id DESC LIMIT 1", (task_id,)) or ""
+    gates = ledger.all("SELECT g.round, g.stage, g.dimension, g.verdict, g.findings_count, g.head_sha, "
+                       "l.vendor, l.findings_text FROM gates g LEFT JOIN lane_runs l ON l.id = g.lane_run_id "
+                       "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
+    checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
+    cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
+    return pr_data_from_rows({"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates,
+                              "checks": checks, "cost_usd": cost, "summary": summary})

@@ -1,0 +1,155 @@
+"""Pushing a task's branch, with the rules that keep a fixer from damaging a repository.
+
+- Only the task's own branch: it must start with the repo's ``branch_prefix`` and is never the base.
+- A push that already happened (remote ref == local head) is detected and not repeated.
+- A fast-forward is a plain push.  A rewritten history (the remote head is not an ancestor of the
+  local head) is pushed with ``--force-with-lease`` bound to the sha agent itself pushed last
+  (``expected_remote_sha``); if the remote moved to anything else, someone else pushed there and
+  agent refuses rather than overwrite their work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.forge import ForgeAuthError
+
+GIT_TIMEOUT = 120  # seconds for one network git command
+
+
+class PushError(ForgeAuthError):
+    """A push refused or failed.  A human must look (foreign commits on the branch, a wrong prefix,
+    credentials or a remote that cannot be read), so it is a ForgeAuthError: the fixer gate-blocks."""
+
+
+@dataclass(frozen=True)
+class PushResult:
+    sha: str
+    pushed: bool       # False when the remote already had this head
+    forced: bool       # True when history was rewritten (pushed with --force-with-lease)
+
+
+def _git_env() -> dict:
+    # never prompt for credentials on a cron tick; fail instead
+    return {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "SSH_ASKPASS": "true"}
+
+
+def check_branch(branch: str, base: str, prefix: str) -> None:
+    """Raise PushError unless ``branch`` is a task branch that may be pushed."""
+    b = (branch or "").strip()
+    if not b:
+        raise PushError("no branch to push; the task has no branch recorded")
+    if b.startswith("refs/"):
+        raise PushError(f"branch {b!r} must be a plain branch name, not a ref")
+    if b == base or b in ("main", "master", "HEAD"):
+        raise PushError(f"refusing to push {b!r}: it is the base or a protected branch; agent pushes only "
+                        "its task branches")
+    if not prefix or not b.startswith(prefix) or b == prefix:
+        raise PushError(f"refusing to push {b!r}: task branches must start with the prefix {prefix!r} "
+                        "(repos.<name>.branch_prefix)")
+
+
+def remote_branch_sha(remote_url: str, branch: str) -> str | None:
+    """The sha of ``refs/heads/<branch>`` on the remote, or None if the branch is not there."""
+    import git
+
+    try:
+        out = git.Git().ls_remote(remote_url, f"refs/heads/{branch}", env=_git_env(),
+                                  kill_after_timeout=GIT_TIMEOUT)
+    except git.GitCommandError as exc:
+        raise PushError(f"cannot read the remote {safe_url(remote_url)}: {_stderr(exc)}; check the URL and credentials") \
+            from None
+    for line in out.splitlines():
+        sha, _, ref = line.partition("\t")
+        if ref.strip() == f"refs/heads/{branch}":
+            return sha.strip()
+    return None
+
+
+def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix: str,
+                expected_remote_sha: str | None) -> PushResult:
+    """Push the local ``branch`` of ``worktree`` to ``remote_url`` under the same name.
+
+    ``expected_remote_sha`` is the sha agent last pushed for this task (``tasks.pushed_sha``), or None
+    if it never pushed.  Returns what happened; raises PushError with a one-line reason when refused.
+    """
+    import git
+
+    check_branch(branch, base, prefix)
+    try:
+        repo = git.Repo(worktree)
+    except (git.NoSuchPathError, git.InvalidGitRepositoryError):
+        raise PushError(f"{worktree}: not a git worktree; recreate the task's workspace") from None
+    try:
+        local = repo.commit(f"refs/heads/{branch}").hexsha
+    except (git.BadName, ValueError):
+        raise PushError(f"{worktree}: has no local branch {branch!r}; nothing to push") from None
+
+    remote = remote_branch_sha(remote_url, branch)
+    if remote == local:
+        return PushResult(sha=local, pushed=False, forced=False)
+
+    refspec = f"{local}:refs/heads/{branch}"
+    forced = False
+    args: list[str] = []
+    if remote is None:
+        # The branch is new (or was deleted): lease on "absent" so a concurrent creator is not overwritten.
+        args.append(f"--force-with-lease=refs/heads/{branch}:")
+    elif _is_ancestor(repo, remote, local):
+        args.append(f"--force-with-lease=refs/heads/{branch}:{remote}")
+    elif expected_remote_sha and remote == expected_remote_sha:
+        forced = True
+        args.append(f"--force-with-lease=refs/heads/{branch}:{expected_remote_sha}")
+    else:
+        raise PushError(f"refusing to push {branch}: the remote head {remote[:12]} is not one agent pushed "
+                        f"(expected {expected_remote_sha[:12] if expected_remote_sha else 'none'}) and is not "
+                        "in the local history; someone else pushed there: inspect it, then `agent task reset`")
+    try:
+        repo.git.push(remote_url, refspec, *args, "--porcelain", env=_git_env(), kill_after_timeout=GIT_TIMEOUT)
+    except git.GitCommandError as exc:
+        raise PushError(f"push of {branch} to {safe_url(remote_url)} failed: {_stderr(exc)}") from None
+    after = remote_branch_sha(remote_url, branch)
+    if after != local:
+        raise PushError(f"push of {branch} reported success but the remote has {after or 'nothing'}, "
+                        f"not {local[:12]}; check the remote's hooks")
+    return PushResult(sha=local, pushed=True, forced=forced)
+
+
+def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -> bool:
+    """Prune a task branch from the remote.  Returns False if it was already gone."""
+    import git
+
+    check_branch(branch, base, prefix)
+    sha = remote_branch_sha(remote_url, branch)
+    if sha is None:
+        return False
+    try:
+        git.Git().push(remote_url, f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete",
+                       f"refs/heads/{branch}", env=_git_env(), kill_after_timeout=GIT_TIMEOUT)
+    except git.GitCommandError as exc:
+        raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
+    return True
+
+
+def _is_ancestor(repo, ancestor: str, descendant: str) -> bool:
+    import git
+
+    try:
+        repo.git.merge_base("--is-ancestor", ancestor, descendant)
+        return True
+    except git.GitCommandError:
+        return False  # not an ancestor, or an object we never had (someone else's commit)
+
+
+def _stderr(exc) -> str:
+    text = (getattr(exc, "stderr", "") or str(exc)).strip().replace("\n", " ")
+    text = text.removeprefix("stderr: ").strip("' ")
+    return text[:300] or "git failed"
+
+
+def safe_url(url: str) -> str:
+    """``url`` without any user:password part, for messages."""
+    import re
+
+    return re.sub(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", r"\1***@", url)

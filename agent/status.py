@@ -1,0 +1,109 @@
+"""`agent status`: errors, tasks and PRs by state; what needs a human; one self-contained HTML page."""
+
+from __future__ import annotations
+
+import html
+import json
+import shlex
+
+from agent.ledger import Ledger
+
+ERROR_STATES = ("open", "fixing", "resolved", "skipped")
+TASK_STATES = ("open", "working", "gate-blocked", "done", "failed")
+PR_STATES = ("open", "merged", "closed")
+
+
+def _counts(ledger: Ledger, table: str, states: tuple[str, ...]) -> dict[str, int]:
+    found = {r["state"]: r["n"] for r in ledger.all(f"SELECT state, count(*) AS n FROM {table} GROUP BY state")}
+    return {s: found.get(s, 0) for s in states} | {k: v for k, v in found.items() if k not in states}
+
+
+def gather(ledger: Ledger) -> dict:
+    blocked = []
+    for t in ledger.all("SELECT id, repo, title, round, round_cap, blocked_reason, updated_at FROM tasks "
+                        "WHERE state = 'gate-blocked' ORDER BY id"):
+        t["reset_command"] = f"agent task reset {t['id']} --reason {shlex.quote('what you fixed')}"
+        blocked.append(t)
+    failed = ledger.all("SELECT id, repo, title, round, round_cap, failed_reason, updated_at FROM tasks "
+                        "WHERE state = 'failed' ORDER BY id")
+    for t in failed:
+        t["reset_command"] = f"agent task reset {t['id']} --reason {shlex.quote('why it may go on')} --rounds 2"
+    return {
+        "errors": _counts(ledger, "errors", ERROR_STATES),
+        "tasks": _counts(ledger, "tasks", TASK_STATES),
+        "prs": _counts(ledger, "prs", PR_STATES),
+        "gate_blocked": blocked,
+        "failed": failed,
+        "open_prs": ledger.all("SELECT task_id, repo, number, url, head_sha AS head FROM prs WHERE state = 'open' "
+                               "ORDER BY task_id"),
+        "cost_usd": round(ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs") or 0.0, 4),
+    }
+
+
+def render_text(data: dict) -> str:
+    def row(name: str, counts: dict) -> str:
+        return f"{name:<7}" + "  ".join(f"{k} {v}" for k, v in counts.items())
+
+    lines = [row("errors", data["errors"]), row("tasks", data["tasks"]), row("prs", data["prs"]),
+             f"cost   ${data['cost_usd']:.2f} spent on lanes"]
+    if data["gate_blocked"]:
+        lines.append("\nneeds a human (gate-blocked):")
+        for t in data["gate_blocked"]:
+            lines.append(f"  task {t['id']} {t['repo']}: {t['blocked_reason']}\n    then: {t['reset_command']}")
+    if data["failed"]:
+        lines.append("\nfailed:")
+        for t in data["failed"]:
+            lines.append(f"  task {t['id']} {t['repo']}: {(t['failed_reason'] or '')[:200]}\n"
+                         f"    to retry: {t['reset_command']}")
+    if data["open_prs"]:
+        lines.append("\ndraft PRs waiting for review:")
+        for p in data["open_prs"]:
+            lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}: {p['url']}")
+    return "\n".join(lines)
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:70rem;color:#222;padding:0 1rem}
+h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ddd;padding:.25rem .6rem;text-align:left;vertical-align:top}
+th{background:#f5f5f5}.blocked{background:#fff4e5}.failed{background:#fdecea}.done{background:#eaf7ee}
+code{background:#f3f3f3;padding:0 .25rem}details{margin:.4rem 0}summary{cursor:pointer;font-weight:600}
+.ev td:first-child{white-space:nowrap;color:#666}
+"""
+
+
+def render_html(ledger: Ledger, data: dict) -> str:
+    e = html.escape
+    out = ["<!doctype html>", "<html lang='en'><head><meta charset='utf-8'><title>agent status</title>",
+           f"<style>{CSS}</style></head><body>", "<h1>agent status</h1>"]
+    out.append("<table id='counts'><tr><th></th>" + "".join(f"<th>{e(s)}</th>" for s in TASK_STATES) + "</tr>")
+    out.append("<tr><th>tasks</th>" + "".join(f"<td>{data['tasks'].get(s, 0)}</td>" for s in TASK_STATES)
+               + "</tr></table>")
+    out.append("<table><tr><th>errors</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["errors"].items())
+               + "</tr><tr><th>PRs</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["prs"].items())
+               + f"</tr><tr><th>cost</th><td colspan='4'>${data['cost_usd']:.2f}</td></tr></table>")
+    if data["gate_blocked"]:
+        out.append("<h2>Needs a human</h2><table id='blocked'><tr><th>task</th><th>reason</th><th>then run</th></tr>")
+        for t in data["gate_blocked"]:
+            out.append(f"<tr class='blocked'><td>{t['id']}</td><td>{e(t['blocked_reason'] or '')}</td>"
+                       f"<td><code>{e(t['reset_command'])}</code></td></tr>")
+        out.append("</table>")
+    out.append("<h2>Tasks</h2>")
+    tasks = ledger.all("SELECT t.id, t.repo, t.title, t.state, t.round, t.round_cap, t.blocked_reason, "
+                       "t.failed_reason, p.url AS pr_url FROM tasks t LEFT JOIN prs p ON p.task_id = t.id "
+                       "ORDER BY t.id DESC LIMIT 200")
+    for t in tasks:
+        cls = {"gate-blocked": "blocked", "failed": "failed", "done": "done"}.get(t["state"], "")
+        why = t["blocked_reason"] or t["failed_reason"] or ""
+        pr = f" — <a href='{e(t['pr_url'])}'>{e(t['pr_url'])}</a>" if t["pr_url"] else ""
+        out.append(f"<details class='task {cls}' id='task-{t['id']}'><summary>task {t['id']} · {e(t['state'])} · "
+                   f"round {t['round']}/{t['round_cap']} · {e(t['repo'])} · {e(t['title'])}{pr}</summary>")
+        if why:
+            out.append(f"<p>{e(why[:500])}</p>")
+        out.append("<table class='ev'><tr><th>time</th><th>actor</th><th>event</th><th>details</th></tr>")
+        for ev in ledger.events(task_id=t["id"], limit=500):
+            out.append(f"<tr><td>{e(ev['ts'][:19])}</td><td>{e(ev['actor'])}</td><td>{e(ev['kind'])}</td>"
+                       f"<td>{e(json.dumps(ev['payload'], sort_keys=True)[:300])}</td></tr>")
+        out.append("</table></details>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,80 @@
+"""Shared fixtures: a fresh AGENT_HOME, its ledger, a CLI runner, and real git repositories."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("AGENT_HOME", str(h))
+    for var in ("GITHUB_TOKEN", "GH_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    return h
+
+
+@pytest.fixture
+def ledger(home) -> Ledger:
+    home.mkdir(parents=True, exist_ok=True)
+    led = Ledger.open(home / "ledger.db")
+    yield led
+    led.close()
+
+
+class Agent:
+    """Runs `agent ...` in-process through click's CliRunner against the test's home."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str, input: str | None = None):
+        from agent.cli import cli
+
+        return self.runner.invoke(cli, ["--home", str(self.home), *args], input=input)
+
+    def json(self, *args: str):
+        r = self(*args, "--json")
+        assert r.exit_code == 0, (r.output, r.stderr)
+        return json.loads(r.stdout)
+
+
+@pytest.fixture
+def agent(home) -> Agent:
+    return Agent(home)
+
+
+def agent_bin() -> list[str]:
+    """The installed console script if it is on this interpreter's path, else `python -m agent`."""
+    exe = Path(sys.executable).parent / "agent"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent"]
+
+
+@pytest.fixture
+def agent_proc(home):
+    """Runs the installed `agent` binary as a real subprocess."""
+
+    def run(*args: str, input: str | None = None, env: dict | None = None, timeout: float = 120):
+        full_env = {**os.environ, "AGENT_HOME": str(home), **(env or {})}
+        return subprocess.run([*agent_bin(), *args], input=input, capture_output=True, text=True,
+                              env=full_env, timeout=timeout)
+
+    return run
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()

@@ -1,0 +1,202 @@
+table _migrations
+  name TEXT PK1
+  applied_at TEXT NOT NULL
+  index unique (name) pk
+table checks
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  round INTEGER
+  command TEXT
+  exit_code INTEGER
+  passed INTEGER NOT NULL
+  head_sha TEXT
+  output_path TEXT
+  duration_s REAL
+  created_at TEXT
+  fk task_id -> tasks.id
+table commits
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  round INTEGER
+  sha TEXT NOT NULL
+  parent TEXT
+  message TEXT
+  created_at TEXT
+  fk task_id -> tasks.id
+  index (task_id, round) c
+table conclusions
+  id INTEGER PK1
+  error_id TEXT NOT NULL
+  kind TEXT NOT NULL
+  brief TEXT
+  reason TEXT
+  decided_by TEXT NOT NULL
+  lane_run_id INTEGER
+  created_at TEXT
+  fk error_id -> errors.id
+  index unique (error_id) c
+table cursors
+  source TEXT PK1
+  value TEXT
+  updated_at TEXT
+  index unique (source) pk
+table errors
+  id TEXT PK1
+  fingerprint TEXT NOT NULL
+  service TEXT NOT NULL
+  environment TEXT
+  class TEXT
+  message TEXT
+  excerpt TEXT
+  signature TEXT
+  frames TEXT
+  repo TEXT
+  level TEXT
+  release TEXT
+  count INTEGER NOT NULL DEFAULT 1
+  first_seen TEXT
+  last_seen TEXT
+  state TEXT NOT NULL DEFAULT 'open'
+  state_reason TEXT
+  created_at TEXT
+  index (state, last_seen) c
+  index (fingerprint) c
+  index unique (id) pk
+table events
+  id INTEGER PK1
+  ts TEXT NOT NULL
+  task_id INTEGER
+  error_id TEXT
+  kind TEXT NOT NULL
+  actor TEXT NOT NULL
+  payload TEXT
+  index (task_id, id) c
+table gates
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  round INTEGER
+  stage TEXT
+  dimension TEXT
+  verdict TEXT NOT NULL
+  findings_count INTEGER
+  head_sha TEXT NOT NULL
+  lane_run_id INTEGER NOT NULL
+  created_at TEXT
+  fk lane_run_id -> lane_runs.id
+  fk task_id -> tasks.id
+table lane_runs
+  id INTEGER PK1
+  task_id INTEGER
+  error_id TEXT
+  round INTEGER
+  role TEXT NOT NULL
+  vendor TEXT NOT NULL
+  attempt INTEGER
+  manifest_hash TEXT
+  manifest TEXT
+  session_id TEXT
+  status TEXT NOT NULL
+  findings_count INTEGER
+  findings_text TEXT
+  summary TEXT
+  lesson TEXT
+  reason TEXT
+  exit_code INTEGER
+  cost_usd REAL
+  usage TEXT
+  repairs TEXT
+  log_dir TEXT
+  head_sha TEXT
+  pid INTEGER
+  started_at TEXT
+  ended_at TEXT
+  fk task_id -> tasks.id
+  index (task_id, round, role) c
+table lessons
+  id INTEGER PK1
+  service TEXT
+  fingerprint TEXT
+  text TEXT NOT NULL
+  task_id INTEGER
+  created_at TEXT
+  fk task_id -> tasks.id
+  index (service) c
+table local_prs
+  id INTEGER PK1
+  repo TEXT NOT NULL
+  number INTEGER NOT NULL
+  head TEXT NOT NULL
+  head_sha TEXT
+  base TEXT NOT NULL
+  title TEXT
+  body TEXT
+  state TEXT NOT NULL DEFAULT 'open'
+  draft INTEGER DEFAULT 1
+  labels TEXT
+  comments TEXT
+  created_at TEXT
+  updated_at TEXT
+  index (repo, head) c
+  index unique (repo, number) c
+table prs
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  forge TEXT NOT NULL
+  repo TEXT NOT NULL
+  number INTEGER
+  url TEXT
+  head_branch TEXT
+  head_sha TEXT
+  base TEXT
+  state TEXT NOT NULL DEFAULT 'open'
+  draft INTEGER DEFAULT 1
+  title TEXT
+  body TEXT
+  body_hash TEXT
+  created_at TEXT
+  updated_at TEXT
+  fk task_id -> tasks.id
+  index unique (task_id) c
+table steps
+  task_id INTEGER PK1
+  key TEXT PK2
+  kind TEXT NOT NULL
+  status TEXT NOT NULL DEFAULT 'pending'
+  evidence TEXT
+  source TEXT
+  head_sha TEXT
+  round INTEGER
+  closed_at TEXT
+  fk task_id -> tasks.id
+  index unique (task_id, key) pk
+table tasks
+  id INTEGER PK1
+  error_id TEXT
+  conclusion_id INTEGER
+  repo TEXT NOT NULL
+  base TEXT
+  base_sha TEXT
+  branch TEXT
+  worktree TEXT
+  spec_path TEXT
+  title TEXT
+  state TEXT NOT NULL
+  round INTEGER NOT NULL DEFAULT 1
+  round_cap INTEGER NOT NULL DEFAULT 5
+  blocked_reason TEXT
+  failed_reason TEXT
+  head_sha TEXT
+  pushed_sha TEXT
+  cost_usd REAL DEFAULT 0.0
+  claim_owner TEXT
+  claim_pid INTEGER
+  claim_token TEXT
+  lease_until REAL
+  created_at TEXT
+  updated_at TEXT
+  fk conclusion_id -> conclusions.id
+  fk error_id -> errors.id
+  index (state) c
+  index unique (error_id) c
+trigger events_no_delete
+trigger events_no_update

@@ -1,0 +1,113 @@
+"""Config files: the documented example parses; every mistake names file, key path and expectation."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.config import ConfigError, load_config, load_repo_settings, parse_config
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "config.md"
+
+EXAMPLE = """
+repos:
+  acme/widgets:
+    url: https://github.com/acme/widgets.git
+    base: main
+    forge: github
+    services: [widgets-api]
+    check: "python -m pytest -q"
+    branch_prefix: "agent/fix-"
+lanes:
+  implementer: {vendor: codex, model: gpt-5-codex, timeout: 1800, repair: 2}
+  reviewer:    {vendor: claude}
+  decider:     {vendor: claude}
+vendors:
+  claude: {bin: claude, env: [ANTHROPIC_API_KEY]}
+  in-house:
+    command: ["python", "/opt/agent_x.py", "--spec", "{spec}"]
+limits: {round_cap: 5, repair: 1, task_budget_usd: 3.0}
+decide: {auto: false, min_count: 3, max_age_days: 14}
+git: {author_name: agent, author_email: agent@localhost}
+github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
+sources:
+  - {kind: loki, url: "http://127.0.0.1:3100", query: '{app="widgets"}', service: widgets-api, auth_env: LOKI_TOKEN}
+  - {kind: file, path: /var/log/widgets/*.log, service: widgets-api}
+"""
+
+
+def test_example_parses_into_typed_objects():
+    cfg = parse_config(yaml.safe_load(EXAMPLE))
+    repo = cfg.repos["acme/widgets"]
+    assert repo.forge == "github" and repo.services == ("widgets-api",)
+    assert cfg.repo_for_service("widgets-api") is repo
+    assert cfg.lanes["implementer"].repair == 2 and cfg.lanes["reviewer"].vendor == "claude"
+    assert cfg.vendors["in-house"].command[0] == "python"
+    assert cfg.limits.round_cap == 5 and cfg.decide.min_count == 3
+    assert cfg.sources[0].kind == "loki" and cfg.sources[1].path.endswith("*.log")
+
+
+def test_contract_example_in_shared_docs_parses():
+    if not SHARED.exists():
+        pytest.skip(f"{SHARED} not present in this checkout")
+    block = re.search(r"```yaml\n(repos:.*?)```", SHARED.read_text(), re.S).group(1)
+    cfg = parse_config(yaml.safe_load(block))
+    assert "acme/widgets" in cfg.repos and "in-house" in cfg.vendors
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"limits": {"round_cap": "five"}}, 'config.yaml: limits.round_cap: expected an integer >= 1, got "five"'),
+    ({"limits": {"repair": 4}}, "config.yaml: limits.repair: expected an integer from 0 to 3, got 4"),
+    ({"limitz": {}}, "config.yaml: limitz: unknown key"),
+    ({"repos": {"widgets": {"url": "x"}}}, "config.yaml: repos.widgets: expected a repository name OWNER/NAME"),
+    ({"repos": {"a/b": {}}}, "config.yaml: repos.a/b.url: expected a non-empty string, got nothing"),
+    ({"repos": {"a/b": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.a/b.forge: expected one of github|local"),
+    ({"lanes": {"implementer": {"vendor": "nope"}}}, "config.yaml: lanes.implementer.vendor: expected a built-in"),
+    ({"lanes": {"tester": {"vendor": "codex"}}}, "config.yaml: lanes.tester: unknown role"),
+    ({"vendors": {"mine": {"bin": "x"}}}, "config.yaml: vendors.mine.command: expected an argv list"),
+    ({"sources": [{"kind": "loki", "url": "http://x"}]}, "config.yaml: sources[0].query: expected a non-empty"),
+    ({"decide": {"auto": "yes"}}, 'config.yaml: decide.auto: expected true or false, got "yes"'),
+])
+def test_errors_name_file_key_and_expectation(doc, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc)
+    assert str(exc.value).startswith(message), str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_bad_yaml_and_missing_required_file(tmp_path):
+    bad = tmp_path / "config.yaml"
+    bad.write_text("repos: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml", required=True)
+    assert load_config(tmp_path / "missing.yaml").repos == {}
+
+
+def test_repo_settings(tmp_path):
+    (tmp_path / ".agent").mkdir()
+    (tmp_path / ".agent" / "config.yaml").write_text(
+        'check: "pytest -q"\nblocked_paths: [".github/"]\nlanes: {implementer: {vendor: claude}}\n')
+    s = load_repo_settings(tmp_path)
+    assert s.check == "pytest -q" and s.blocked_paths == (".github/",) and s.lanes["implementer"].vendor == "claude"
+    (tmp_path / ".agent" / "config.yaml").write_text("check: 5\n")
+    with pytest.raises(ConfigError, match=r"\.agent/config.yaml: check: expected a non-empty string, got 5"):
+        load_repo_settings(tmp_path)
+
+
+def test_this_repository_has_its_own_repo_settings():
+    s = load_repo_settings(Path(__file__).resolve().parent.parent)
+    assert s.check and ".github/" in s.blocked_paths
+
+
+def test_bad_config_stops_commands_with_exit_1(agent, home):
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("limits: {round_cap: five}\n")
+    r = agent("task", "create", "--repo", "a/b", "--title", "t")
+    assert r.exit_code == 1 and "limits.round_cap: expected an integer" in r.stderr
+    r = agent("task", "list", "--json")
+    assert r.exit_code == 0  # reading the ledger does not need the config

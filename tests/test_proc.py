@@ -1,0 +1,197 @@
+"""agent.proc.run and agent.lanes.env: real subprocesses, no mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from agent import proc
+from agent.lanes.env import config_denylist, lane_env
+
+
+def _run(tmp_path, argv, **kw):
+    kw.setdefault("timeout", 30)
+    kw.setdefault("env", None)
+    return proc.run(argv, cwd=tmp_path, stdout_path=tmp_path / "out.txt", stderr_path=tmp_path / "err.txt", **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); treat it as dead
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_success_captures_stdout_stderr_and_exit_code(tmp_path):
+    res = _run(tmp_path, [sys.executable, "-c",
+                          "import sys; print('hello'); print('oops', file=sys.stderr); sys.exit(3)"])
+    assert res.exit_code == 3 and not res.timed_out and not res.missing
+    assert res.status == "failed"
+    assert res.stdout_text() == "hello\n"
+    assert res.stderr_text() == "oops\n"
+    assert res.pid and res.duration_s > 0
+
+
+def test_timeout_kills_grandchildren(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    # child spawns a sleeping grandchild (not waited for), records its pid, then sleeps itself
+    script = (
+        "import subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(g.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    t0 = time.monotonic()
+    res = _run(tmp_path, [sys.executable, "-c", script], timeout=1.5, grace=1.0)
+    assert res.timed_out and res.status == "timeout"
+    assert time.monotonic() - t0 < 15
+    gpid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(gpid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(gpid), "grandchild survived the timeout"
+    assert "started" in res.stdout_text()
+
+
+def test_sigterm_ignoring_child_is_killed_after_grace(tmp_path):
+    script = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "print('ready', flush=True)\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    res = _run(tmp_path, [sys.executable, "-c", script], timeout=1.0, grace=0.5)
+    assert res.timed_out
+    assert time.monotonic() - t0 < 10
+
+
+def test_leftover_background_process_is_killed_when_child_exits(tmp_path):
+    pidfile = tmp_path / "bg.pid"
+    script = (
+        "import subprocess, sys\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(g.pid))\n"
+    )
+    res = _run(tmp_path, [sys.executable, "-c", script], timeout=20, grace=1.0)
+    assert res.exit_code == 0 and not res.timed_out
+    gpid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(gpid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(gpid)
+
+
+def test_missing_binary_is_unavailable_not_an_exception(tmp_path):
+    res = _run(tmp_path, ["definitely-not-a-binary-xyz", "--help"])
+    assert res.missing and res.exit_code == 127 and res.status == "unavailable"
+    assert "not found" in res.error
+    assert res.stdout_text() == ""
+
+
+def test_not_executable_is_unavailable(tmp_path):
+    f = tmp_path / "script.sh"
+    f.write_text("#!/bin/sh\necho hi\n")
+    f.chmod(0o644)
+    res = _run(tmp_path, [str(f)])
+    assert res.missing and res.status == "unavailable"
+
+
+def test_output_cap_keeps_head_and_tail(tmp_path):
+    # 2 MB of output with a cap of 64 KB: the head and the final line survive, the middle is dropped
+    script = ("import sys\nsys.stdout.write('HEAD\\n')\nsys.stdout.write('x' * 2_000_000 + '\\n')\n"
+              "sys.stdout.write('FINAL LINE\\n')\n")
+    res = _run(tmp_path, [sys.executable, "-c", script], max_bytes=64 * 1024, tail_bytes=1024)
+    assert res.truncated
+    size = res.stdout_path.stat().st_size
+    assert size < 64 * 1024 + 1024 + 200
+    text = res.stdout_text()
+    assert text.startswith("HEAD\n")
+    assert text.rstrip().endswith("FINAL LINE")
+    assert "output truncated" in text
+
+
+def test_no_truncation_under_cap(tmp_path):
+    res = _run(tmp_path, [sys.executable, "-c", "print('a' * 1000)"], max_bytes=4096)
+    assert not res.truncated and res.stdout_text() == "a" * 1000 + "\n"
+
+
+def test_stdin_from_file_and_on_line_and_on_start(tmp_path):
+    spec = tmp_path / "spec.md"
+    spec.write_text("line one\nline two\n")
+    lines, pids = [], []
+    res = _run(tmp_path, [sys.executable, "-c", "import sys\nfor l in sys.stdin: print('got', l.strip(), flush=True)"],
+               stdin_path=spec, on_line=lines.append, on_start=pids.append)
+    assert res.stdout_text() == "got line one\ngot line two\n"
+    assert pids == [res.pid]
+    assert lines and lines[-1] == "got line two"
+
+
+def test_env_is_exactly_what_was_given(tmp_path):
+    res = _run(tmp_path, [sys.executable, "-c", "import os, json; print(json.dumps(dict(os.environ)))"],
+               env={"PATH": os.environ["PATH"], "ONLY_ME": "1"})
+    env = json.loads(res.stdout_text())
+    env.pop("LC_CTYPE", None)  # Python may set this itself for UTF-8 mode
+    assert set(env) == {"PATH", "ONLY_ME"}
+
+
+def test_lane_env_allowlist_drops_canary_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "canary-gh-1234567890")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-aws-abcdef")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "vendor-key-ok")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    env = lane_env(("ANTHROPIC_API_KEY", "NOT_SET_ANYWHERE"), {"CODEX_HOME": "/tmp/x"})
+    assert "GITHUB_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["ANTHROPIC_API_KEY"] == "vendor-key-ok"
+    assert env["CODEX_HOME"] == "/tmp/x" and env["LC_ALL"] == "C.UTF-8"
+    assert "NOT_SET_ANYWHERE" not in env
+    assert set(env) <= {"PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "TZ", "ANTHROPIC_API_KEY", "CODEX_HOME"} | {
+        k for k in env if k.startswith("LC_")}
+    # a forge token named by the user under vendors.X.env is still refused
+    env = lane_env(("GITHUB_TOKEN",), deny=("GITHUB_TOKEN",))
+    assert "GITHUB_TOKEN" not in env
+    # and the child really does not see it
+    res = _run(tmp_path, [sys.executable, "-c", "import os; print(os.environ.get('GITHUB_TOKEN', 'absent'))"],
+               env=env)
+    assert res.stdout_text().strip() == "absent"
+
+
+def test_config_denylist_names_forge_and_source_tokens():
+    from agent.config import parse_config
+
+    cfg = parse_config({"github": {"token_env": "MY_GH"},
+                        "sources": [{"kind": "loki", "url": "http://127.0.0.1:1", "query": "{a=\"b\"}",
+                                     "auth_env": "LOKI_TOKEN"}]})
+    assert set(config_denylist(cfg)) == {"MY_GH", "LOKI_TOKEN"}
+
+
+def test_missing_cwd_is_reported(tmp_path):
+    res = proc.run(["true"], cwd=tmp_path / "nope", env=None, timeout=5,
+                   stdout_path=tmp_path / "o", stderr_path=tmp_path / "e")
+    assert res.missing and "does not exist" in res.error
+
+
+def test_kill_all_ends_running_groups_from_another_thread(tmp_path):
+    import threading
+
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("res", _run(
+        tmp_path, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], timeout=60)))
+    t0 = time.monotonic()
+    t.start()
+    deadline = time.monotonic() + 10
+    while not proc.running() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(proc.running()) == 1
+    assert proc.kill_all(grace=1.0) == 1
+    t.join(15)
+    res = box["res"]
+    assert res.exit_code is not None and res.exit_code < 0 and not res.timed_out
+    assert time.monotonic() - t0 < 15
+    assert proc.running() == {}
