@@ -26,6 +26,7 @@ CASES = [
     ("{'client_secret': 'cs_live_zz'}", "cs_live_zz"),
     ("connect postgres://app:Pa55word@db.internal:5432/shop", "Pa55word"),
     ("redis://:r3d1spw@cache:6379/0", "r3d1spw"),
+    ("ANTHROPIC says sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123", "AbCdEfGhIjKlMnOpQrStUvWxYz0123"),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", "MIIEowIBAAKCAQEA"),
 ]
 

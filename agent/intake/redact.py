@@ -42,6 +42,7 @@ _RULES: list[tuple[str, re.Pattern, Any]] = [
      "[redacted:aws-key]"),
     ("slack-token", re.compile(r"xox[abprs]-[A-Za-z0-9-]{10,}"), "[redacted:token]"),
     ("stripe-key", re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"), "[redacted:token]"),
+    ("model-api-key", re.compile(r"(?<![A-Za-z0-9])sk-(?:ant-|proj-|or-)?[A-Za-z0-9_-]{20,}"), "[redacted:token]"),
     ("google-key", re.compile(r"AIza[0-9A-Za-z_-]{35}\b"), "[redacted:token]"),
     # key=value, key: value, "key": "value", 'key': 'value' where the key names a secret.
     ("key-value", re.compile(
@@ -74,7 +75,7 @@ def _kv(m: re.Match) -> str:
 _LITERALS = ("private key", "privatekey", "private_key", "private-key", "apikey", "api_key", "api-key",
              "accesskey", "access_key", "access-key", "cookie", "authori", "token", "bearer", "basic", "digest", "://", "eyj",
              "github_pat_", "akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa", "abia", "acca",
-             "xox", "_live_", "_test_", "aiza", "@", "pass", "pwd", "secret", "credential", "session", "sessid",
+             "xox", "_live_", "_test_", "aiza", "sk-", "@", "pass", "pwd", "secret", "credential", "session", "sessid",
              "signature", "auth", "jwt", "dsn", "otp", "pin")
 _MAYBE_RE = re.compile(r"gh[pousr]_|[0-9a-fA-F]{32}")
 
