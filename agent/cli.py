@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",
     "watch": "agent.commands.watch:watch",
+    "error": "agent.commands.error:error",
     "pr": "agent.commands.pr:pr",
     "daemon": "agent.commands.watch:daemon",
     "lane": "agent.commands.lane:lane",

@@ -15,6 +15,8 @@ from agent.commands.common import emit, get_app, json_option
 
 SCANS: dict[str, tuple[str, str]] = {
     # name: (module:function, one-line help)
+    "errors": ("agent.intake.sources:scan", "Pull configured error sources (cursor persisted)."),
+    "error-decide": ("agent.decide:decide_scan", "Run the decider lane on undecided errors past the thresholds."),
     "error-fix": ("agent.fixer:fix_scan", "Turn confirmed error.fix conclusions into tasks with worktrees."),
     "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
     "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states: merged, closed, branch pruning."),

@@ -1,0 +1,144 @@
+"""`agent error ingest|list|show|decide`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from agent import AgentError
+from agent.commands.common import emit, get_app, json_option
+
+STATES = ("open", "fixing", "resolved", "skipped")
+
+
+@click.group()
+def error():
+    """Production errors: ingest, list, show, decide."""
+
+
+@error.command("ingest")
+@click.argument("file", required=False, default="-", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(("auto", "jsonl", "sentry", "traceback")), default="auto",
+              show_default=True, help="Input format; auto sniffs it.")
+@click.option("--service", help="Service for events that name none.")
+@click.option("--env", "environment", help="Environment for events that name none.")
+@click.option("--repo", help="OWNER/NAME for events that name none.")
+@json_option
+def error_ingest(file, fmt, service, environment, repo, as_json):
+    """Ingest errors from a file or stdin; prints new, deduplicated and rejected counts (exit 1 if any rejected).
+
+    \b
+    Example:
+      agent error ingest app.log --format traceback --service widgets-api --env production
+    """
+    from agent.intake.store import ingest_text
+
+    if repo is not None and (repo.count("/") != 1 or not all(repo.split("/"))):
+        raise click.BadParameter(f"{repo!r} is not OWNER/NAME", param_hint="--repo")
+    if file == "-":
+        text = sys.stdin.buffer.read().decode("utf-8", "replace")
+    else:
+        try:
+            with open(file, "rb") as fh:
+                text = fh.read().decode("utf-8", "replace")
+        except OSError as exc:
+            raise AgentError(f"{file}: cannot read ({exc.strerror})") from None
+    result, used = ingest_text(get_app().ledger, text, fmt, service=service, environment=environment, repo=repo,
+                               actor="human")
+    for r in result.rejections:
+        click.echo(f"{file if file != '-' else 'stdin'}: line {r.line}: rejected: {r.reason}", err=True)
+    emit({**result.to_json(), "format": used}, as_json,
+         lambda d: click.echo(f"new {d['new']}, deduplicated {d['deduplicated']}, rejected {d['rejected']}"))
+    if result.rejected:
+        raise AgentError(f"{result.rejected} line(s) or event(s) rejected; the rest was ingested")
+
+
+@error.command("list")
+@click.option("--state", type=click.Choice(STATES), help="Only errors in this state.")
+@json_option
+def error_list(state, as_json):
+    """List errors, most recently seen first.
+
+    \b
+    Example:
+      agent error list --state open --json
+    """
+    from agent.intake.store import list_errors
+
+    rows = list_errors(get_app().ledger, state)
+
+    def human(rows):
+        for r in rows:
+            click.echo(f"{r['id']}  {r['state']:<8} x{r['count']:<6} {r['service']}/{r['environment']}  "
+                       f"{r['class'] or '-'}: {(r['message'] or '')[:80]}")
+        if not rows:
+            click.echo("no errors")
+
+    emit(rows, as_json, human)
+
+
+@error.command("show")
+@click.argument("error_id")
+@json_option
+def error_show(error_id, as_json):
+    """Show one error (id or unique prefix) with its conclusion and task.
+
+    \b
+    Example:
+      agent error show 3f2a9c1e
+    """
+    from agent.intake.store import error_detail
+    from agent.tasks import resolve_error
+
+    app = get_app()
+    e = error_detail(app.ledger, resolve_error(app.ledger, error_id)["id"])
+
+    def human(e):
+        click.echo(f"error {e['id']}  [{e['state']}]  seen {e['count']} times  {e['first_seen']} .. {e['last_seen']}")
+        click.echo(f"service {e['service']}  environment {e['environment']}  fingerprint {e['fingerprint']}")
+        click.echo(f"{e['class'] or '-'}: {e['message']}")
+        if e["frames"]:
+            click.echo("frames (outermost first):")
+            for f in e["frames"]:
+                click.echo(f"  {f}")
+        click.echo("excerpt (redacted):")
+        for line in (e["excerpt"] or "").splitlines():
+            click.echo(f"  {line}")
+        c = e["conclusion"]
+        if c:
+            click.echo(f"conclusion: {c['kind']} by {c['decided_by']}: {c['brief'] or c['reason']}")
+        if e["task"]:
+            click.echo(f"task {e['task']['id']}: {e['task']['state']} {e['task']['repo']}")
+
+    emit(e, as_json, human)
+
+
+@error.command("decide")
+@click.argument("error_id")
+@click.option("--fix", "kind", flag_value="fix", help="Conclude: fix it (needs --brief).")
+@click.option("--skip", "kind", flag_value="skip", help="Conclude: do not fix it (needs --reason).")
+@click.option("--brief", help="For --fix: what is broken, likely cause, where to look.")
+@click.option("--reason", help="For --skip: why not.")
+@json_option
+def error_decide(error_id, kind, brief, reason, as_json):
+    """Record a human conclusion for an error: --fix --brief TEXT or --skip --reason TEXT.
+
+    \b
+    Example:
+      agent error decide 3f2a9c1e --fix --brief "KeyError in checkout: missing SKU guard in prices.py"
+    """
+    from agent.decide import decide
+    from agent.tasks import resolve_error
+
+    if kind is None:
+        raise click.UsageError("pass --fix --brief TEXT or --skip --reason TEXT")
+    if kind == "fix" and reason:
+        raise click.UsageError("--reason goes with --skip; a fix takes --brief")
+    if kind == "skip" and brief:
+        raise click.UsageError("--brief goes with --fix; a skip takes --reason")
+    app = get_app()
+    eid = resolve_error(app.ledger, error_id)["id"]
+    cid = decide(app.ledger, app.config, eid, kind, brief=brief, reason=reason, decided_by="human")
+    emit({"error_id": eid, "conclusion_id": cid, "kind": kind}, as_json,
+         lambda d: click.echo(f"error {eid}: {kind} (conclusion {cid})"))

@@ -1,0 +1,1 @@
+"""Error intake: formats -> redaction -> fingerprint -> dedupe into the ledger, and pull sources."""

@@ -1,0 +1,79 @@
+"""The only HTTP code in intake (Loki and Sentry pulls), through requests.
+
+Credentials come from the environment (a variable named in config) or from netrc, never from
+the config file.  Errors are one-line AgentErrors that never include credentials.
+(The lead may merge this with the forge's HTTP module.)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from agent import AgentError
+from agent.intake.redact import redact
+
+TIMEOUT = 30
+USER_AGENT = "agent-fixer-intake/0.1"
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    return redact(f"{parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}{parts.path}")
+
+
+def netrc_auth(url: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(login, password) for the URL's host from $NETRC or ~/.netrc, or None."""
+    import netrc
+
+    env = os.environ if env is None else env
+    path = env.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    if not os.path.isfile(path):
+        return None
+    try:
+        found = netrc.netrc(path).authenticators(urlsplit(url).hostname or "")
+    except (netrc.NetrcParseError, OSError):
+        return None
+    if not found:
+        return None
+    login, _account, password = found
+    return (login or "", password or "")
+
+
+def credentials(url: str, env_name: str | None, env: Mapping[str, str] | None = None,
+                what: str = "source") -> tuple[dict, Any]:
+    """(headers, auth) from the variable ``env_name`` (``user:password`` -> basic auth, else a bearer token),
+    falling back to netrc for the URL's host."""
+    env = os.environ if env is None else env
+    if env_name:
+        value = env.get(env_name)
+        if not value:
+            raise AgentError(f"{what}: environment variable {env_name} is not set; export it or remove auth_env")
+        if ":" in value and not value.lower().startswith("bearer "):
+            user, _, password = value.partition(":")
+            return {}, (user, password)
+        token = value[7:] if value.lower().startswith("bearer ") else value
+        return {"Authorization": f"Bearer {token.strip()}"}, None
+    return {}, netrc_auth(url, env)
+
+
+def get_json(url: str, *, params: dict | None = None, headers: dict | None = None, auth: Any = None,
+             timeout: float = TIMEOUT) -> tuple[Any, Any]:
+    """GET a JSON document; returns (document, response).  Raises AgentError on any failure."""
+    import requests
+
+    hdrs = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+    try:
+        resp = requests.get(url, params=params, headers=hdrs, auth=auth, timeout=timeout)
+    except requests.RequestException as exc:
+        raise AgentError(f"GET {_where(url)}: {type(exc).__name__}; is the service reachable?") from None
+    if resp.status_code in (401, 403):
+        raise AgentError(f"GET {_where(url)}: HTTP {resp.status_code}; check the credentials "
+                         "(the variable named in config, or netrc)")
+    if resp.status_code >= 400:
+        raise AgentError(f"GET {_where(url)}: HTTP {resp.status_code}: {redact(resp.text[:200]).strip()}")
+    try:
+        return resp.json(), resp
+    except ValueError:
+        raise AgentError(f"GET {_where(url)}: response is not JSON") from None

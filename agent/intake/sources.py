@@ -1,0 +1,249 @@
+"""`agent watch errors`: pull every configured source once, each with a persisted cursor.
+
+Kinds:
+- ``loki``: ``/loki/api/v1/query_range`` from the cursor (last entry's nanosecond timestamp) to now,
+  forward, paged; each stream's lines are joined in time order and only error events are kept
+  (multi-line traces, error-level lines, error-level JSON lines).
+- ``file``: a file, glob or directory of logs, tailed by (inode, byte offset) per file.  A trace
+  that reaches the end of a file still growing is held back until the next pull; a rotated or
+  truncated file is read from the start.
+- ``sentry``: the Sentry web API's latest events of one project (``/api/0/projects/ORG/PROJECT/events/?full=true``),
+  newest first, paged back until the last event already seen.
+The events of one pull and the new cursor are written in ONE transaction, so a crash never
+double counts.  Credentials: ``auth_env``/``token_env`` name environment variables; netrc is the
+fallback; nothing secret is ever read from the config file.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from agent import AgentError
+from agent.config import SourceConfig
+from agent.intake.formats import Event, ParseResult, Rejected, event_from_sentry, parse, parse_log_text
+from agent.intake.redact import redact
+from agent.intake.store import IngestResult, get_cursor, ingest
+from agent.ledger import Ledger
+
+LOKI_LOOKBACK_S = 3600
+LOKI_LIMIT = 1000
+LOKI_MAX_PAGES = 20
+SENTRY_MAX_PAGES = 10
+FILE_MAX_BYTES = 64 * 1024 * 1024   # per file per pull; the rest waits for the next pull
+
+
+class Pull:
+    """What one source produced: events, rejections (already named), and the cursor to store."""
+
+    def __init__(self, events: list[Event], rejected: list[Rejected], cursor: str | None):
+        self.events, self.rejected, self.cursor = events, rejected, cursor
+
+
+# --------------------------------------------------------------------------- loki
+
+def _loki_labels_service(labels: dict) -> str | None:
+    for k in ("service", "service_name", "app", "job", "container"):
+        if labels.get(k):
+            return labels[k]
+    return None
+
+
+def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | None = None,
+              now_ns: int | None = None, limit: int = LOKI_LIMIT) -> Pull:
+    from agent.intake import http
+
+    base = (src.url or "").rstrip("/")
+    url = f"{base}/loki/api/v1/query_range"
+    headers, auth = http.credentials(base, src.auth_env, env, what=f"loki source {redact(base)}")
+    end = now_ns if now_ns is not None else time.time_ns()
+    start = int(cursor) + 1 if cursor else end - LOKI_LOOKBACK_S * 1_000_000_000
+    streams: dict[str, tuple[dict, list[tuple[int, str]]]] = {}
+    max_ts = int(cursor) if cursor else None
+    for _page in range(LOKI_MAX_PAGES):
+        doc, _ = http.get_json(url, params={"query": src.query, "start": str(start), "end": str(end),
+                                            "limit": str(limit), "direction": "forward"},
+                               headers=headers, auth=auth)
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            raise AgentError(f"loki {redact(base)}: unexpected answer (status {doc.get('status')!r})"
+                             if isinstance(doc, dict) else f"loki {redact(base)}: unexpected answer")
+        data = doc.get("data") or {}
+        if data.get("resultType") != "streams":
+            raise AgentError(f"loki {redact(base)}: query returned {data.get('resultType')!r}, not log streams; "
+                             "use a log query such as {app=\"widgets\"}")
+        count = 0
+        page_max = None
+        for stream in data.get("result") or []:
+            labels = stream.get("stream") or {}
+            key = json.dumps(labels, sort_keys=True)
+            entries = streams.setdefault(key, (labels, []))[1]
+            for ts, line in stream.get("values") or []:
+                ts = int(ts)
+                entries.append((ts, line))
+                count += 1
+                page_max = ts if page_max is None or ts > page_max else page_max
+        if page_max is not None:
+            max_ts = page_max if max_ts is None else max(max_ts, page_max)
+        if count < limit or page_max is None:
+            break
+        start = page_max + 1
+    events: list[Event] = []
+    rejected: list[Rejected] = []
+    for labels, entries in streams.values():
+        entries.sort(key=lambda e: e[0])
+        result = parse_log_text("\n".join(line.rstrip("\n") for _, line in entries))
+        for ev in result.events:
+            ev.service = ev.service or src.service or _loki_labels_service(labels)
+            ev.environment = ev.environment or src.environment or labels.get("env") or labels.get("environment")
+            events.append(ev)
+        rejected.extend(result.rejected)
+    return Pull(events, rejected, str(max_ts) if max_ts is not None else cursor)
+
+
+# --------------------------------------------------------------------------- files
+
+def expand_paths(pattern: str) -> list[Path]:
+    p = Path(os.path.expanduser(pattern))
+    if p.is_dir():
+        return sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
+    if any(ch in pattern for ch in "*?["):
+        return sorted(Path(x) for x in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(x))
+    return [p] if p.is_file() else []
+
+
+def pull_files(src: SourceConfig, cursor: str | None) -> Pull:
+    state: dict[str, dict] = json.loads(cursor)["files"] if cursor else {}
+    paths = expand_paths(src.path or "")
+    if not paths and not any(ch in (src.path or "") for ch in "*?[") and not Path(src.path or "").is_dir():
+        raise AgentError(f"file source {src.path}: no such file or directory")
+    events: list[Event] = []
+    rejected: list[Rejected] = []
+    new_state: dict[str, dict] = {}
+    for path in paths:
+        key = str(path)
+        try:
+            st = path.stat()
+            prev = state.get(key)
+            same = prev is not None and prev.get("inode") == st.st_ino and st.st_size >= prev.get("offset", 0)
+            offset = prev["offset"] if same else 0
+            line = prev.get("line", 0) if same else 0
+            final = same and prev.get("size") == st.st_size          # not grown since the last pull
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(min(st.st_size - offset, FILE_MAX_BYTES))
+        except OSError as exc:
+            rejected.append(Rejected(0, f"{path}: cannot read ({exc.strerror})"))
+            continue
+        if not final and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n")
+            data = data[:cut + 1] if cut >= 0 else b""
+        text = data.decode("utf-8", "replace")
+        result: ParseResult = parse(text, src.format, service=src.service, environment=src.environment,
+                                    final=final, line_base=line + 1)
+        raw_lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            raw_lines.pop()
+        consumed = result.consumed_lines if result.consumed_lines is not None else len(raw_lines)
+        consumed = min(consumed, len(raw_lines))
+        used = sum(len(x) + 1 for x in raw_lines[:consumed])
+        used = min(used, len(data))
+        events.extend(result.events)
+        rejected.extend(Rejected(r.line, f"{path}: {r.reason}") for r in result.rejected)
+        new_state[key] = {"inode": st.st_ino, "offset": offset + used, "line": line + consumed,
+                          "size": st.st_size}
+    return Pull(events, rejected, json.dumps({"files": new_state}, sort_keys=True))
+
+
+# --------------------------------------------------------------------------- sentry
+
+def pull_sentry(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | None = None,
+                max_pages: int = SENTRY_MAX_PAGES) -> Pull:
+    from agent.intake import http
+    from agent.intake.formats import iso_ts
+
+    base = (src.url or "").rstrip("/")
+    url = f"{base}/api/0/projects/{src.org}/{src.project}/events/"
+    headers, auth = http.credentials(base, src.token_env, env, what=f"sentry source {redact(base)}")
+    seen = json.loads(cursor) if cursor else {"last": None, "ids": []}
+    last, last_ids = seen.get("last"), set(seen.get("ids") or [])
+    events: list[Event] = []
+    rejected: list[Rejected] = []
+    newest, newest_ids = last, set(last_ids)
+    params: dict | None = {"full": "true"}
+    next_url: str | None = url
+    pages = 0
+    while next_url and pages < (max_pages if last else 1):
+        doc, resp = http.get_json(next_url, params=params, headers=headers, auth=auth)
+        pages += 1
+        params = None  # the next link carries its own query
+        if not isinstance(doc, list):
+            raise AgentError(f"sentry {redact(base)}: expected a list of events, got {type(doc).__name__}")
+        reached_known = False
+        for index, raw in enumerate(doc):
+            if not isinstance(raw, dict):
+                rejected.append(Rejected(index + 1, f"page {pages} event {index + 1}: not an object"))
+                continue
+            eid = str(raw.get("eventID") or raw.get("id") or raw.get("event_id") or "")
+            when = iso_ts(raw.get("dateCreated") or raw.get("dateReceived") or raw.get("timestamp")) or ""
+            if last and (when < last or (when == last and eid in last_ids)):
+                reached_known = True
+                continue
+            try:
+                ev = event_from_sentry(raw)
+            except (ValueError, TypeError, AttributeError) as exc:
+                rejected.append(Rejected(index + 1, f"page {pages} event {eid or index + 1}: {exc}"))
+                continue
+            ev.service = ev.service or src.service or src.project
+            ev.environment = ev.environment or src.environment
+            events.append(ev)
+            if newest is None or when > newest:
+                newest, newest_ids = when, {eid}
+            elif when == newest:
+                newest_ids.add(eid)
+        link = resp.links.get("next") if resp is not None else None
+        if reached_known or not link or link.get("results") == "false":
+            break
+        next_url = link.get("url")
+    return Pull(events, rejected, json.dumps({"last": newest, "ids": sorted(newest_ids)}))
+
+
+# --------------------------------------------------------------------------- the scan
+
+def source_label(src: SourceConfig) -> str:
+    where = src.path if src.kind == "file" else f"{src.url} {src.org}/{src.project}" if src.kind == "sentry" \
+        else f"{src.url} {src.query}"
+    return redact(f"{src.kind} {where}")
+
+
+def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Pull one source, store its events and cursor together; return a scan item."""
+    key = src.key
+    label = source_label(src)
+    try:
+        cursor = get_cursor(ledger, key)
+        if src.kind == "loki":
+            pulled = pull_loki(src, cursor, env)
+        elif src.kind == "file":
+            pulled = pull_files(src, cursor)
+        elif src.kind == "sentry":
+            pulled = pull_sentry(src, cursor, env)
+        else:
+            raise AgentError(f"unknown source kind {src.kind!r}")
+        result = IngestResult()
+        result.add_rejected(pulled.rejected)
+        ingest(ledger, pulled.events, source=f"{src.kind}", cursor=(key, pulled.cursor or ""), result=result)
+    except (AgentError, OSError, ValueError) as exc:   # one broken source must not stop the others
+        return {"source": label, "kind": src.kind, "ok": False, "error": str(exc),
+                "line": f"errors: {label}: failed: {exc}"}
+    return {"source": label, "kind": src.kind, "ok": True, **result.to_json(),
+            "line": f"errors: {label}: {result.new} new, {result.deduplicated} deduplicated, "
+                    f"{result.rejected} rejected"}
+
+
+def scan(app, jobs: int = 1) -> list[dict]:
+    """The `errors` scan: pull every configured source once."""
+    return [pull_source(app.ledger, src) for src in app.config.sources]

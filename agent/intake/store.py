@@ -1,0 +1,240 @@
+"""Dedupe events into the ``errors`` table: redact, fingerprint, count.
+
+While an error is open, fixing or skipped, a new occurrence with its fingerprint only bumps
+``count``/``last_seen`` (and ``first_seen`` for late arrivals) and replaces the latest redacted
+excerpt and message.  A resolved error that recurs opens a new error row: the fix did not hold,
+and the old row's history (conclusion, task, PR) stays as it was.  Events: one ``error.ingested``
+per new row and one ``error.seen`` per existing row per batch (with the batch's count), in the
+same transaction as the rows.  Every string field is redacted before it is fingerprinted or stored.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from agent.intake.fingerprint import fingerprint, signature
+from agent.intake.formats import Event, Rejected
+from agent.intake.redact import redact
+from agent.ledger import Ledger, now
+
+ACTIVE_STATES = ("open", "fixing", "skipped")
+MAX_EXCERPT = 8000
+MAX_MESSAGE = 2000
+BATCH = 5000
+
+_FIND = ("SELECT id, first_seen, last_seen FROM errors WHERE fingerprint = ? "
+         "AND state IN ('open', 'fixing', 'skipped') ORDER BY created_at DESC LIMIT 1")
+_INSERT = ("INSERT INTO errors (id, fingerprint, service, environment, class, message, excerpt, signature, frames, "
+           "repo, level, release, count, first_seen, last_seen, state, created_at) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
+# In an UPDATE every expression sees the old row, so the CASEs compare against the old last_seen.
+_UPDATE = ("UPDATE errors SET count = count + ?, first_seen = min(first_seen, ?), last_seen = max(last_seen, ?), "
+           "excerpt = CASE WHEN ? >= last_seen THEN ? ELSE excerpt END, "
+           "message = CASE WHEN ? >= last_seen THEN ? ELSE message END, "
+           "release = CASE WHEN ? >= last_seen AND ? IS NOT NULL THEN ? ELSE release END WHERE id = ?")
+_CURSOR = ("INSERT INTO cursors (source, value, updated_at) VALUES (?, ?, ?) "
+           "ON CONFLICT(source) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at")
+
+
+@dataclass
+class IngestResult:
+    new: int = 0
+    deduplicated: int = 0
+    rejected: int = 0
+    error_ids: list[str] = field(default_factory=list)     # every error touched, in first-touched order
+    rejections: list[Rejected] = field(default_factory=list)
+
+    def add_rejected(self, items: Iterable[Rejected]) -> None:
+        for r in items:
+            self.rejections.append(r)
+            self.rejected += 1
+
+    def to_json(self) -> dict:
+        return {"new": self.new, "deduplicated": self.deduplicated, "rejected": self.rejected,
+                "errors": self.error_ids, "rejections": [{"line": r.line, "reason": r.reason}
+                                                         for r in self.rejections]}
+
+
+@dataclass
+class Prepared:
+    fingerprint: str
+    service: str
+    environment: str
+    cls: str
+    message: str
+    signature: str
+    frames: list[str]
+    repo: str | None
+    level: str
+    release: str | None
+    timestamp: str
+    raw_excerpt: str            # redacted only when written (only the latest per error is kept)
+
+
+def new_error_id() -> str:
+    """16 lowercase hex characters; branches use the first 8."""
+    return secrets.token_hex(8)
+
+
+def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
+    """Redact every field of an event, then fingerprint the redacted values."""
+    service = redact((ev.service or "").strip()) or "unknown"
+    environment = redact((ev.environment or "").strip()) or "unknown"
+    cls = redact(ev.cls or "")
+    message = redact(ev.message or "")[:MAX_MESSAGE]
+    frames = [type(f)(file=redact(f.file), function=redact(f.function), lineno=f.lineno, module=redact(f.module),
+                      in_app=f.in_app) for f in ev.frames]
+    causes = [redact(c) for c in ev.causes]
+    sig = signature(frames, causes, message)
+    return Prepared(
+        fingerprint=fingerprint(service, cls, sig, environment), service=service, environment=environment,
+        cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
+        repo=redact(ev.repo) or None, level=redact(ev.level or "error"), release=redact(ev.release) or None,
+        timestamp=ev.timestamp or default_ts or now(), raw_excerpt=ev.excerpt or message)
+
+
+def _chunks(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
+    chunk: list[Event] = []
+    for ev in events:
+        chunk.append(ev)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", source: str | None = None,
+           cursor: tuple[str, str] | None = None, batch: int | None = BATCH,
+           result: IngestResult | None = None) -> IngestResult:
+    """Store events (deduplicated) in one transaction per ``batch`` events.
+
+    With ``cursor=(source_key, value)`` everything goes in ONE transaction together with the
+    cursor, so a crash either keeps both or neither (no double counting on the next pull).
+    """
+    result = result or IngestResult()
+    size = None if cursor is not None else batch
+    chunks = [list(events)] if size is None else _chunks(events, size)
+    wrote_cursor = False
+    for chunk in chunks:
+        _ingest_batch(ledger, chunk, actor, source, cursor, result)
+        wrote_cursor = True
+    if cursor is not None and not wrote_cursor:
+        with ledger.tx() as c:
+            c.execute(_CURSOR, (cursor[0], cursor[1], now()))
+    return result
+
+
+def _ingest_batch(ledger: Ledger, events: list[Event], actor: str, source: str | None,
+                  cursor: tuple[str, str] | None, result: IngestResult) -> None:
+    ts_default = now()
+    with ledger.tx() as c:
+        # fingerprint -> accumulated change for this batch
+        touched: dict[str, dict] = {}
+        for ev in events:
+            p = prepare(ev, ts_default)
+            t = touched.get(p.fingerprint)
+            if t is None:
+                row = c.execute(_FIND, (p.fingerprint,)).fetchone()
+                t = {"p": p, "id": row[0] if row else new_error_id(), "new": row is None, "count": 0,
+                     "first": p.timestamp, "last": p.timestamp, "latest": p}
+                touched[p.fingerprint] = t
+                result.error_ids.append(t["id"])
+            t["count"] += 1
+            if p.timestamp < t["first"]:
+                t["first"] = p.timestamp
+            if p.timestamp >= t["last"]:
+                t["last"] = p.timestamp
+                t["latest"] = p
+        inserts, updates = [], []
+        created = now()
+        for fp, t in touched.items():
+            p: Prepared = t["latest"]
+            excerpt = redact(p.raw_excerpt)[:MAX_EXCERPT]
+            if t["new"]:
+                first = t["p"]
+                inserts.append((t["id"], fp, first.service, first.environment, first.cls, p.message, excerpt,
+                                first.signature, json.dumps(first.frames), p.repo or first.repo, p.level, p.release,
+                                t["count"], t["first"], t["last"], created))
+                result.new += 1
+                result.deduplicated += t["count"] - 1
+            else:
+                last = t["last"]
+                updates.append((t["count"], t["first"], last, last, excerpt, last, p.message, last, p.release,
+                                p.release, t["id"]))
+                result.deduplicated += t["count"]
+        if inserts:
+            c.executemany(_INSERT, inserts)
+        if updates:
+            c.executemany(_UPDATE, updates)
+        for fp, t in touched.items():
+            p = t["p"]
+            if t["new"]:
+                ledger.event(c, "error.ingested", actor, {
+                    "fingerprint": fp, "service": p.service, "environment": p.environment, "class": p.cls,
+                    "count": t["count"], "source": source}, error_id=t["id"])
+            else:
+                ledger.event(c, "error.seen", actor, {"fingerprint": fp, "count": t["count"],
+                                                      "last_seen": t["last"], "source": source}, error_id=t["id"])
+        if cursor is not None:
+            c.execute(_CURSOR, (cursor[0], cursor[1], now()))
+
+
+def get_cursor(ledger: Ledger, key: str) -> str | None:
+    return ledger.scalar("SELECT value FROM cursors WHERE source = ?", (key,))
+
+
+def set_cursor(ledger: Ledger, key: str, value: str) -> None:
+    with ledger.tx() as c:
+        c.execute(_CURSOR, (key, value, now()))
+
+
+def list_errors(ledger: Ledger, state: str | None = None) -> list[dict]:
+    sql = ("SELECT id, fingerprint, service, environment, class, message, count, first_seen, last_seen, state, "
+           "repo, level FROM errors")
+    params: tuple = ()
+    if state:
+        sql += " WHERE state = ?"
+        params = (state,)
+    return ledger.all(sql + " ORDER BY last_seen DESC, id", params)
+
+
+def error_detail(ledger: Ledger, error_id: str) -> dict:
+    e = ledger.one("SELECT * FROM errors WHERE id = ?", (error_id,))
+    if e is None:
+        from agent import AgentError
+        raise AgentError(f"no error with id {error_id!r}; see `agent error list`")
+    e["frames"] = json.loads(e["frames"] or "[]")
+    e["conclusion"] = ledger.one("SELECT id, kind, brief, reason, decided_by, lane_run_id, created_at "
+                                 "FROM conclusions WHERE error_id = ?", (error_id,))
+    e["task"] = ledger.one("SELECT id, repo, branch, state FROM tasks WHERE error_id = ?", (error_id,))
+    return e
+
+
+def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | None = None,
+                environment: str | None = None, repo: str | None = None, actor: str = "script",
+                source: str | None = None, chunk_lines: int = BATCH) -> tuple[IngestResult, str]:
+    """Parse and ingest a whole input; returns (result, the format used).
+
+    JSONL is parsed and stored ``chunk_lines`` lines at a time (bounded memory, one transaction per
+    chunk); Sentry documents and log text are parsed whole, since an event may span many lines.
+    """
+    from agent.intake.formats import parse, sniff
+
+    chosen = sniff(text) if fmt == "auto" else fmt
+    result = IngestResult()
+    kw = {"service": service, "environment": environment, "repo": repo}
+    if chosen != "jsonl":
+        parsed = parse(text, chosen, **kw)
+        result.add_rejected(parsed.rejected)
+        ingest(ledger, parsed.events, actor=actor, source=source or f"ingest:{chosen}", result=result)
+        return result, chosen
+    lines = text.split("\n")
+    for start in range(0, len(lines), chunk_lines):
+        parsed = parse("\n".join(lines[start:start + chunk_lines]), "jsonl", line_base=start + 1, **kw)
+        result.add_rejected(parsed.rejected)
+        ingest(ledger, parsed.events, actor=actor, source=source or "ingest:jsonl", result=result, batch=None)
+    return result, chosen
