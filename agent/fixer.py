@@ -454,25 +454,31 @@ def _pr_limits_reached(ctx: Ctx, repo: str) -> str | None:
     return None
 
 
-def step_pr_opened(ctx: Ctx) -> None:
-    from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, get_forge, publish_pr
+def _publish(ctx: Ctx):
+    """Create or update the task's draft PR with the current text (found by head after a crash, never twice)."""
+    from agent.forge import get_forge, publish_pr
     from agent.pr import pr_data_from_ledger, render_pr
+    from agent.tasks import _check_claim
 
     t = ctx.task
-    repo_cfg = _repo_config(ctx)
     title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
+    forge = get_forge(_repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
+    with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
+        _check_claim(c, ctx.task_id, ctx.token)
+    return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
+
+
+def step_pr_opened(ctx: Ctx) -> None:
+    from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient
+
+    t = ctx.task
     if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
         why = _pr_limits_reached(ctx, t["repo"])
         if why:
             ctx.say(f"waiting to open a PR: {why}")
             raise Stop()
     try:
-        forge = get_forge(repo_cfg, ctx.config, ctx.home, ledger=ctx.ledger)
-        with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
-            from agent.tasks import _check_claim
-
-            _check_claim(c, ctx.task_id, ctx.token)
-        pr, action = publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
+        pr, action = _publish(ctx)
     except ForgeAuthError as exc:
         _block(ctx, f"forge refused: {exc}")
     except (ForgeRateLimited, ForgeTransient) as exc:
@@ -530,6 +536,12 @@ def step_pr_reviews(ctx: Ctx) -> None:
 
 
 def _finish(ctx: Ctx) -> None:
+    from agent.forge import ForgeError
+
+    try:  # the PR body gets the PR reviewers' verdicts too
+        _publish(ctx)
+    except ForgeError as exc:
+        ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); the next round or scan retries")
     t = ctx.task
     with ctx.ledger.tx() as c:
         from agent.tasks import _check_claim, _transition

@@ -157,7 +157,10 @@ def render_title(d: PRData) -> str:
     if d.title and d.title.strip():
         raw = d.title
     else:
-        what = ": ".join(x for x in (_one_line(d.error_class), _one_line(d.message)) if x) or "production error"
+        cls, msg = _one_line(d.error_class), _one_line(d.message)
+        if cls and msg.startswith(cls):  # "KeyError: 'qty'" already names the class
+            cls = ""
+        what = ": ".join(x for x in (cls, msg) if x) or "production error"
         raw = f"fix({_one_line(d.service) or 'service'}): {what}"
     return _clip(_one_line(guard(raw)), TITLE_MAX)
 
