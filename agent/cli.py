@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "init": "agent.commands.setup:init",
     "status": "agent.commands.setup:status",
     "demo": "agent.commands.setup:demo",
+    "doctor": "agent.commands.setup:doctor",
     "task": "agent.commands.task:task",
     "checklist": "agent.commands.task:checklist",
     "events": "agent.commands.task:events",

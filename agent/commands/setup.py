@@ -1,6 +1,8 @@
-"""`agent init` (and later doctor, demo, status)."""
+"""`agent init`, `agent status`, `agent demo`, `agent doctor`."""
 
 from __future__ import annotations
+
+import sys
 
 import click
 
@@ -71,3 +73,26 @@ def demo(directory, as_json):
     root = Path(directory).resolve() if directory else Path(tempfile.mkdtemp(prefix="agent-demo-"))
     result = run_demo(root, echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
     emit(result, as_json)
+
+
+@click.command()
+@json_option
+@click.option("--online", is_flag=True, help="Also ask GitHub who the token belongs to (GET /user) and "
+              "ls-remote network remotes.")
+def doctor(as_json, online):
+    """Check git, the ledger, the config, each lane (binary, version, auth), forge credentials and disk.
+
+    Exits 1 listing every problem with its fix; 0 when healthy. It only looks: nothing is created or migrated.
+
+    \b
+    Example:
+      agent doctor
+      agent doctor --online --json
+    """
+    from agent.doctor import render_text, run_doctor
+
+    app = get_app()
+    result = run_doctor(app.home, app.config_path, config_required=app.config_file is not None, online=online)
+    emit(result, as_json, lambda r: click.echo(render_text(r)))
+    if not result["ok"]:
+        sys.exit(1)  # not click's Exit: cli.main() runs click with standalone_mode=False, which swallows it

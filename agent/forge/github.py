@@ -276,6 +276,10 @@ class GithubForge:
         resp = self._request("GET", f"{self._pulls()}/pulls/{int(number)}", what=f"reading PR #{number}")
         return _pr_from_json(resp.json())
 
+    def user(self) -> dict:
+        """GET /user: who the token belongs to (``agent doctor --online``); 401/403 raise ForgeAuthError."""
+        return self._request("GET", "/user", what="reading the token's user").json()
+
 
 class GithubValidationError(ForgeError):
     """A 422 from GitHub; ``already_exists`` when it says a PR for the head already exists."""

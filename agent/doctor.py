@@ -1,0 +1,367 @@
+"""`agent doctor`: is this machine and home ready to run? One check per concern, each with a one-line fix.
+
+Checks: git (>= 2.25), the ledger (opens read-only, is an agent ledger, schema, ``PRAGMA integrity_check``, WAL),
+the config (parses and validates), every vendor a configured lane role uses (binary on the lane's PATH, its version,
+an auth probe), every configured repository's forge (local: ``git ls-remote`` of the URL; github: a token resolves,
+and with ``online`` GET /user), and free disk in the home.
+
+Doctor only looks: it never creates the home, never migrates the ledger and never runs a lane. The auth probe can
+only see whether a key variable or the vendor's own credential file is *present*; whether the key is valid is known
+at the first lane run (a refused key makes the lane "unavailable" and the task gate-blocked with the reason).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MIN_GIT = (2, 25)
+MIN_FREE_BYTES = 1 << 30          # warn under 1 GiB: mirrors and worktrees live in the home
+PROBE_TIMEOUT = 10.0
+LS_REMOTE_TIMEOUT = 20.0
+FIXER_ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic")
+
+# Built-in vendors: the variables their CLIs read a key from, and the credential files their own login writes
+# (relative to HOME; the lane gets our HOME).  Presence only: doctor never sends a key anywhere but GitHub.
+VENDOR_KEYS: dict[str, tuple[str, ...]] = {
+    "claude": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
+    "codex": ("OPENAI_API_KEY", "CODEX_API_KEY"),
+    "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    "grok": ("GROK_API_KEY", "XAI_API_KEY"),
+    "aider": ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_API_KEY"),
+    "opencode": ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY", "GEMINI_API_KEY"),
+}
+VENDOR_CRED_FILES: dict[str, tuple[str, ...]] = {
+    "claude": (".claude/.credentials.json",),
+    "codex": (".codex/auth.json",),
+    "gemini": (".gemini/oauth_creds.json",),
+    "grok": (".grok/user-settings.json",),
+    "opencode": (".local/share/opencode/auth.json",),
+    "aider": (),
+}
+VENDOR_LOGIN = {"claude": "claude (then /login)", "codex": "codex login", "gemini": "gemini (sign in once)",
+                "grok": "grok (set the key once)", "opencode": "opencode auth login"}
+_SECRET_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
+PRESENCE_NOTE = "presence only: validity shows at the first lane run"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _run(argv: list[str], timeout: float, env: dict | None = None, cwd: Path | None = None):
+    """Run a probe through the one process runner; returns (ProcResult, stdout, stderr)."""
+    from agent import proc
+
+    with tempfile.TemporaryDirectory(prefix="agent-doctor-") as tmp:
+        res = proc.run(argv, cwd=cwd or tmp, env=env, timeout=timeout, stdout_path=Path(tmp) / "out",
+                       stderr_path=Path(tmp) / "err", max_bytes=65536, tail_bytes=4096, grace=1.0)
+        return res, res.stdout_text(), res.stderr_text()
+
+
+def _last_line(text: str, limit: int = 200) -> str:
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:limit] if lines else ""
+
+
+# ---------------------------------------------------------------------------------------------- git
+
+
+def parse_git_version(text: str) -> tuple[int, ...] | None:
+    m = re.search(r"git version (\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(x) for x in m.groups() if x is not None) if m else None
+
+
+def check_git() -> Check:
+    fix = f"install git >= {MIN_GIT[0]}.{MIN_GIT[1]} (worktree move needs it), e.g. `apt-get install git`"
+    res, out, err = _run(["git", "--version"], PROBE_TIMEOUT)
+    if res.status != "ok":
+        return Check("git", False, f"git --version: {res.status} ({_last_line(err) or res.error or 'no output'})",
+                     fix)
+    version = parse_git_version(out)
+    if version is None:
+        return Check("git", False, f"cannot read a version from {out.strip()[:80]!r}", fix)
+    shown = ".".join(map(str, version))
+    if version[:2] < MIN_GIT:
+        return Check("git", False, f"git {shown} is older than {MIN_GIT[0]}.{MIN_GIT[1]}", fix)
+    return Check("git", True, f"git {shown}")
+
+
+# ---------------------------------------------------------------------------------------------- ledger
+
+
+def check_ledger(home: Path) -> Check:
+    """Opens the ledger read-only: never creates or migrates it."""
+    from agent.ledger import APP_ID, SCHEMA_VERSION, ledger_path
+
+    path = ledger_path(home)
+    if not path.exists():
+        return Check("ledger", False, f"{path}: no ledger yet", "run `agent init` to create the home and ledger")
+    aside = f"move {path} aside (keep it for forensics) and run `agent init`, or restore a backup"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error as exc:
+        return Check("ledger", False, f"{path}: cannot open ({exc})", aside)
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if app_id != APP_ID:
+            return Check("ledger", False, f"{path}: a SQLite file but not an agent ledger",
+                         "point AGENT_HOME / --home at the folder that holds your ledger.db")
+        if version > SCHEMA_VERSION:
+            return Check("ledger", False, f"{path}: schema {version} is newer than this agent ({SCHEMA_VERSION})",
+                         "upgrade agent-fixer to the version that wrote this ledger")
+        problems = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+        if problems != ["ok"]:
+            return Check("ledger", False, f"{path}: integrity_check failed: {'; '.join(problems[:3])[:300]}",
+                         aside)
+        journal = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        tasks = conn.execute("SELECT count(*) FROM tasks").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        return Check("ledger", False, f"{path}: not a readable SQLite ledger ({exc})", aside)
+    finally:
+        conn.close()
+    if journal.lower() != "wal":
+        return Check("ledger", False, f"{path}: journal mode {journal}, expected wal",
+                     f"run `sqlite3 {path} 'PRAGMA journal_mode=WAL'` (or any agent command, which sets it)")
+    pending = f"; {SCHEMA_VERSION - version} migration(s) pending, applied by the next command" \
+        if version < SCHEMA_VERSION else ""
+    return Check("ledger", True, f"{path}: schema {version}, integrity ok, WAL, {tasks} task(s){pending}")
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def check_config(config_path: Path, required: bool):
+    """Returns (Check, Config or None)."""
+    from agent import AgentError
+    from agent.config import load_config
+
+    try:
+        config = load_config(config_path, required=required)
+    except AgentError as exc:
+        return Check("config", False, str(exc)[:400], f"fix {config_path} at the key named above, then rerun "
+                     "`agent doctor`"), None
+    if config.path is None:
+        return Check("config", True, f"{config_path}: not there; built-in defaults (no repos, no lanes)"), config
+    return Check("config", True, f"{config_path}: valid; {len(config.repos)} repo(s), {len(config.lanes)} lane "
+                 f"role(s), {len(config.sources)} source(s)"), config
+
+
+def check_roles(config) -> list[Check]:
+    """Roles the fixer needs once a repository is configured (and the decider when decide.auto is on)."""
+    needed = list(FIXER_ROLES) if config.repos else []
+    if config.decide.auto:
+        needed.append("decider")
+    missing = [r for r in needed if r not in config.lanes]
+    if not missing:
+        return []
+    return [Check("lanes", False, f"no lane configured for role(s) {', '.join(missing)}",
+                  "add " + ", ".join(f"lanes.{r}: {{vendor: NAME}}" for r in missing) + " to config.yaml")]
+
+
+# ---------------------------------------------------------------------------------------------- lanes
+
+
+def _which(bin_name: str, path_var: str | None) -> str | None:
+    found = shutil.which(bin_name, path=path_var)
+    if found is None and os.path.sep in bin_name and os.access(bin_name, os.X_OK) and os.path.isfile(bin_name):
+        found = os.path.abspath(bin_name)
+    return found
+
+
+def check_vendor(config, name: str, roles: list[str]) -> Check:
+    """Binary on the lane's PATH and its version, for one vendor serving ``roles``."""
+    from agent import AgentError
+    from agent.lanes.env import config_denylist, lane_env
+    from agent.lanes.vendors import get_vendor
+
+    label = f"lane {name} ({', '.join(roles)})"
+    vc = config.vendor(name)
+    try:
+        adapter = get_vendor(name, config)
+    except AgentError as exc:
+        return Check(label, False, str(exc)[:300], f"define vendors.{name}.command in config.yaml or use a vendor "
+                     "this build has an adapter for (`agent lane list`)")
+    env = lane_env(vc.env, deny=config_denylist(config))
+    bin_name = vc.bin or adapter.default_bin
+    bin_path = _which(bin_name, env.get("PATH"))
+    if bin_path is None:
+        return Check(label, False, f"{bin_name}: not found on the lane's PATH ({env.get('PATH')})",
+                     f"install {bin_name} on that PATH, or set vendors.{name}.bin to its full path")
+    argv = adapter.version_argv(bin_path)
+    if not argv:
+        from agent.lanes.lane import sha256_file
+
+        return Check(label, True, f"{bin_path}; no version flag for a command vendor, binary "
+                     f"sha256:{sha256_file(Path(bin_path))[:16]}")
+    res, out, err = _run(argv, PROBE_TIMEOUT, env=env)
+    text = (out or err).strip()
+    if res.status != "ok" or not text:
+        why = "timed out" if res.timed_out else f"exit {res.exit_code}"
+        return Check(label, False, f"{' '.join(argv)}: {why} ({_last_line(err or out) or 'no output'})",
+                     f"run `{' '.join(argv)}` by hand; reinstall {bin_name} if it does not print a version")
+    return Check(label, True, f"{bin_path}; {text.splitlines()[0][:120]}")
+
+
+def check_vendor_auth(config, name: str, environ: dict | None = None, user_home: Path | None = None) -> Check:
+    """Auth probe by presence: a key variable the lane will see, or the vendor's own credential file."""
+    env = os.environ if environ is None else environ
+    user_home = Path(user_home or env.get("HOME") or Path.home())
+    vc = config.vendor(name)
+    label = f"auth {name}"
+    named = list(vc.env)
+    named_keys = [n for n in named if _SECRET_RE.search(n) and not n.upper().endswith("_URL")]
+    known = VENDOR_KEYS.get(name, ()) if not vc.command else ()
+    set_named = [n for n in named_keys if env.get(n)]
+    unset_named = [n for n in named_keys if not env.get(n)]
+    creds = [str(user_home / rel) for rel in VENDOR_CRED_FILES.get(name, ()) if (user_home / rel).is_file()]
+    if name == "codex" and "CODEX_HOME" in named and env.get("CODEX_HOME"):
+        if (Path(env["CODEX_HOME"]) / "auth.json").is_file():
+            creds.append(str(Path(env["CODEX_HOME"]) / "auth.json"))
+    seen = ", ".join([f"{n} set" for n in set_named] + [f"credential file {c}" for c in creds])
+
+    if unset_named and not creds:
+        return Check(label, False, f"{', '.join(unset_named)} named under vendors.{name}.env but not set in this "
+                     f"environment ({PRESENCE_NOTE})",
+                     f"export {unset_named[0]}=... where agent runs (cron/daemon env), or remove it from "
+                     f"vendors.{name}.env")
+    if set_named or creds:
+        extra = f"; {', '.join(unset_named)} not set" if unset_named else ""
+        return Check(label, True, f"{seen}{extra} ({PRESENCE_NOTE})")
+    if vc.command or name not in VENDOR_KEYS:
+        return Check(label, True, f"command vendor names no key variable under vendors.{name}.env; "
+                     "nothing to probe (it authenticates itself, or needs no key)")
+    # a built-in CLI with neither a key the lane can see nor a login
+    hidden = [n for n in known if env.get(n) and n not in named]
+    if hidden:
+        return Check(label, False, f"{hidden[0]} is set but not named under vendors.{name}.env, so the lane never "
+                     "sees it (lanes get an allowlisted environment)",
+                     f"add {hidden[0]} to vendors.{name}.env in config.yaml")
+    files = ", ".join("~/" + rel for rel in VENDOR_CRED_FILES.get(name, ())) or "none known"
+    return Check(label, False, f"no key variable named under vendors.{name}.env and no credential file "
+                 f"({files}); the lane would fail to authenticate",
+                 f"set {known[0]} and list it under vendors.{name}.env"
+                 + (f", or log in once with `{VENDOR_LOGIN[name]}`" if name in VENDOR_LOGIN else ""))
+
+
+def lane_vendors(config) -> dict[str, list[str]]:
+    """vendor -> the configured roles it serves."""
+    out: dict[str, list[str]] = {}
+    for role, lc in sorted(config.lanes.items()):
+        out.setdefault(lc.vendor, []).append(role)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- forges
+
+
+def check_remote(repo) -> Check:
+    label = f"remote {repo.name}"
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "SSH_ASKPASS": "true"}
+    env["GIT_SSH_COMMAND"] = env.get("GIT_SSH_COMMAND") or "ssh -o BatchMode=yes -o ConnectTimeout=10"
+    res, out, err = _run(["git", "ls-remote", "--heads", repo.url, repo.base], LS_REMOTE_TIMEOUT, env=env)
+    fix = f"check repos.{repo.name}.url in config.yaml and access to it: `git ls-remote {repo.url}`"
+    if res.status != "ok":
+        why = "timed out" if res.timed_out else _last_line(err) or res.error or f"exit {res.exit_code}"
+        return Check(label, False, f"git ls-remote {repo.url}: {why}", fix)
+    if not out.strip():
+        return Check(label, False, f"{repo.url}: reachable, but has no branch {repo.base!r}",
+                     f"set repos.{repo.name}.base to the default branch, or push {repo.base} to the remote")
+    return Check(label, True, f"{repo.url}: reachable, {repo.base} at {out.split()[0][:12]}")
+
+
+def check_github(config, repo, online: bool = False, environ: dict | None = None) -> Check:
+    from agent.forge import ForgeError
+    from agent.forge.github import GithubForge, resolve_token
+
+    gh = config.github
+    label = f"forge {repo.name} (github)"
+    try:
+        token = resolve_token(gh.token_env, gh.token_command, environ=environ)
+    except ForgeError as exc:
+        return Check(label, False, str(exc), f"export {gh.token_env}=<token with pull-requests: write> or set "
+                     "github.token_command (e.g. [gh, auth, token])")
+    if not online:
+        return Check(label, True, f"a token resolves ({gh.token_env}/GH_TOKEN/token_command); not sent "
+                     "anywhere: `agent doctor --online` asks GitHub who it belongs to")
+    forge = GithubForge(repo.name, api_url=gh.api_url, token=token, retries=0, timeout=(5.0, 10.0))
+    try:
+        user = forge.user()
+    except ForgeError as exc:
+        return Check(label, False, str(exc).replace(", then `agent task reset`", ""),
+                     f"set a valid token in {gh.token_env} (or fix github.token_command); check github.api_url "
+                     f"({gh.api_url})")
+    return Check(label, True, f"{gh.api_url}: token belongs to {user.get('login') or '?'} (repository access "
+                 "is checked when the first PR opens)")
+
+
+def check_forges(config, online: bool = False, environ: dict | None = None) -> list[Check]:
+    checks = []
+    for repo in config.repos.values():
+        if repo.forge == "github":
+            checks.append(check_github(config, repo, online, environ))
+            if online:
+                checks.append(check_remote(repo))
+        else:
+            checks.append(check_remote(repo))
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------- disk
+
+
+def check_disk(home: Path, min_free: int = MIN_FREE_BYTES) -> Check:
+    probe = Path(home)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    gib = free / (1 << 30)
+    if free < min_free:
+        return Check("disk", False, f"{gib:.2f} GiB free at {probe} (under {min_free / (1 << 30):.1f} GiB); "
+                     "mirrors and worktrees live in the home",
+                     f"free space on that filesystem or move the home (AGENT_HOME) to a larger one")
+    return Check("disk", True, f"{gib:.1f} GiB free at {probe}")
+
+
+# ---------------------------------------------------------------------------------------------- all
+
+
+def run_doctor(home: Path, config_path: Path, config_required: bool = False, online: bool = False,
+               environ: dict | None = None, min_free: int = MIN_FREE_BYTES) -> dict:
+    """Every check; ``{"ok": bool, "checks": [{name, ok, detail, fix}]}``. Never raises for a finding."""
+    checks = [check_git(), check_ledger(home)]
+    cfg_check, config = check_config(config_path, config_required)
+    checks.append(cfg_check)
+    if config is not None:
+        checks += check_roles(config)
+        for vendor, roles in lane_vendors(config).items():
+            checks.append(check_vendor(config, vendor, roles))
+            checks.append(check_vendor_auth(config, vendor, environ))
+        checks += check_forges(config, online, environ)
+    checks.append(check_disk(home, min_free))
+    return {"ok": all(c.ok for c in checks), "checks": [c.to_json() for c in checks]}
+
+
+def render_text(result: dict) -> str:
+    lines = []
+    for c in result["checks"]:
+        lines.append(f"{'ok  ' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
+        if not c["ok"] and c["fix"]:
+            lines.append(f"      fix: {c['fix']}")
+    bad = [c for c in result["checks"] if not c["ok"]]
+    lines.append("")
+    lines.append("healthy" if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad))
+    return "\n".join(lines)
