@@ -10,9 +10,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.config import Config, load_config
 from agent.ledger import Ledger, ledger_path
+
+if TYPE_CHECKING:  # agent.config costs ~8 ms of import: only a tick that reads the config pays it
+    from agent.config import Config
 
 
 def default_home() -> Path:
@@ -55,6 +58,8 @@ class App:
     @property
     def config(self) -> Config:
         if self._config is None:
+            from agent.config import load_config
+
             self._config = load_config(self.config_path, required=self.config_file is not None)
         return self._config
 

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import AgentError, chain
-from agent.config import Config, RepoConfig, load_repo_settings
 from agent.ledger import Ledger, ledger_path, now
 from agent.tasks import ClaimLost, Refused, get_task, set_step, snapshot, start_next_round, transition
+
+if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module or a thread pool
+    from agent.config import Config, RepoConfig
 
 # Set by the daemon on SIGTERM/SIGINT: finish the running step, start no new one.
 STOP = threading.Event()
@@ -128,6 +130,8 @@ def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
 
 
 def _settings(ctx: Ctx):
+    from agent.config import load_repo_settings
+
     t = ctx.task
     return load_repo_settings(Path(t["worktree"])) if t["worktree"] else None
 
@@ -664,6 +668,8 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
 
     if jobs <= 1 or len(ids) == 1:
         return [one(i) for i in ids]
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(one, ids))
 

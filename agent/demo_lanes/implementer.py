@@ -3,7 +3,7 @@
 Playbook: {"groups": [{"summary": "...", "lesson": "...", "edits": [{"path": "...", "find": "...", "replace": "..."},
 {"path": "...", "create": "file text"}]}], "status": "complete"}
 
-Usage (as a `command` vendor): python -m agent.demo_lanes.implementer --spec {spec} --playbook FILE
+Usage (as a `command` vendor): python -m agent.demo_lanes.implementer --spec {spec} --playbook FILE [--sleep S]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -40,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--playbook", required=True)
     ap.add_argument("--cwd", default=".")
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds to wait first (a slow agent, for benchmarks)")
     args = ap.parse_args(argv)
+    if args.sleep > 0:
+        time.sleep(args.sleep)
     spec = Path(args.spec).read_text()
     book = json.loads(Path(args.playbook).read_text())
     root = Path(args.cwd)
