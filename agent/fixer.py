@@ -23,6 +23,7 @@ from pathlib import Path
 
 from agent import AgentError, chain
 from agent.config import Config, RepoConfig, load_repo_settings
+from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path, now
 from agent.tasks import ClaimLost, Refused, get_task, set_step, snapshot, start_next_round, transition
 
@@ -294,6 +295,10 @@ def step_committed(ctx: Ctx) -> None:
     repo_cfg = _repo_config(ctx)
     repo = _repo(ctx)
     head = repo.head.commit.hexsha
+    if head == t["head_sha"] and snapshot(ctx.ledger, ctx.task_id).committed_round:
+        # a crash after the commit was recorded and before the step closed: close it, do not commit again
+        _close(ctx, "committed", f"commit {head[:12]} (recorded before a crash)")
+        return
     known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
     previous = t["head_sha"] or t["base_sha"]
     if head not in known and head != previous and repo.head.commit.parents \
@@ -324,7 +329,9 @@ def step_committed(ctx: Ctx) -> None:
     message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
     actor = git.Actor(ctx.config.git.author_name, ctx.config.git.author_email)
     commit = repo.index.commit(message, author=actor, committer=actor)
+    crashpoint("commit.done")
     _record_commit(ctx, commit.hexsha, previous, message)
+    crashpoint("commit.recorded")
     _close(ctx, "committed", f"commit {commit.hexsha[:12]}: {subject}")
 
 
@@ -431,6 +438,7 @@ def step_pushed(ctx: Ctx) -> None:
                           expected_remote_sha=t["pushed_sha"])
     except ForgeAuthError as exc:
         _block(ctx, f"push refused: {exc}")
+    crashpoint("push.done")
     with ctx.ledger.tx() as c:
         from agent.tasks import _check_claim
 

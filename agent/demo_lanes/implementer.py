@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from agent.demo_lanes import add_pace_options, pace
+
 
 def applied(edit: dict, root: Path) -> bool:
     """An edit counts as done once the text it replaces is gone (later groups may rewrite its result)."""
@@ -40,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--playbook", required=True)
     ap.add_argument("--cwd", default=".")
+    add_pace_options(ap)
     args = ap.parse_args(argv)
+    with pace(args, "implementer"):
+        return work(args)
+
+
+def work(args) -> int:
     spec = Path(args.spec).read_text()
     book = json.loads(Path(args.playbook).read_text())
     root = Path(args.cwd)

@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from agent.demo_lanes import add_pace_options, pace
+
 
 def review(spec: str) -> list[str]:
     m = re.search(r"# The diff against the base branch\n\n(`{3,})diff\n(.*?)\n\1", spec, re.S)
@@ -28,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
     ap.add_argument("--role", default="reviewer")
+    add_pace_options(ap)
     args = ap.parse_args(argv)
+    with pace(args, args.role):
+        return work(args)
+
+
+def work(args) -> int:
     findings = review(Path(args.spec).read_text())
     print("SESSION: demo-review")
     print("COST: 0.005")
