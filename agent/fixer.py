@@ -184,17 +184,50 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     from agent.lanes.lane import run_lane
 
     t = ctx.task
-    inflight = ctx.ledger.one("SELECT id, pid FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
+    settings = _settings(ctx)
+    inflight = ctx.ledger.one("SELECT id, pid, started_at FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
                               "AND status = 'running' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"], role))
     if inflight and pid_alive(inflight["pid"]):
-        ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
-        raise Stop()
-    settings = _settings(ctx)
+        # We hold the claim, so its worker is gone: the orphan's output is unreachable. Let it end (it may still
+        # be editing the worktree), but not past its own timeout: then end its process group (pgid == pid).
+        from agent.lanes.lane import _lane_settings
+
+        timeout = _lane_settings(ctx.config, role, settings.lanes if settings else None, None)[2]
+        started = datetime.strptime(inflight["started_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+        if (datetime.now(timezone.utc) - started).total_seconds() <= timeout + 30:
+            ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
+            raise Stop()
+        _kill_orphan(inflight["pid"])
+        with ctx.ledger.tx() as c:
+            ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
+                                                                 "role": role, "timeout": timeout}, task_id=ctx.task_id)
+        ctx.say(f"{role} lane (pid {inflight['pid']}) outlived its {timeout}s timeout; killed, running it again")
     with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
-        return run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
-                        ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
-                        head_sha=head, repo_lanes=settings.lanes if settings else None,
-                        claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
+        result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
+                          ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
+                          head_sha=head, repo_lanes=settings.lanes if settings else None,
+                          claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
+    crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
+    return result
+
+
+def _kill_orphan(pid: int) -> None:
+    """SIGTERM then SIGKILL an orphaned lane's process group (it leads its own group: start_new_session)."""
+    import os
+    import signal
+
+    from agent.fence import pid_alive
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        end = time.monotonic() + 3
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if not pid_alive(pid):
+            return
 
 
 class _null:
