@@ -177,3 +177,40 @@ def read_log(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def chaos(root: Path, tasks: int = 5, kills: int = 8, seed: int | None = None, sim=None,
+          kill_window: tuple[float, float] = (0.3, 1.5), sleep: str = "0.02:0.25", echo=print) -> dict:
+    """SIGKILL `agent watch error-fix-work` (its whole group) at random moments across a batch of tasks, restart,
+    repeat ``kills`` times, then run it to the end and check every invariant. Returns a summary."""
+    import random
+
+    seed = seed if seed is not None else random.SystemRandom().randrange(1 << 30)
+    echo(f"chaos seed={seed} tasks={tasks} kills={kills} forge={'github-sim' if sim else 'local'}")
+    rnd = random.Random(seed)
+    lanes_log = root / "lanes.log"
+    env = {"GITHUB_TOKEN": "sim-token-not-secret"} if sim else {}
+    p = build(root / "w", tasks=tasks, lane_args=("--sleep", sleep, "--seed", str(seed), "--log", str(lanes_log)),
+              forge="github" if sim else "local", github_api_url=sim.url if sim else None)
+    home = p["home"]
+    started = time.monotonic()
+    killed = 0
+    for i in range(kills):
+        if open_tasks(home) == 0:
+            break
+        w = watcher(home, env=env, jobs=rnd.choice((1, 2, 3)), log=root / "watch.log")
+        delay = rnd.uniform(*kill_window)
+        try:
+            w.wait(delay)
+            echo(f"  pass {i + 1}: watcher finished before the kill at {delay:.2f}s")
+        except subprocess.TimeoutExpired:
+            kill_group(w)
+            killed += 1
+            echo(f"  pass {i + 1}: SIGKILL after {delay:.2f}s; open tasks {open_tasks(home)}")
+    passes = run_to_end(home, env=env, passes=60, jobs=2, log=root / "watch.log")
+    rows = check_invariants(home, p["remote"], tasks, sim=sim)
+    summary = {"seed": seed, "tasks": tasks, "killed": killed, "final_passes": passes,
+               "states": sorted({r["state"] for r in rows}), "rounds": [r["round"] for r in rows],
+               "lane_runs": sum(lane_launches(home).values()), "seconds": round(time.monotonic() - started, 1)}
+    echo(f"chaos ok: {summary}")
+    return summary
