@@ -54,5 +54,8 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
         for s, handler in old.items():
             signal.signal(s, handler)
         fixer.STOP.clear()
+        from agent.proc import resume_starting
+
+        resume_starting()
     echo(f"daemon: stopped after {ticks} pass(es)")
     return ticks

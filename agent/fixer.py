@@ -208,6 +208,14 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
                           head_sha=head, repo_lanes=settings.lanes if settings else None,
                           claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
     crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
+    if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
+        # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
+        # work; mark the run interrupted so the next scan runs it again instead of failing or blocking the task
+        with ctx.ledger.tx() as c:
+            ctx.ledger.update(c, "lane_runs", {"id": result.run_id},
+                              {"status": "interrupted", "reason": f"interrupted by shutdown ({result.status})"})
+        ctx.say(f"{role} lane interrupted by shutdown; the next scan runs it again")
+        raise Stop()
     return result
 
 
@@ -387,6 +395,9 @@ def step_local_check_pass(ctx: Ctx) -> None:
         res = run(["sh", "-c", command], cwd=Path(t["worktree"]), env=lane_env(()), timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     passed = res.status == "ok"
+    if STOP.is_set() and not passed:  # killed by the daemon's second signal: run it again next scan
+        ctx.say("check interrupted by shutdown; the next scan runs it again")
+        raise Stop()
     _repo(ctx).git.clean("-fdq")  # what the check left behind must not be committed by the next round
     with ctx.ledger.tx() as c:
         from agent.tasks import _check_claim
@@ -541,12 +552,16 @@ def step_pr_reviews(ctx: Ctx) -> None:
     todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
     specs = {d: _review_spec(ctx, d) for d in todo}
     results: dict[str, object] = {}
+    stopped_dims: set[str] = set()
 
     def one(dimension: str) -> None:
         led = Ledger.open(ledger_path(ctx.home), create=False)
         try:
             sub = Ctx(ctx.home, ctx.config, led, ctx.task_id, ctx.token)
             results[dimension] = _lane(sub, f"pr-{dimension}", specs[dimension], t["head_sha"])
+        except Stop:  # waiting for an orphan, or interrupted by shutdown: this scan stops, the next goes on
+            stopped_dims.add(dimension)
+            ctx.lines.extend(sub.lines)
         finally:
             led.close()
 
@@ -556,8 +571,12 @@ def step_pr_reviews(ctx: Ctx) -> None:
     for th in threads:
         th.join()
     rejected: list[str] = []
+    stopped = False
     for d in todo:
         result = results.get(d)
+        if d in stopped_dims:
+            stopped = True
+            continue
         if result is None:
             _fail(ctx, f"pr-{d} lane crashed; see the lane logs")
         _lane_outcome(ctx, f"pr-{d}", result)
@@ -571,6 +590,8 @@ def step_pr_reviews(ctx: Ctx) -> None:
         else:
             rejected.append(f"PR {d} reviewer ({result.findings or 0} findings):\n"
                             f"{_redact(result.findings_text or result.summary or '')}")
+    if stopped:
+        raise Stop()
     if rejected:
         n = len(rejected)
         _reject_round(ctx, f"PR review rejected ({n} reviewer{'s' if n > 1 else ''})", "\n\n".join(rejected))
@@ -698,6 +719,8 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
     config = app.config
 
     def one(task_id: int) -> dict:
+        if STOP.is_set():
+            return {"task_id": task_id, "line": f"task {task_id}: not started: shutting down"}
         lines = advance(app.home, config, task_id)
         t = app_task_state(app.home, task_id)
         return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
