@@ -658,6 +658,27 @@ def _ensure_workspace(ctx: Ctx) -> None:
                                                          "created": ws.created}, task_id=ctx.task_id)
 
 
+def _clear_stale_git_locks(ctx: Ctx) -> None:
+    """A kill during a git command leaves ``index.lock``/``HEAD.lock`` in the task's worktree git dir, and every
+    later git command there fails. We hold the task's claim and the worktree is the task's own, so no live git
+    process of ours is using it: remove them (with an event)."""
+    t = ctx.task
+    if not t["worktree"] or not Path(t["worktree"]).exists():
+        return
+    try:
+        git_dir = Path(_repo(ctx).git_dir)
+    except Exception:
+        return
+    for name in ("index.lock", "HEAD.lock"):
+        lock = git_dir / name
+        if lock.exists():
+            lock.unlink(missing_ok=True)
+            with ctx.ledger.tx() as c:
+                ctx.ledger.event(c, "workspace.stale_lock_removed", "script", {"path": str(lock)},
+                                 task_id=ctx.task_id)
+            ctx.say(f"removed stale {name} left by a killed git command")
+
+
 def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
     from agent.fence import claim, release
@@ -673,6 +694,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> l
         if ctx.task["state"] not in (chain.OPEN, chain.WORKING):
             return []
         _ensure_workspace(ctx)
+        _clear_stale_git_locks(ctx)
         for _ in range(max_steps):
             if STOP.is_set():
                 ctx.say("stopping: shutdown requested")

@@ -90,6 +90,22 @@ def test_crash_point_then_resume_github_simulator(tmp_path, sim, point):  # noqa
     check_invariants(p["home"], p["remote"], tasks=1, sim=sim)
 
 
+def test_stale_git_index_lock_from_a_kill_is_cleared(tmp_path):
+    """A SIGKILL inside a git command leaves index.lock behind; the next scan (holding the claim) removes it."""
+    p = build(tmp_path / "w", tasks=1)
+    _crash(p["home"], "lane.finished", tmp_path)  # implementer edits are in the worktree, uncommitted
+    con = _db(p["home"])
+    worktree = con.execute("SELECT worktree FROM tasks").fetchone()[0]
+    con.close()
+    git_dir = git(worktree, "rev-parse", "--absolute-git-dir")
+    lock = os.path.join(git_dir, "index.lock")
+    open(lock, "w").close()
+    run_to_end(p["home"], log=tmp_path / "resume.log")
+    check_invariants(p["home"], p["remote"], tasks=1)
+    assert not os.path.exists(lock)
+    assert "removed stale index.lock" in (tmp_path / "resume.log").read_text()
+
+
 def test_sigkill_mid_lane_waits_for_live_lane_then_reruns_same_attempt(tmp_path):
     """SIGKILL the watcher's group while the implementer lane sleeps. The lane runs in its own process group, so
     it outlives the watcher: the next scan sees a live in-flight run and waits; once it is gone the next scan
