@@ -596,6 +596,26 @@ def _ensure_workspace(ctx: Ctx) -> None:
                                                          "created": ws.created}, task_id=ctx.task_id)
 
 
+MAX_UNEXPECTED = 3
+
+
+def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: str) -> None:
+    """Record an unexpected error; the third in a row without progress gate-blocks the task for a human."""
+    from agent.tasks import _check_claim, _transition
+
+    with ledger.tx() as c:
+        _check_claim(c, task_id, token)
+        ledger.event(c, "task.error", "script", {"error": _redact(error)[:1000]}, task_id=task_id)
+        last_progress = c.execute("SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN "
+                                  "('step.closed', 'round.started', 'task.reset')", (task_id,)).fetchone()[0]
+        streak = c.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = 'task.error' AND id > ?",
+                           (task_id, last_progress)).fetchone()[0]
+        state = c.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+        if streak >= MAX_UNEXPECTED and state in (chain.OPEN, chain.WORKING):
+            _transition(ledger, c, task_id, state, chain.BLOCKED, "script",
+                        f"unexpected error {streak} times in a row: {_redact(error)[:300]}")
+
+
 def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
     from agent.fence import claim, release
@@ -634,9 +654,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> l
     except Exception as exc:  # one task's failure never stops the others
         ctx.lines.append(f"task {task_id}: error: {type(exc).__name__}: {exc}")
         try:
-            with ledger.tx() as c:
-                ledger.event(c, "task.error", "script", {"error": f"{type(exc).__name__}: {exc}"[:1000]},
-                             task_id=task_id)
+            _record_unexpected(ledger, task_id, token, f"{type(exc).__name__}: {exc}")
         except Exception:
             pass
     finally:
