@@ -1,0 +1,1 @@
+"""Lanes: run coding-agent CLIs (vendors) in a worktree, parse their final report, repair by resuming."""
