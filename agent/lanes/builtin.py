@@ -13,7 +13,7 @@ Rules every adapter follows:
   capped at 128 KiB per argument);
 - no secret ever goes on argv (keys come from the lane environment, see lanes/env.py);
 - read_turn never trusts the exit code alone and never raises.
-- build_resume with no session id (the vendor gave none) is a *fresh retry*: spec + note.
+- build_resume with no session id raises AgentError; the runner then gives one fresh retry.
 
 Adapters may set ``worktree_litter``: paths the CLI itself writes into the worktree whatever the
 agent does (grok: ``.grok/``, aider: its repo-map cache).  The runner/fixer may exclude them.
@@ -71,19 +71,6 @@ def _last_json_object(text: str) -> dict | None:
     return found
 
 
-def _fresh_retry_spec(ctx: LaneContext, note_path: Path) -> Path:
-    """A spec for a fresh retry (vendor gave no session to resume): the spec, then the note."""
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    n = 1
-    while (ctx.run_dir / f"retry-spec-{n}.md").exists():
-        n += 1
-    path = ctx.run_dir / f"retry-spec-{n}.md"
-    spec = Path(ctx.spec_path).read_text(encoding="utf-8", errors="replace")
-    note = Path(note_path).read_text(encoding="utf-8", errors="replace")
-    path.write_text(spec.rstrip("\n") + "\n\n---\n\n" + note, encoding="utf-8")
-    return path
-
-
 def _model(flag: str, ctx: LaneContext) -> list[str]:
     return [flag, ctx.model] if ctx.model else []
 
@@ -97,18 +84,12 @@ class _Base:
     def version_argv(self, bin: str) -> list[str]:
         return [bin, "--version"]
 
-    def _retry(self, ctx: LaneContext, note_path: Path) -> Invocation:
-        spec = _fresh_retry_spec(ctx, note_path)
-        inv = self.build(_with_spec(ctx, spec))
-        return inv
+    def _no_session(self) -> Invocation:
+        # The runner catches this and gives the lane one fresh retry instead (lanes/lane.py).
+        raise AgentError(f"{self.name}: the first turn reported no session id; nothing to resume")
 
     def __repr__(self) -> str:
         return f"<vendor {self.name}>"
-
-
-def _with_spec(ctx: LaneContext, spec: Path) -> LaneContext:
-    from dataclasses import replace
-    return replace(ctx, spec_path=spec)
 
 
 # --------------------------------------------------------------------------- codex
@@ -142,7 +123,7 @@ class Codex(_Base):
 
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
         if not session_id:
-            return self._retry(ctx, note_path)
+            return self._no_session()
         last = self._last_file(ctx)
         last.unlink(missing_ok=True)
         argv = [ctx.bin, "exec", "resume", "--json", "-c", f'sandbox_mode="{self._sandbox(ctx)}"',
@@ -212,7 +193,7 @@ class Claude(_Base):
 
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
         if not session_id:
-            return self._retry(ctx, note_path)
+            return self._no_session()
         argv = [ctx.bin, "-p", "--output-format", "json", "--resume", session_id, *self._flags(ctx),
                 *_model("--model", ctx), *ctx.extra_args]
         return Invocation(argv=argv, stdin_path=Path(note_path))
@@ -279,7 +260,7 @@ class OpenCode(_Base):
 
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
         if not session_id:
-            return self._retry(ctx, note_path)
+            return self._no_session()
         return self._inv(ctx, self.RESUME_PROMPT, note_path, ["--session", session_id])
 
     def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
@@ -377,7 +358,7 @@ class Aider(_Base):
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
         chat = Path(session_id) if session_id else self.chat_file(ctx)
         if not chat.is_file():
-            return self._retry(ctx, note_path)
+            return self._no_session()
         return Invocation(argv=self._argv(ctx, chat, Path(note_path), restore=True))
 
     @staticmethod
@@ -457,7 +438,7 @@ class Grok(_Base):
         return Invocation(argv=argv)
 
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
-        return self._retry(ctx, note_path)
+        return self._no_session()
 
     def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
         message = ""
@@ -505,7 +486,7 @@ class Gemini(_Base):
 
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
         if not session_id:
-            return self._retry(ctx, note_path)
+            return self._no_session()
         return Invocation(argv=self._argv(ctx, "Answer the note above.", ["-r", session_id]),
                           stdin_path=Path(note_path))
 
@@ -529,5 +510,5 @@ class Gemini(_Base):
                           usage=usage, auth_failed=bool(auth), api_error=api_error)
 
 
-BUILTIN = {v.name: v for v in (Codex(), Claude(), OpenCode(), Aider(), Grok(), Gemini())}
-VENDORS.update(BUILTIN)
+ADAPTERS = {v.name: v for v in (Codex(), Claude(), OpenCode(), Aider(), Grok(), Gemini())}
+VENDORS.update(ADAPTERS)
