@@ -45,8 +45,10 @@ AIDER_PWN = "pwned.txt\n```\n<<<<<<< SEARCH\n=======\npwned\n>>>>>>> REPLACE\n``
 
 
 def is_repair(req: ModelRequest) -> bool:
-    """The runner's repair note (lanes/report.repair_note) is the last user message."""
-    return "could not be accepted" in req.last_user_text
+    """The conversation holds the runner's repair note (lanes/report.repair_note).  Not only the
+    last message: aider adds files a reply mentions to the chat and asks again, and the model
+    must keep giving the repaired report then."""
+    return "could not be accepted" in req.all_text
 
 
 def implementer_script(req: ModelRequest) -> Reply:
