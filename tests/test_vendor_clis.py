@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -119,7 +118,8 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
     """``lane(cli, role, script, refuse_auth=False)`` -> (LaneResult, FakeModel): one run_lane call
     of the real CLI against a fresh scripted server; HOME and every CLI dir under tmp_path."""
 
-    def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1):
+    def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
+            args: tuple[str, ...] = (), ledger=None):
         binary, why = find_cli(cli)
         if binary is None:
             pytest.skip(why)
@@ -131,15 +131,13 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
         env = setup_env(cli, server.url, tmp_path / f"{cli}-cfg")
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        args = ("--edit-format", "diff") if cli == "aider" else ()
+        args = (("--edit-format", "diff") if cli == "aider" else ()) + tuple(args)
         config = Config(
             lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=60, repair=repair)},
             vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args)},
             limits=Limits(lane_timeout=60))
-        started = time.time()
         result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
-                                   cwd=repo)
-        result.elapsed = time.time() - started
+                                   cwd=repo, ledger=ledger)
         return result, server
 
     return run
@@ -159,11 +157,15 @@ def explain(result, server: FakeModel) -> str:
 
 
 @pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider"])
-def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo):
+def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_path):
     """The edit lands in the worktree; the malformed report ('STATUS: completed') triggers a repair
     turn that RESUMES the same vendor session: the server sees the first turn's conversation
-    (the spec and the bad report) in the repair request, under the same session id."""
-    result, server = lane(cli, "implementer", implementer_script)
+    (the spec and the bad report) in the repair request, under the same session id.  The ledger
+    row records the session, the usage and the repair."""
+    from agent.ledger import Ledger
+
+    ledger = Ledger.open(tmp_path / "ledger.db")
+    result, server = lane(cli, "implementer", implementer_script, ledger=ledger)
     why = explain(result, server)
     assert result.status == "complete", why
     assert result.summary == "fixed the greeting typo in app.py", why
@@ -198,6 +200,11 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo):
     if cli in ("codex", "aider"):
         assert result.usage.get("input_tokens", 0) > 0, why
 
+    row = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (result.run_id,))
+    assert row["status"] == "complete" and row["session_id"] == result.session_id, row
+    assert json.loads(row["usage"]) == json.loads(json.dumps(result.usage)), row
+    assert len(json.loads(row["repairs"])) == 1 and row["manifest_hash"], row
+
 
 def test_grok_implementer_edit_and_fresh_retry(lane, repo):
     """grok has no session to resume: the malformed report gets one FRESH retry (spec + note), and
@@ -221,14 +228,31 @@ def test_read_only_lane_flags_stop_writes(cli, lane, repo):
     assert not (repo / "pwned.txt").exists(), why
     assert git_status(repo) == "", why
     assert result.status == "complete" and result.findings == 0, why
-    if cli != "aider":
-        # the CLI was asked to run the write and reported back a refusal (not a success)
+    if cli == "aider":
+        # aider got an edit block for pwned.txt and did not apply it
+        stdout = (result.log_dir / "01-turn.stdout").read_text()
+        assert "pwned.txt" in stdout and "dry run" in stdout.lower().replace("-", " "), stdout[-2000:]
+    else:
+        # the CLI ran the tool call and sent the model back a refusal, not a success
         attempts = [r for r in server.requests if r.tool_results]
         assert attempts, why
         refusal = "\n".join(attempts[-1].tool_results)
-        assert refusal and "pwned" not in (repo / "app.py").read_text(), why
+        expected = {"codex": "Read-only file system", "claude": "permission",
+                    "opencode": "prevents you from using this specific tool call"}[cli]
+        assert expected.lower() in refusal.lower(), refusal
     if cli == "claude":
         assert result.usage.get("permission_denials", 0) >= 1, why
+
+
+def test_read_only_lane_that_edits_is_rejected(lane, repo):
+    """Negative control with a real CLI: a reviewer configured with codex's sandbox bypass
+    (vendors.codex.args) does write the file, and the runner's worktree check rejects the run."""
+    result, server = lane("codex", "reviewer", reviewer_script,
+                          args=("--dangerously-bypass-approvals-and-sandbox",))
+    why = explain(result, server)
+    assert (repo / "pwned.txt").exists(), why
+    assert result.status == "rejected", why
+    assert "pwned.txt" in result.reason, why
 
 
 def test_grok_read_only_lane_is_refused(lane, repo):
