@@ -170,7 +170,9 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_
     assert result.status == "complete", why
     assert result.summary == "fixed the greeting typo in app.py", why
     assert 'return "hello, world"' in (repo / "app.py").read_text(), why
-    assert " M app.py" in git_status(repo), why
+    assert " M app.py" in git_status(repo) or "M  app.py" in git_status(repo), why
+    if cli == "aider":
+        assert "Applied edit to app.py" in (result.log_dir / "01-turn.stdout").read_text()
 
     assert result.session_id, why
     assert len(result.repairs) == 1, why
@@ -229,9 +231,10 @@ def test_read_only_lane_flags_stop_writes(cli, lane, repo):
     assert git_status(repo) == "", why
     assert result.status == "complete" and result.findings == 0, why
     if cli == "aider":
-        # aider got an edit block for pwned.txt and did not apply it
+        # aider got an edit block for pwned.txt and did not apply it (a writable run prints
+        # "Applied edit to <file>"; see the implementer test's log)
         stdout = (result.log_dir / "01-turn.stdout").read_text()
-        assert "pwned.txt" in stdout and "dry run" in stdout.lower().replace("-", " "), stdout[-2000:]
+        assert "pwned.txt" in stdout and "Applied edit" not in stdout, stdout[-2000:]
     else:
         # the CLI ran the tool call and sent the model back a refusal, not a success
         attempts = [r for r in server.requests if r.tool_results]
