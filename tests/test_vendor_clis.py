@@ -148,6 +148,13 @@ def git_status(repo: Path) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
+def untracked_outside_litter(repo: Path, cli: str) -> list[str]:
+    """Untracked files the CLI left that its adapter does not declare as ``worktree_litter``."""
+    litter = ADAPTERS[cli].worktree_litter
+    return [line[3:] for line in git_status(repo).splitlines()
+            if line.startswith("?? ") and not line[3:].startswith(litter)]
+
+
 def explain(result, server: FakeModel) -> str:
     return (f"status={result.status} reason={result.reason}\nexcerpt={result.excerpt[-800:]}\n"
             f"repairs={json.dumps(result.repairs, default=str)[:1500]}\nrequests:\n{server.dump()[-3000:]}")
@@ -173,6 +180,7 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_
     assert " M app.py" in git_status(repo) or "M  app.py" in git_status(repo), why
     if cli == "aider":
         assert "Applied edit to app.py" in (result.log_dir / "01-turn.stdout").read_text()
+    assert untracked_outside_litter(repo, cli) == [], git_status(repo)
 
     assert result.session_id, why
     assert len(result.repairs) == 1, why
@@ -214,6 +222,8 @@ def test_grok_implementer_edit_and_fresh_retry(lane, repo):
     result, server = lane("grok", "implementer", implementer_script)
     why = explain(result, server)
     assert 'return "hello, world"' in (repo / "app.py").read_text(), why
+    assert "?? .grok/settings.json" in git_status(repo)          # grok always writes it (worktree_litter)
+    assert untracked_outside_litter(repo, "grok") == [], git_status(repo)
     assert result.status == "complete", why
     assert result.session_id is None, why
     assert [r["kind"] for r in result.repairs] == ["fresh"], why

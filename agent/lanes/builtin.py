@@ -206,7 +206,8 @@ class Claude(_Base):
                               auth_failed=_looks_like_auth(stderr) or _looks_like_auth(stdout),
                               api_error=err or "no result from claude")
         usage = {k: v for k, v in (doc.get("usage") or {}).items() if isinstance(v, (int, float))}
-        usage["num_turns"] = doc.get("num_turns")
+        if isinstance(doc.get("num_turns"), int):
+            usage["num_turns"] = doc["num_turns"]
         denials = doc.get("permission_denials") or []
         usage["permission_denials"] = len(denials)
         is_error = bool(doc.get("is_error"))
