@@ -42,16 +42,11 @@ class ModelRequest:
     tool_names: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)        # every text in the conversation, in order
     tool_results: list[str] = field(default_factory=list)  # outputs of tool calls the CLI ran
+    last_user_text: str = ""                                 # text of the last user message
 
     @property
     def all_text(self) -> str:
         return "\n".join(self.texts + self.tool_results)
-
-    @property
-    def last_user_text(self) -> str:
-        return self._last_user
-
-    _last_user: str = ""
 
 
 def _content_texts(content) -> tuple[list[str], list[str]]:
@@ -129,7 +124,7 @@ def parse_request(path: str, headers: dict, body: dict) -> ModelRequest:
             for call in msg.get("tool_calls") or []:
                 fn = call.get("function") or {}
                 req.texts.append(f"[call {fn.get('name')} {fn.get('arguments')}]")
-    req._last_user = last_user
+    req.last_user_text = last_user
     return req
 
 
@@ -174,6 +169,7 @@ class FakeModel:
     def __init__(self, script: Callable[[ModelRequest], Reply], model: str = "fake-model"):
         self.script = script
         self.model = model
+        self.refuse_auth = False                    # answer every model call with HTTP 401
         self.requests: list[ModelRequest] = []
         self.other: list[tuple[str, str]] = []     # (method, path) of requests that were not model calls
         self._ids = itertools.count(1)
@@ -251,9 +247,9 @@ class FakeModel:
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                if self.headers.get("Content-Encoding") == "zstd" or self.headers.get("Content-Encoding") == "gzip":
+                if self.headers.get("Content-Encoding") == "gzip":
                     import gzip
-                    raw = gzip.decompress(raw) if self.headers.get("Content-Encoding") == "gzip" else raw
+                    raw = gzip.decompress(raw)
                 try:
                     body = json.loads(raw or b"{}")
                 except ValueError:
@@ -265,8 +261,7 @@ class FakeModel:
                     self._send(404, {"error": {"message": f"not found: {self.path}"}})
                     return
                 fake.requests.append(req)
-                auth_fail = getattr(fake, "refuse_auth", False)
-                if auth_fail:
+                if fake.refuse_auth:
                     self._send(401, {"type": "error", "error": {
                         "type": "authentication_error", "message": "invalid x-api-key",
                         "code": "invalid_api_key"}})
