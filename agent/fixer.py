@@ -15,7 +15,6 @@ next scan (see DESIGN.md "Crash safety").
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -24,7 +23,8 @@ from pathlib import Path
 from agent import AgentError, chain
 from agent.config import Config, RepoConfig, load_repo_settings
 from agent.ledger import Ledger, ledger_path, now
-from agent.tasks import ClaimLost, Refused, get_task, set_step, snapshot, start_next_round, transition
+from agent.tasks import (ClaimLost, Refused, _transition, claimed_tx, get_task, set_step, snapshot,
+                         start_next_round, transition)
 
 # Set by the daemon on SIGTERM/SIGINT: finish the running step, start no new one.
 STOP = threading.Event()
@@ -63,7 +63,6 @@ def _redact(text: str) -> str:
 
 
 def _block(ctx: Ctx, reason: str) -> None:
-    t = ctx.task
     transition(ctx.ledger, ctx.task_id, chain.BLOCKED, "script", reason, claim_token=ctx.token)
     ctx.say(f"gate-blocked: {reason}")
     raise Stop()
@@ -277,10 +276,7 @@ def step_implementer_done(ctx: Ctx) -> None:
 
 def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "commits", {"task_id": ctx.task_id, "round": t["round"], "sha": sha, "parent": parent,
                                          "message": message, "created_at": now()})
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"head_sha": sha, "updated_at": now()})
@@ -348,10 +344,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     passed = res.status == "ok"
     _repo(ctx).git.clean("-fdq")  # what the check left behind must not be committed by the next round
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
                                         "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
                                         "output_path": str(out), "duration_s": round(res.duration_s, 3),
@@ -374,10 +367,7 @@ def _diff(ctx: Ctx) -> str:
 
 def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "gates", {"task_id": ctx.task_id, "round": t["round"], "stage": stage,
                                        "dimension": dimension, "verdict": verdict,
                                        "findings_count": result.findings, "head_sha": t["head_sha"],
@@ -431,10 +421,7 @@ def step_pushed(ctx: Ctx) -> None:
                           expected_remote_sha=t["pushed_sha"])
     except ForgeAuthError as exc:
         _block(ctx, f"push refused: {exc}")
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"pushed_sha": res.sha, "updated_at": now()})
         ctx.ledger.event(c, "branch.pushed", "script", {"sha": res.sha, "pushed": res.pushed, "forced": res.forced,
                                                         "branch": t["branch"]}, task_id=ctx.task_id)
@@ -458,13 +445,12 @@ def _publish(ctx: Ctx):
     """Create or update the task's draft PR with the current text (found by head after a crash, never twice)."""
     from agent.forge import get_forge, publish_pr
     from agent.pr import pr_data_from_ledger, render_pr
-    from agent.tasks import _check_claim
 
     t = ctx.task
     title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
     forge = get_forge(_repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
-    with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):  # a worker that lost its claim must not touch the PR
+        pass
     return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
 
 
@@ -543,10 +529,7 @@ def _finish(ctx: Ctx) -> None:
     except ForgeError as exc:
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); the next round or scan retries")
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim, _transition
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
                            "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
                            (ctx.task_id,)).fetchone()
@@ -601,10 +584,7 @@ MAX_UNEXPECTED = 3
 
 def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: str) -> None:
     """Record an unexpected error; the third in a row without progress gate-blocks the task for a human."""
-    from agent.tasks import _check_claim, _transition
-
-    with ledger.tx() as c:
-        _check_claim(c, task_id, token)
+    with claimed_tx(ledger, task_id, token) as c:
         ledger.event(c, "task.error", "script", {"error": _redact(error)[:1000]}, task_id=task_id)
         last_progress = c.execute("SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN "
                                   "('step.closed', 'round.started', 'task.reset')", (task_id,)).fetchone()[0]

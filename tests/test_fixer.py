@@ -7,10 +7,8 @@ nothing is mocked. The project is agent.demo's: a real bug (KeyError 'qty') and 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
