@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -39,6 +40,7 @@ class Ctx:
     task_id: int
     token: str | None = None
     lines: list[str] = field(default_factory=list)
+    progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
 
     @property
     def task(self) -> dict:
@@ -187,20 +189,16 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     if inflight and pid_alive(inflight["pid"]):
         ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
         raise Stop()
+    from agent.lanes.progress import LaneProgress
+
     settings = _settings(ctx)
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext(), \
+            LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
         return run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
                         ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
                         head_sha=head, repo_lanes=settings.lanes if settings else None,
-                        claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+                        claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
+                        on_progress=progress)
 
 
 def _lane_outcome(ctx: Ctx, role: str, result) -> None:
@@ -339,7 +337,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
     folder = Path(ctx.home) / "checks" / f"task-{ctx.task_id}"
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"round-{t['round']}-{head[:8]}.log"
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext():
         res = run(["sh", "-c", command], cwd=Path(t["worktree"]), env=lane_env(()), timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     passed = res.status == "ok"
@@ -596,12 +594,12 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
                         f"unexpected error {streak} times in a row: {_redact(error)[:300]}")
 
 
-def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> list[str]:
+def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
     from agent.fence import claim, release
 
     ledger = Ledger.open(ledger_path(home), create=False)
-    ctx = Ctx(home, config, ledger, task_id)
+    ctx = Ctx(home, config, ledger, task_id, progress=progress)
     token = None
     try:
         token = claim(ledger, task_id)
@@ -655,7 +653,7 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
     config = app.config
 
     def one(task_id: int) -> dict:
-        lines = advance(app.home, config, task_id)
+        lines = advance(app.home, config, task_id, progress=jobs <= 1)
         t = app_task_state(app.home, task_id)
         return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
                 "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now"}
