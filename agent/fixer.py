@@ -15,8 +15,8 @@ next scan (see DESIGN.md "Crash safety").
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -25,7 +25,8 @@ from agent import AgentError, chain
 from agent.config import Config, RepoConfig, load_repo_settings
 from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path, now
-from agent.tasks import ClaimLost, Refused, get_task, set_step, snapshot, start_next_round, transition
+from agent.tasks import (ClaimLost, Refused, _transition, claimed_tx, get_task, set_step, snapshot,
+                         start_next_round, transition)
 
 # Set by the daemon on SIGTERM/SIGINT: finish the running step, start no new one.
 STOP = threading.Event()
@@ -40,6 +41,7 @@ class Ctx:
     task_id: int
     token: str | None = None
     lines: list[str] = field(default_factory=list)
+    progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
 
     @property
     def task(self) -> dict:
@@ -64,7 +66,6 @@ def _redact(text: str) -> str:
 
 
 def _block(ctx: Ctx, reason: str) -> None:
-    t = ctx.task
     transition(ctx.ledger, ctx.task_id, chain.BLOCKED, "script", reason, claim_token=ctx.token)
     ctx.say(f"gate-blocked: {reason}")
     raise Stop()
@@ -202,11 +203,23 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
             ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
                                                                  "role": role, "timeout": timeout}, task_id=ctx.task_id)
         ctx.say(f"{role} lane (pid {inflight['pid']}) outlived its {timeout}s timeout; killed, running it again")
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+    if inflight and not inflight["pid"]:
+        # killed before its child started (its manifest may not even be recorded): nothing to resume or to compare
+        # against, so it is superseded and a fresh run starts (resuming it would be a false capability_drift)
+        with ctx.ledger.tx() as c:
+            ctx.ledger.update(c, "lane_runs", {"id": inflight["id"], "status": "running"},
+                              {"status": "interrupted", "reason": "interrupted before its process started",
+                               "ended_at": now()})
+        inflight = None
+    from agent.lanes.progress import LaneProgress
+
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext(), \
+            LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
         result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
                           ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
                           head_sha=head, repo_lanes=settings.lanes if settings else None,
-                          claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
+                          claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
+                          on_progress=progress)
     crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
     if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
         # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
@@ -236,14 +249,6 @@ def _kill_orphan(pid: int) -> None:
             time.sleep(0.05)
         if not pid_alive(pid):
             return
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def _lane_outcome(ctx: Ctx, role: str, result) -> None:
@@ -319,10 +324,7 @@ def step_implementer_done(ctx: Ctx) -> None:
 
 def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "commits", {"task_id": ctx.task_id, "round": t["round"], "sha": sha, "parent": parent,
                                          "message": message, "created_at": now()})
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"head_sha": sha, "updated_at": now()})
@@ -391,7 +393,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
     folder = Path(ctx.home) / "checks" / f"task-{ctx.task_id}"
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"round-{t['round']}-{head[:8]}.log"
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext():
         res = run(["sh", "-c", command], cwd=Path(t["worktree"]), env=lane_env(()), timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     passed = res.status == "ok"
@@ -399,10 +401,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
         ctx.say("check interrupted by shutdown; the next scan runs it again")
         raise Stop()
     _repo(ctx).git.clean("-fdq")  # what the check left behind must not be committed by the next round
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
                                         "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
                                         "output_path": str(out), "duration_s": round(res.duration_s, 3),
@@ -425,10 +424,7 @@ def _diff(ctx: Ctx) -> str:
 
 def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "gates", {"task_id": ctx.task_id, "round": t["round"], "stage": stage,
                                        "dimension": dimension, "verdict": verdict,
                                        "findings_count": result.findings, "head_sha": t["head_sha"],
@@ -483,10 +479,7 @@ def step_pushed(ctx: Ctx) -> None:
     except ForgeAuthError as exc:
         _block(ctx, f"push refused: {exc}")
     crashpoint("push.done")
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"pushed_sha": res.sha, "updated_at": now()})
         ctx.ledger.event(c, "branch.pushed", "script", {"sha": res.sha, "pushed": res.pushed, "forced": res.forced,
                                                         "branch": t["branch"]}, task_id=ctx.task_id)
@@ -510,13 +503,12 @@ def _publish(ctx: Ctx):
     """Create or update the task's draft PR with the current text (found by head after a crash, never twice)."""
     from agent.forge import get_forge, publish_pr
     from agent.pr import pr_data_from_ledger, render_pr
-    from agent.tasks import _check_claim
 
     t = ctx.task
     title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
     forge = get_forge(_repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
-    with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):  # a worker that lost its claim must not touch the PR
+        pass
     return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
 
 
@@ -605,10 +597,7 @@ def _finish(ctx: Ctx) -> None:
     except ForgeError as exc:
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); the next round or scan retries")
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim, _transition
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
                            "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
                            (ctx.task_id,)).fetchone()
@@ -679,12 +668,29 @@ def _clear_stale_git_locks(ctx: Ctx) -> None:
             ctx.say(f"removed stale {name} left by a killed git command")
 
 
-def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> list[str]:
+MAX_UNEXPECTED = 3
+
+
+def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: str) -> None:
+    """Record an unexpected error; the third in a row without progress gate-blocks the task for a human."""
+    with claimed_tx(ledger, task_id, token) as c:
+        ledger.event(c, "task.error", "script", {"error": _redact(error)[:1000]}, task_id=task_id)
+        last_progress = c.execute("SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN "
+                                  "('step.closed', 'round.started', 'task.reset')", (task_id,)).fetchone()[0]
+        streak = c.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = 'task.error' AND id > ?",
+                           (task_id, last_progress)).fetchone()[0]
+        state = c.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+        if streak >= MAX_UNEXPECTED and state in (chain.OPEN, chain.WORKING):
+            _transition(ledger, c, task_id, state, chain.BLOCKED, "script",
+                        f"unexpected error {streak} times in a row: {_redact(error)[:300]}")
+
+
+def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
     from agent.fence import claim, release
 
     ledger = Ledger.open(ledger_path(home), create=False)
-    ctx = Ctx(home, config, ledger, task_id)
+    ctx = Ctx(home, config, ledger, task_id, progress=progress)
     token = None
     try:
         token = claim(ledger, task_id)
@@ -718,9 +724,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> l
     except Exception as exc:  # one task's failure never stops the others
         ctx.lines.append(f"task {task_id}: error: {type(exc).__name__}: {exc}")
         try:
-            with ledger.tx() as c:
-                ledger.event(c, "task.error", "script", {"error": f"{type(exc).__name__}: {exc}"[:1000]},
-                             task_id=task_id)
+            _record_unexpected(ledger, task_id, token, f"{type(exc).__name__}: {exc}")
         except Exception:
             pass
     finally:
@@ -743,7 +747,7 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
     def one(task_id: int) -> dict:
         if STOP.is_set():
             return {"task_id": task_id, "line": f"task {task_id}: not started: shutting down"}
-        lines = advance(app.home, config, task_id)
+        lines = advance(app.home, config, task_id, progress=jobs <= 1)
         t = app_task_state(app.home, task_id)
         return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
                 "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now"}

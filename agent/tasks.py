@@ -7,7 +7,8 @@ the one state machine) inside it, and writes its event in the same transaction.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
@@ -54,6 +55,14 @@ def _check_claim(conn: sqlite3.Connection, task_id: int, token: str | None) -> N
     held = conn.execute("SELECT claim_token FROM tasks WHERE id = ?", (task_id,)).fetchone()
     if held is None or held[0] != token:
         raise ClaimLost(f"task {task_id}: claim lost to another worker; result not written")
+
+
+@contextmanager
+def claimed_tx(ledger: Ledger, task_id: int, token: str | None) -> Iterator[sqlite3.Connection]:
+    """A write transaction that first proves the caller still holds the task's claim."""
+    with ledger.tx() as c:
+        _check_claim(c, task_id, token)
+        yield c
 
 
 def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = None,

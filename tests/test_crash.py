@@ -90,6 +90,26 @@ def test_crash_point_then_resume_github_simulator(tmp_path, sim, point):  # noqa
     check_invariants(p["home"], p["remote"], tasks=1, sim=sim)
 
 
+def test_killed_before_the_lane_process_started_is_rerun_not_drift(tmp_path):
+    """Found by scripts/chaos: a kill between recording the lane run ('running', no manifest, no pid) and starting
+    its process left a row that was resumed and compared against a missing manifest -> capability_drift -> the task
+    failed. Now such a row is superseded and a fresh run starts."""
+    p = build(tmp_path / "w", tasks=1)
+    _crash(p["home"], "commit.recorded", tmp_path)  # round 1 implementer done and committed
+    con = _db(p["home"])
+    with con:  # what the kill leaves: the reviewer's row inserted, nothing else
+        con.execute("INSERT INTO lane_runs (task_id, round, role, vendor, attempt, status, started_at, cost_usd) "
+                    "VALUES (1, 1, 'reviewer', 'demo-reviewer', 1, 'running', '2026-01-01T00:00:00Z', 0)")
+    con.close()
+    run_to_end(p["home"], log=tmp_path / "resume.log")
+    check_invariants(p["home"], p["remote"], tasks=1)
+    con = _db(p["home"])
+    rows = [dict(r) for r in con.execute("SELECT status, reason FROM lane_runs WHERE role = 'reviewer' ORDER BY id")]
+    con.close()
+    assert rows[0] == {"status": "interrupted", "reason": "interrupted before its process started"}
+    assert all(r["status"] != "rejected" for r in rows), rows
+
+
 def test_stale_git_index_lock_from_a_kill_is_cleared(tmp_path):
     """A SIGKILL inside a git command leaves index.lock behind; the next scan (holding the claim) removes it."""
     p = build(tmp_path / "w", tasks=1)
