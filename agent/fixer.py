@@ -15,6 +15,7 @@ next scan (see DESIGN.md "Crash safety").
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
