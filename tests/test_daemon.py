@@ -95,3 +95,17 @@ def test_service_and_crontab_examples_are_shipped():
     cron = (ROOT / "scripts" / "crontab.example").read_text()
     assert "agent watch all" in cron
     assert json.dumps(unit)  # plain text
+
+
+def test_a_broken_config_edit_skips_passes_and_the_daemon_keeps_running(tmp_path):
+    from agent.app import App
+    from agent.daemon import run_daemon
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("limits: {round_cap: five}\n")
+    lines: list[str] = []
+    ticks = run_daemon(App(home=home), interval=0, max_ticks=3, echo=lines.append)
+    assert ticks == 3
+    skipped = [line for line in lines if line.startswith("daemon: config not loaded, pass skipped")]
+    assert len(skipped) == 3 and "limits.round_cap: expected an integer" in skipped[0]
