@@ -281,9 +281,10 @@ def step_spec_written(ctx: Ctx) -> None:
         ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
     snap = snapshot(ctx.ledger, ctx.task_id)
     if not snap.from_conclusion:
-        _block(ctx, f"human step pending: spec_written; read {path} and run "
-                    f"`agent task close-step {ctx.task_id} spec_written --source human --evidence ...`, "
-                    f"then `agent task reset {ctx.task_id} --reason ...`")
+        from agent.tasks import HUMAN_STEP_PENDING
+
+        _block(ctx, f"{HUMAN_STEP_PENDING} spec_written; read {path}, then run "
+                    f"`agent task close-step {ctx.task_id} spec_written --source human --evidence ...`")
     eid = (t["error_id"] or "")[:8]
     _close(ctx, "spec_written", f"auto spec from error.fix brief (error_id={eid}): {path}")
 

@@ -14,6 +14,9 @@ from agent import AgentError, chain
 from agent.ledger import Ledger, now
 
 
+HUMAN_STEP_PENDING = "human step pending:"
+
+
 class Refused(AgentError):
     """The guard or the state machine said no; ``reasons`` lists every reason."""
 
@@ -141,6 +144,11 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
             "round": snap.round, "closed_at": now() if status in chain.CLOSED else None})
         if snap.state == chain.OPEN and status in chain.CLOSED:
             _transition(ledger, c, task_id, snap.state, chain.WORKING, actor, f"{key} closed")
+        if snap.state == chain.BLOCKED and status in chain.CLOSED and source == "human":
+            # the task waited for exactly this human step: closing it is the human's go-ahead
+            why = c.execute("SELECT blocked_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] or ""
+            if why.startswith(f"{HUMAN_STEP_PENDING} {key}"):
+                _transition(ledger, c, task_id, snap.state, chain.WORKING, "human", f"{key} closed by a human")
         ledger.event(c, "step.reopened" if status == "nein" else "step.closed", actor,
                      {"key": key, "status": status, "source": source, "evidence": evidence.strip(),
                       "head": head, "round": snap.round}, task_id=task_id)

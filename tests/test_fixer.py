@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -409,3 +410,23 @@ def test_secrets_never_reach_spec_or_pr(world):
     assert texts and not any(canary in t or "hunter2" in t for t in texts)
     raw = b"".join(p.read_bytes() for p in world["home"].glob("ledger.db*"))
     assert canary.encode() not in raw
+
+
+def test_hand_made_task_waits_for_a_human_to_approve_the_spec(world, agent):
+    r = agent("task", "create", "--repo", demo.REPO, "--title", "order_total fails without qty; default it to 1")
+    assert r.exit_code == 0, r.stderr
+    run_until_settled(world, passes=1)
+    led = ledger(world)
+    t = led.one("SELECT state, blocked_reason, spec_path FROM tasks WHERE id = 1")
+    led.close()
+    assert t["state"] == "gate-blocked" and t["blocked_reason"].startswith("human step pending: spec_written")
+    assert "order_total fails without qty" in Path(t["spec_path"]).read_text()
+    # a script may not close it (no confirmed error.fix behind this task)
+    r = agent("task", "close-step", "1", "spec_written", "--evidence", "auto", "--source", "script")
+    assert r.exit_code == 1 and "human step" in r.stderr
+    r = agent("task", "close-step", "1", "spec_written", "--evidence", "read the spec, fine", "--source", "human")
+    assert r.exit_code == 0, r.stderr
+    run_until_settled(world)
+    led = ledger(world)
+    assert led.one("SELECT state FROM tasks WHERE id = 1")["state"] == "done"
+    led.close()
