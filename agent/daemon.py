@@ -14,7 +14,7 @@ from typing import Callable
 
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
                echo: Callable[[str], None] = print) -> int:
-    from agent import fixer
+    from agent import AgentError, fixer
     from agent.commands.watch import SCANS, run_scan
     from agent.config import load_config
 
@@ -35,8 +35,13 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
     ticks = 0
     try:
         while not fixer.STOP.is_set():
-            app._config = load_config(app.config_path, required=app.config_file is not None)  # pick up edits
-            for name in SCANS:
+            try:  # pick up edits; a broken edit skips this pass and says why, the daemon keeps running
+                app._config = load_config(app.config_path, required=app.config_file is not None)
+                scans = list(SCANS)
+            except AgentError as exc:
+                echo(f"daemon: config not loaded, pass skipped: {exc}")
+                scans = []
+            for name in scans:
                 if fixer.STOP.is_set():
                     break
                 try:
@@ -54,5 +59,8 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
         for s, handler in old.items():
             signal.signal(s, handler)
         fixer.STOP.clear()
+        from agent.proc import resume_starting
+
+        resume_starting()
     echo(f"daemon: stopped after {ticks} pass(es)")
     return ticks

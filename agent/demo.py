@@ -62,10 +62,14 @@ BRIEF = ("order_total raises KeyError 'qty' when an order line has no qty. The d
          "one unit. Look at line_total in widgets/pricing.py.")
 
 
-def error_events(n: int = 3) -> str:
-    """JSONL error events as a service would log them (different requests, same bug)."""
+def error_events(n: int = 3, distinct: bool = False) -> str:
+    """JSONL error events as a service would log them (different requests, same bug).
+
+    ``distinct=True`` gives each event its own error class (KeyErrorA, KeyErrorB, ...), so ``n`` events become
+    ``n`` errors and ``n`` tasks (the crash and concurrency tests use a batch of tasks on the one project)."""
     lines = []
     for i in range(n):
+        cls = "KeyError" + ("".join(chr(65 + int(d)) for d in str(i)) if distinct else "")
         stack = ("Traceback (most recent call last):\n"
                  f'  File "/srv/widgets/app.py", line {40 + i}, in checkout\n'
                  "    total = order_total(cart.items)\n"
@@ -73,10 +77,10 @@ def error_events(n: int = 3) -> str:
                  "    return sum(line_total(item) for item in items)\n"
                  '  File "/srv/widgets/widgets/pricing.py", line 5, in line_total\n'
                  '    return item["price"] * item["qty"]\n'
-                 "KeyError: 'qty'")
+                 f"{cls}: 'qty'")
         lines.append(json.dumps({
             "service": SERVICE, "environment": "production", "level": "error",
-            "message": f"KeyError: 'qty' (request {1000 + i}, user demo{i}@example.com)", "class": "KeyError",
+            "message": f"{cls}: 'qty' (request {1000 + i}, user demo{i}@example.com)", "class": cls,
             "stack": stack, "timestamp": f"2026-11-30T10:0{i}:00Z"}))
     return "\n".join(lines) + "\n"
 
@@ -111,22 +115,28 @@ def check_command() -> str:
     return f"{shlex.quote(sys.executable)} -m unittest discover -s tests -q"
 
 
-def write_config(home: Path, remote: Path, playbook: Path, implementer_status: str | None = None) -> Path:
+def write_config(home: Path, remote: Path, playbook: Path, implementer_status: str | None = None,
+                 lane_args: tuple[str, ...] = (), limits: dict | None = None, forge: str = "local",
+                 github_api_url: str | None = None) -> Path:
+    """The demo config. ``lane_args`` are appended to both scripted lanes (e.g. ``--sleep 0.1:0.4 --log F``),
+    ``limits`` are merged over the demo's, ``forge``/``github_api_url`` point the repo at another forge."""
     py = sys.executable
     impl = [py, "-m", "agent.demo_lanes.implementer", "--spec", "{spec}", "--playbook", str(playbook),
-            "--cwd", "{cwd}"]
-    rev = [py, "-m", "agent.demo_lanes.reviewer", "--spec", "{spec}", "--role", "{role}"]
+            "--cwd", "{cwd}", *lane_args]
+    rev = [py, "-m", "agent.demo_lanes.reviewer", "--spec", "{spec}", "--role", "{role}", *lane_args]
     config = {
-        "repos": {REPO: {"url": str(remote), "base": "main", "forge": "local", "services": [SERVICE],
+        "repos": {REPO: {"url": str(remote), "base": "main", "forge": forge, "services": [SERVICE],
                          "check": check_command()}},
         "vendors": {"demo-implementer": {"command": impl}, "demo-reviewer": {"command": rev}},
         "lanes": {"implementer": {"vendor": "demo-implementer", "timeout": 60},
                   "reviewer": {"vendor": "demo-reviewer", "timeout": 60},
                   "pr-quality": {"vendor": "demo-reviewer", "timeout": 60},
                   "pr-logic": {"vendor": "demo-reviewer", "timeout": 60}},
-        "limits": {"round_cap": 5, "repair": 1},
+        "limits": {"round_cap": 5, "repair": 1, **(limits or {})},
         "git": {"author_name": "agent demo", "author_email": "agent-demo@localhost"},
     }
+    if github_api_url:
+        config["github"] = {"api_url": github_api_url}
     import yaml
 
     home.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import AgentError, chain
+from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path, now
-from agent.tasks import ClaimLost, Refused, get_task, set_step, snapshot, start_next_round, transition
+from agent.tasks import (ClaimLost, Refused, _transition, claimed_tx, get_task, set_step, snapshot,
+                         start_next_round, transition)
 
 if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module or a thread pool
     from agent.config import Config, RepoConfig
@@ -41,6 +44,7 @@ class Ctx:
     task_id: int
     token: str | None = None
     lines: list[str] = field(default_factory=list)
+    progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
 
     @property
     def task(self) -> dict:
@@ -65,7 +69,6 @@ def _redact(text: str) -> str:
 
 
 def _block(ctx: Ctx, reason: str) -> None:
-    t = ctx.task
     transition(ctx.ledger, ctx.task_id, chain.BLOCKED, "script", reason, claim_token=ctx.token)
     ctx.say(f"gate-blocked: {reason}")
     raise Stop()
@@ -187,25 +190,70 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     from agent.lanes.lane import run_lane
 
     t = ctx.task
-    inflight = ctx.ledger.one("SELECT id, pid FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
+    settings = _settings(ctx)
+    inflight = ctx.ledger.one("SELECT id, pid, started_at FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
                               "AND status = 'running' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"], role))
     if inflight and pid_alive(inflight["pid"]):
-        ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
+        # We hold the claim, so its worker is gone: the orphan's output is unreachable. Let it end (it may still
+        # be editing the worktree), but not past its own timeout: then end its process group (pgid == pid).
+        from agent.lanes.lane import _lane_settings
+
+        timeout = _lane_settings(ctx.config, role, settings.lanes if settings else None, None)[2]
+        started = datetime.strptime(inflight["started_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+        if (datetime.now(timezone.utc) - started).total_seconds() <= timeout + 30:
+            ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
+            raise Stop()
+        _kill_orphan(inflight["pid"])
+        with ctx.ledger.tx() as c:
+            ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
+                                                                 "role": role, "timeout": timeout}, task_id=ctx.task_id)
+        ctx.say(f"{role} lane (pid {inflight['pid']}) outlived its {timeout}s timeout; killed, running it again")
+    if inflight and not inflight["pid"]:
+        # killed before its child started (its manifest may not even be recorded): nothing to resume or to compare
+        # against, so it is superseded and a fresh run starts (resuming it would be a false capability_drift)
+        with ctx.ledger.tx() as c:
+            ctx.ledger.update(c, "lane_runs", {"id": inflight["id"], "status": "running"},
+                              {"status": "interrupted", "reason": "interrupted before its process started",
+                               "ended_at": now()})
+        inflight = None
+    from agent.lanes.progress import LaneProgress
+
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext(), \
+            LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
+        result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
+                          ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
+                          head_sha=head, repo_lanes=settings.lanes if settings else None,
+                          claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
+                          on_progress=progress)
+    crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
+    if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
+        # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
+        # work; mark the run interrupted so the next scan runs it again instead of failing or blocking the task
+        with ctx.ledger.tx() as c:
+            ctx.ledger.update(c, "lane_runs", {"id": result.run_id},
+                              {"status": "interrupted", "reason": f"interrupted by shutdown ({result.status})"})
+        ctx.say(f"{role} lane interrupted by shutdown; the next scan runs it again")
         raise Stop()
-    settings = _settings(ctx)
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
-        return run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
-                        ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
-                        head_sha=head, repo_lanes=settings.lanes if settings else None,
-                        claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None)
+    return result
 
 
-class _null:
-    def __enter__(self):
-        return self
+def _kill_orphan(pid: int) -> None:
+    """SIGTERM then SIGKILL an orphaned lane's process group (it leads its own group: start_new_session)."""
+    import os
+    import signal
 
-    def __exit__(self, *a):
-        return False
+    from agent.fence import pid_alive
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        end = time.monotonic() + 3
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if not pid_alive(pid):
+            return
 
 
 def _lane_outcome(ctx: Ctx, role: str, result) -> None:
@@ -237,9 +285,10 @@ def step_spec_written(ctx: Ctx) -> None:
         ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
     snap = snapshot(ctx.ledger, ctx.task_id)
     if not snap.from_conclusion:
-        _block(ctx, f"human step pending: spec_written; read {path} and run "
-                    f"`agent task close-step {ctx.task_id} spec_written --source human --evidence ...`, "
-                    f"then `agent task reset {ctx.task_id} --reason ...`")
+        from agent.tasks import HUMAN_STEP_PENDING
+
+        _block(ctx, f"{HUMAN_STEP_PENDING} spec_written; read {path}, then run "
+                    f"`agent task close-step {ctx.task_id} spec_written --source human --evidence ...`")
     eid = (t["error_id"] or "")[:8]
     _close(ctx, "spec_written", f"auto spec from error.fix brief (error_id={eid}): {path}")
 
@@ -281,10 +330,7 @@ def step_implementer_done(ctx: Ctx) -> None:
 
 def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "commits", {"task_id": ctx.task_id, "round": t["round"], "sha": sha, "parent": parent,
                                          "message": message, "created_at": now()})
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"head_sha": sha, "updated_at": now()})
@@ -298,6 +344,10 @@ def step_committed(ctx: Ctx) -> None:
     repo_cfg = _repo_config(ctx)
     repo = _repo(ctx)
     head = repo.head.commit.hexsha
+    if head == t["head_sha"] and snapshot(ctx.ledger, ctx.task_id).committed_round:
+        # a crash after the commit was recorded and before the step closed: close it, do not commit again
+        _close(ctx, "committed", f"commit {head[:12]} (recorded before a crash)")
+        return
     known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
     previous = t["head_sha"] or t["base_sha"]
     if head not in known and head != previous and repo.head.commit.parents \
@@ -328,7 +378,9 @@ def step_committed(ctx: Ctx) -> None:
     message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
     actor = git.Actor(ctx.config.git.author_name, ctx.config.git.author_email)
     commit = repo.index.commit(message, author=actor, committer=actor)
+    crashpoint("commit.done")
     _record_commit(ctx, commit.hexsha, previous, message)
+    crashpoint("commit.recorded")
     _close(ctx, "committed", f"commit {commit.hexsha[:12]}: {subject}")
 
 
@@ -347,15 +399,15 @@ def step_local_check_pass(ctx: Ctx) -> None:
     folder = Path(ctx.home) / "checks" / f"task-{ctx.task_id}"
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"round-{t['round']}-{head[:8]}.log"
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else _null():
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext():
         res = run(["sh", "-c", command], cwd=Path(t["worktree"]), env=lane_env(()), timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     passed = res.status == "ok"
+    if STOP.is_set() and not passed:  # killed by the daemon's second signal: run it again next scan
+        ctx.say("check interrupted by shutdown; the next scan runs it again")
+        raise Stop()
     _repo(ctx).git.clean("-fdq")  # what the check left behind must not be committed by the next round
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
                                         "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
                                         "output_path": str(out), "duration_s": round(res.duration_s, 3),
@@ -378,10 +430,7 @@ def _diff(ctx: Ctx) -> str:
 
 def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "gates", {"task_id": ctx.task_id, "round": t["round"], "stage": stage,
                                        "dimension": dimension, "verdict": verdict,
                                        "findings_count": result.findings, "head_sha": t["head_sha"],
@@ -435,10 +484,8 @@ def step_pushed(ctx: Ctx) -> None:
                           expected_remote_sha=t["pushed_sha"])
     except ForgeAuthError as exc:
         _block(ctx, f"push refused: {exc}")
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    crashpoint("push.done")
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"pushed_sha": res.sha, "updated_at": now()})
         ctx.ledger.event(c, "branch.pushed", "script", {"sha": res.sha, "pushed": res.pushed, "forced": res.forced,
                                                         "branch": t["branch"]}, task_id=ctx.task_id)
@@ -462,13 +509,12 @@ def _publish(ctx: Ctx):
     """Create or update the task's draft PR with the current text (found by head after a crash, never twice)."""
     from agent.forge import get_forge, publish_pr
     from agent.pr import pr_data_from_ledger, render_pr
-    from agent.tasks import _check_claim
 
     t = ctx.task
     title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
     forge = get_forge(_repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
-    with ctx.ledger.tx() as c:  # a worker that lost its claim must not touch the PR
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):  # a worker that lost its claim must not touch the PR
+        pass
     return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
 
 
@@ -504,12 +550,16 @@ def step_pr_reviews(ctx: Ctx) -> None:
     todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
     specs = {d: _review_spec(ctx, d) for d in todo}
     results: dict[str, object] = {}
+    stopped_dims: set[str] = set()
 
     def one(dimension: str) -> None:
         led = Ledger.open(ledger_path(ctx.home), create=False)
         try:
             sub = Ctx(ctx.home, ctx.config, led, ctx.task_id, ctx.token)
             results[dimension] = _lane(sub, f"pr-{dimension}", specs[dimension], t["head_sha"])
+        except Stop:  # waiting for an orphan, or interrupted by shutdown: this scan stops, the next goes on
+            stopped_dims.add(dimension)
+            ctx.lines.extend(sub.lines)
         finally:
             led.close()
 
@@ -519,8 +569,12 @@ def step_pr_reviews(ctx: Ctx) -> None:
     for th in threads:
         th.join()
     rejected: list[str] = []
+    stopped = False
     for d in todo:
         result = results.get(d)
+        if d in stopped_dims:
+            stopped = True
+            continue
         if result is None:
             _fail(ctx, f"pr-{d} lane crashed; see the lane logs")
         _lane_outcome(ctx, f"pr-{d}", result)
@@ -534,6 +588,8 @@ def step_pr_reviews(ctx: Ctx) -> None:
         else:
             rejected.append(f"PR {d} reviewer ({result.findings or 0} findings):\n"
                             f"{_redact(result.findings_text or result.summary or '')}")
+    if stopped:
+        raise Stop()
     if rejected:
         n = len(rejected)
         _reject_round(ctx, f"PR review rejected ({n} reviewer{'s' if n > 1 else ''})", "\n\n".join(rejected))
@@ -547,10 +603,7 @@ def _finish(ctx: Ctx) -> None:
     except ForgeError as exc:
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); the next round or scan retries")
     t = ctx.task
-    with ctx.ledger.tx() as c:
-        from agent.tasks import _check_claim, _transition
-
-        _check_claim(c, ctx.task_id, ctx.token)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
                            "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
                            (ctx.task_id,)).fetchone()
@@ -600,12 +653,50 @@ def _ensure_workspace(ctx: Ctx) -> None:
                                                          "created": ws.created}, task_id=ctx.task_id)
 
 
-def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> list[str]:
+def _clear_stale_git_locks(ctx: Ctx) -> None:
+    """A kill during a git command leaves ``index.lock``/``HEAD.lock`` in the task's worktree git dir, and every
+    later git command there fails. We hold the task's claim and the worktree is the task's own, so no live git
+    process of ours is using it: remove them (with an event)."""
+    t = ctx.task
+    if not t["worktree"] or not Path(t["worktree"]).exists():
+        return
+    try:
+        git_dir = Path(_repo(ctx).git_dir)
+    except Exception:
+        return
+    for name in ("index.lock", "HEAD.lock"):
+        lock = git_dir / name
+        if lock.exists():
+            lock.unlink(missing_ok=True)
+            with ctx.ledger.tx() as c:
+                ctx.ledger.event(c, "workspace.stale_lock_removed", "script", {"path": str(lock)},
+                                 task_id=ctx.task_id)
+            ctx.say(f"removed stale {name} left by a killed git command")
+
+
+MAX_UNEXPECTED = 3
+
+
+def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: str) -> None:
+    """Record an unexpected error; the third in a row without progress gate-blocks the task for a human."""
+    with claimed_tx(ledger, task_id, token) as c:
+        ledger.event(c, "task.error", "script", {"error": _redact(error)[:1000]}, task_id=task_id)
+        last_progress = c.execute("SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN "
+                                  "('step.closed', 'round.started', 'task.reset')", (task_id,)).fetchone()[0]
+        streak = c.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = 'task.error' AND id > ?",
+                           (task_id, last_progress)).fetchone()[0]
+        state = c.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+        if streak >= MAX_UNEXPECTED and state in (chain.OPEN, chain.WORKING):
+            _transition(ledger, c, task_id, state, chain.BLOCKED, "script",
+                        f"unexpected error {streak} times in a row: {_redact(error)[:300]}")
+
+
+def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
     from agent.fence import claim, release
 
     ledger = Ledger.open(ledger_path(home), create=False)
-    ctx = Ctx(home, config, ledger, task_id)
+    ctx = Ctx(home, config, ledger, task_id, progress=progress)
     token = None
     try:
         token = claim(ledger, task_id)
@@ -615,6 +706,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> l
         if ctx.task["state"] not in (chain.OPEN, chain.WORKING):
             return []
         _ensure_workspace(ctx)
+        _clear_stale_git_locks(ctx)
         for _ in range(max_steps):
             if STOP.is_set():
                 ctx.say("stopping: shutdown requested")
@@ -638,9 +730,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100) -> l
     except Exception as exc:  # one task's failure never stops the others
         ctx.lines.append(f"task {task_id}: error: {type(exc).__name__}: {exc}")
         try:
-            with ledger.tx() as c:
-                ledger.event(c, "task.error", "script", {"error": f"{type(exc).__name__}: {exc}"[:1000]},
-                             task_id=task_id)
+            _record_unexpected(ledger, task_id, token, f"{type(exc).__name__}: {exc}")
         except Exception:
             pass
     finally:
@@ -661,7 +751,9 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
     config = app.config
 
     def one(task_id: int) -> dict:
-        lines = advance(app.home, config, task_id)
+        if STOP.is_set():
+            return {"task_id": task_id, "line": f"task {task_id}: not started: shutting down"}
+        lines = advance(app.home, config, task_id, progress=jobs <= 1)
         t = app_task_state(app.home, task_id)
         return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
                 "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now"}

@@ -193,8 +193,24 @@ def running() -> dict[int, str]:
         return dict(_RUNNING)
 
 
+# Set by kill_all: the process is shutting down, so run() starts no new child (a lane's repair turn, the next
+# check) and answers at once as if it had been killed; halted() lets callers tell that from a real failure.
+_HALTED = threading.Event()
+
+
+def halted() -> bool:
+    return _HALTED.is_set()
+
+
+def resume_starting() -> None:
+    """Undo kill_all's halt (the daemon calls it when it returns, for in-process callers and tests)."""
+    _HALTED.clear()
+
+
 def kill_all(grace: float = 2.0) -> int:
-    """SIGTERM every running group, then SIGKILL what is left after ``grace``; returns how many."""
+    """Stop starting children, SIGTERM every running group, then SIGKILL what is left after ``grace``;
+    returns how many groups there were."""
+    _HALTED.set()
     groups = list(running())
     for pgid in groups:
         _kill_group(pgid, signal.SIGTERM)
@@ -231,6 +247,12 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
 
     if not argv:
         return not_started("empty command")
+    if _HALTED.is_set():
+        stdout_path.write_bytes(b"")
+        stderr_path.write_text("not started: shutting down (kill_all)\n", encoding="utf-8")
+        return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
+                          stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
+                          error="not started: shutting down")
     stdin = None
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL

@@ -7,10 +7,14 @@ the one state machine) inside it, and writes its event in the same transaction.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
+
+
+HUMAN_STEP_PENDING = "human step pending:"
 
 
 class Refused(AgentError):
@@ -54,6 +58,14 @@ def _check_claim(conn: sqlite3.Connection, task_id: int, token: str | None) -> N
     held = conn.execute("SELECT claim_token FROM tasks WHERE id = ?", (task_id,)).fetchone()
     if held is None or held[0] != token:
         raise ClaimLost(f"task {task_id}: claim lost to another worker; result not written")
+
+
+@contextmanager
+def claimed_tx(ledger: Ledger, task_id: int, token: str | None) -> Iterator[sqlite3.Connection]:
+    """A write transaction that first proves the caller still holds the task's claim."""
+    with ledger.tx() as c:
+        _check_claim(c, task_id, token)
+        yield c
 
 
 def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = None,
@@ -132,6 +144,11 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
             "round": snap.round, "closed_at": now() if status in chain.CLOSED else None})
         if snap.state == chain.OPEN and status in chain.CLOSED:
             _transition(ledger, c, task_id, snap.state, chain.WORKING, actor, f"{key} closed")
+        if snap.state == chain.BLOCKED and status in chain.CLOSED and source == "human":
+            # the task waited for exactly this human step: closing it is the human's go-ahead
+            why = c.execute("SELECT blocked_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] or ""
+            if why.startswith(f"{HUMAN_STEP_PENDING} {key}"):
+                _transition(ledger, c, task_id, snap.state, chain.WORKING, "human", f"{key} closed by a human")
         ledger.event(c, "step.reopened" if status == "nein" else "step.closed", actor,
                      {"key": key, "status": status, "source": source, "evidence": evidence.strip(),
                       "head": head, "round": snap.round}, task_id=task_id)

@@ -48,6 +48,22 @@ def _git(path: Path):
     return git.Repo(str(path)).git
 
 
+def _write_excludes(mirror: Path) -> None:
+    """Files vendor CLIs write into any worktree (caches, settings) are never committed nor count as edits.
+
+    ``info/exclude`` of the mirror applies to every worktree made from it, and read-only lane verification
+    skips ignored files too.
+    """
+    from agent.lanes.builtin import ADAPTERS
+
+    litter = sorted({p for a in ADAPTERS.values() for p in getattr(a, "worktree_litter", ())})
+    path = mirror / "info" / "exclude"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "# written by agent: files vendor CLIs leave in a worktree\n" + "".join(f"/{p}\n" for p in litter)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
 def ensure_mirror(home: Path, repo: str, url: str) -> Path:
     """Clone the bare mirror once (into a staging path, then rename); fetch it every later time."""
     import git
@@ -56,6 +72,7 @@ def ensure_mirror(home: Path, repo: str, url: str) -> Path:
     try:
         if mirror.exists():
             _git(mirror).fetch("origin", "+refs/heads/*:refs/remotes/origin/*", "--prune", "--quiet")
+            _write_excludes(mirror)
             return mirror
         mirror.parent.mkdir(parents=True, exist_ok=True)
         staging = mirror.with_name(mirror.name + ".staging")
@@ -64,6 +81,7 @@ def ensure_mirror(home: Path, repo: str, url: str) -> Path:
         g = _git(staging)
         g.config("remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*")
         g.fetch("origin", "--quiet")
+        _write_excludes(staging)
         staging.rename(mirror)
         return mirror
     except git.GitCommandError as exc:

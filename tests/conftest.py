@@ -78,3 +78,13 @@ def git(cwd: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+@pytest.fixture(autouse=True)
+def _process_wide_state_reset():
+    """Tests that exercise shutdown (proc.kill_all halts the runner, fixer.STOP) must not leak into the next."""
+    yield
+    if "agent.proc" in sys.modules:
+        sys.modules["agent.proc"].resume_starting()
+    if "agent.fixer" in sys.modules:
+        sys.modules["agent.fixer"].STOP.clear()

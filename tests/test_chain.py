@@ -232,3 +232,11 @@ def test_task_for_an_error_is_never_created_twice(ledger):
     b, created_b = create_task(ledger, "acme/widgets", "t", error_id=eid)
     assert a == b and created_a and not created_b
     assert ledger.scalar("SELECT count(*) FROM tasks") == 1
+
+
+def test_unknown_status_and_source_are_reasons_too(ledger):
+    tid = make_task(ledger)
+    reasons = chain.close_reasons(snapshot(ledger, tid), "spec_written", "done", "robot", "e")
+    assert any("unknown status 'done'" in r for r in reasons)
+    assert any("unknown source 'robot'" in r for r in reasons)
+

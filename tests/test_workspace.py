@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 
@@ -78,3 +77,14 @@ def test_bad_url_and_missing_base_are_clear(tmp_path, remote):
         ensure_worktree(tmp_path / "h1", "acme/nope", str(tmp_path / "missing.git"), "main", "agent/fix-x", 1)
     with pytest.raises(WorkspaceError, match="base branch 'develop' not found"):
         ensure_worktree(tmp_path / "h2", "acme/widgets", str(bare), "develop", "agent/fix-x", 1)
+
+
+def test_vendor_cli_litter_is_ignored_in_every_worktree(tmp_path, remote):
+    bare, _ = remote
+    ws = ensure_worktree(tmp_path / "home", "acme/widgets", str(bare), "main", "agent/fix-33333333", 3)
+    (ws.path / ".grok").mkdir()
+    (ws.path / ".grok" / "settings.json").write_text("{}")
+    (ws.path / ".aider.tags.cache.v4").mkdir()
+    (ws.path / ".aider.tags.cache.v4" / "x").write_text("cache")
+    (ws.path / "real.py").write_text("edit = 1\n")
+    assert git(ws.path, "status", "--porcelain") == "?? real.py"

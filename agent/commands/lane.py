@@ -29,10 +29,12 @@ def lane_list(as_json):
     rows = list_lanes(app.config, app.path("lanes"))
 
     def human(rows):
+        width = max((len(r["vendor"]) for r in rows), default=8)
         for r in rows:
             found = r["path"] or "NOT FOUND"
             roles = ",".join(r["roles"]) or "-"
-            click.echo(f"{r['vendor']:<12} {r['kind']:<8} roles={roles:<30} {found}  {r['version'] or ''}".rstrip())
+            click.echo(f"{r['vendor']:<{width}}  {r['kind']:<8} roles={roles:<30} {found}  {r['version'] or ''}"
+                       .rstrip())
 
     emit(rows, as_json, human)
 

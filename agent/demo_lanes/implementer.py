@@ -3,7 +3,7 @@
 Playbook: {"groups": [{"summary": "...", "lesson": "...", "edits": [{"path": "...", "find": "...", "replace": "..."},
 {"path": "...", "create": "file text"}]}], "status": "complete"}
 
-Usage (as a `command` vendor): python -m agent.demo_lanes.implementer --spec {spec} --playbook FILE [--sleep S]
+Usage (as a `command` vendor): python -m agent.demo_lanes.implementer --spec {spec} --playbook FILE
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import argparse
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
+
+from agent.demo_lanes import add_pace_options, pace
 
 
 def applied(edit: dict, root: Path) -> bool:
@@ -41,10 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--playbook", required=True)
     ap.add_argument("--cwd", default=".")
-    ap.add_argument("--sleep", type=float, default=0.0, help="seconds to wait first (a slow agent, for benchmarks)")
+    add_pace_options(ap)
     args = ap.parse_args(argv)
-    if args.sleep > 0:
-        time.sleep(args.sleep)
+    with pace(args, "implementer"):
+        return work(args)
+
+
+def work(args) -> int:
     spec = Path(args.spec).read_text()
     book = json.loads(Path(args.playbook).read_text())
     root = Path(args.cwd)

@@ -1,7 +1,7 @@
 """Scripted reviewer: approves a non-empty diff without leftover debug output; otherwise lists findings.
 
 It reads the review spec (which holds the diff) and never writes a file.
-Usage (as a `command` vendor): python -m agent.demo_lanes.reviewer --spec {spec} [--role {role}] [--sleep S]
+Usage (as a `command` vendor): python -m agent.demo_lanes.reviewer --spec {spec} [--role {role}]
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
+
+from agent.demo_lanes import add_pace_options, pace
 
 
 def review(spec: str) -> list[str]:
@@ -29,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
     ap.add_argument("--role", default="reviewer")
-    ap.add_argument("--sleep", type=float, default=0.0, help="seconds to wait first (a slow agent, for benchmarks)")
+    add_pace_options(ap)
     args = ap.parse_args(argv)
-    if args.sleep > 0:
-        time.sleep(args.sleep)
+    with pace(args, args.role):
+        return work(args)
+
+
+def work(args) -> int:
     findings = review(Path(args.spec).read_text())
     print("SESSION: demo-review")
     print("COST: 0.005")

@@ -1,4 +1,4 @@
-"""The GitHub forge over REST: github.com and GitHub Enterprise.  All HTTP in the product lives here.
+"""The GitHub forge over REST: github.com and GitHub Enterprise (its HTTP goes through agent/http.py).
 
 - Base URL from ``github.api_url`` (GHE: ``https://HOST/api/v3``).
 - Token from ``github.token_env`` (default GITHUB_TOKEN), then GITHUB_TOKEN, then GH_TOKEN, then
@@ -38,6 +38,7 @@ def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...
         if value:
             return value
     if token_command:
+        # Not agent.proc.run: that runner streams stdout to log files, and a token must never touch disk.
         try:
             proc = subprocess.run(list(token_command), capture_output=True, text=True,
                                   timeout=TOKEN_COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
@@ -107,9 +108,9 @@ class GithubForge:
     @property
     def session(self):
         if self._session is None:
-            import requests
+            from agent.http import new_session
 
-            self._session = requests.Session()
+            self._session = new_session()
         return self._session
 
     def _auth_header(self) -> str:
@@ -143,7 +144,7 @@ class GithubForge:
 
     def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                  idempotent: bool = True, what: str = "") -> Any:
-        import requests
+        from agent.http import transport_failure
 
         url = self._url(path)
         headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
@@ -155,8 +156,10 @@ class GithubForge:
             try:
                 resp = self.session.request(method, url, json=json, params=params, headers=headers,
                                             timeout=self.timeout)
-            except (requests.Timeout, requests.ConnectionError) as exc:
-                kind = "timed out" if isinstance(exc, requests.Timeout) else "could not connect"
+            except Exception as exc:
+                kind = transport_failure(exc)
+                if kind is None:
+                    raise
                 if idempotent and attempt <= self.retries:
                     self.sleep(self.backoff * 2 ** (attempt - 1))
                     continue

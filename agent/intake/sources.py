@@ -55,7 +55,7 @@ def _loki_labels_service(labels: dict) -> str | None:
 
 def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | None = None,
               now_ns: int | None = None, limit: int = LOKI_LIMIT) -> Pull:
-    from agent.intake import http
+    from agent import http
 
     base = (src.url or "").rstrip("/")
     url = f"{base}/loki/api/v1/query_range"
@@ -162,7 +162,7 @@ def pull_files(src: SourceConfig, cursor: str | None) -> Pull:
 
 def pull_sentry(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | None = None,
                 max_pages: int = SENTRY_MAX_PAGES) -> Pull:
-    from agent.intake import http
+    from agent import http
     from agent.intake.formats import iso_ts
 
     base = (src.url or "").rstrip("/")

@@ -90,17 +90,11 @@ class LaneResult:
 
 
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|_KEY$|CREDENTIAL|AUTH)", re.IGNORECASE)
-_SECRET_PATTERNS = [
-    re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    re.compile(r"\b(sk-[A-Za-z0-9_\-]{16,})"),
-    re.compile(r"\b(AKIA[0-9A-Z]{16})\b"),
-    re.compile(r"\b(xox[abprs]-[A-Za-z0-9\-]{10,})"),
-    re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._\-]{16,}"),
-]
-
 
 def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
-    """Mask secret-looking environment values and well-known token shapes in ``text``."""
+    """Mask the values of secret-looking environment variables, then every token shape intake's redactor knows."""
+    from agent.intake.redact import redact as redact_shapes
+
     if not text:
         return text
     values = set()
@@ -110,12 +104,7 @@ def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
                 values.add(value)
     for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, "[REDACTED]")
-    for pat in _SECRET_PATTERNS:
-        if pat.pattern.startswith("(?i)"):
-            text = pat.sub(lambda m: m.group(1) + "[REDACTED]", text)
-        else:
-            text = pat.sub("[REDACTED]", text)
-    return text
+    return redact_shapes(text)
 
 
 def sha256_file(path: Path) -> str:

@@ -1,8 +1,8 @@
-"""The only HTTP code in intake (Loki and Sentry pulls), through requests.
+"""The one module that speaks HTTP (through requests): the GitHub forge and the Loki/Sentry sources use it.
 
-Credentials come from the environment (a variable named in config) or from netrc, never from
-the config file.  Errors are one-line AgentErrors that never include credentials.
-(The lead may merge this with the forge's HTTP module.)
+``requests`` is imported only here and only inside functions, so a cron tick that makes no HTTP call never pays
+for it. Credentials come from the environment (a variable named in config) or from netrc, never from the config
+file. Errors are one-line AgentErrors that never include credentials.
 """
 
 from __future__ import annotations
@@ -15,7 +15,25 @@ from agent import AgentError
 from agent.intake.redact import redact
 
 TIMEOUT = 30
-USER_AGENT = "agent-fixer-intake/0.1"
+USER_AGENT = "agent-fixer/0.1"
+
+
+def new_session():
+    """A requests Session (connection reuse for the forge's many calls)."""
+    import requests
+
+    return requests.Session()
+
+
+def transport_failure(exc: BaseException) -> str | None:
+    """'timed out' / 'could not connect' for a network failure of a request, None for anything else."""
+    import requests
+
+    if isinstance(exc, requests.Timeout):
+        return "timed out"
+    if isinstance(exc, requests.ConnectionError):
+        return "could not connect"
+    return None
 
 
 def _where(url: str) -> str:

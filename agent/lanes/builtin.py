@@ -1,0 +1,515 @@
+"""Built-in vendor adapters: codex, claude, opencode, aider, grok, gemini.
+
+Each adapter turns a LaneContext into argv (+ stdin + extra env) for one headless turn, a resume
+turn for repair, and reads a finished turn's output: the agent's last message, session id,
+usage/cost, and whether the vendor refused authentication.  Facts per CLI (flags, JSON shapes) are
+in shared/lane-clis.md and were re-checked against the pinned versions in scripts/ci-vendors by
+tests/test_vendor_clis.py, which drives the real CLIs against a scripted local model.
+
+Rules every adapter follows:
+- implementer (ctx.writable) gets the vendor's own write mode; every other role gets the
+  vendor's own read-only mode (the runner still verifies the worktree afterwards);
+- the spec goes in by stdin or a file, never on argv when avoidable (argv is visible in ps and
+  capped at 128 KiB per argument);
+- no secret ever goes on argv (keys come from the lane environment, see lanes/env.py);
+- read_turn never trusts the exit code alone and never raises.
+- build_resume with no session id raises AgentError; the runner then gives one fresh retry.
+
+Adapters may set ``worktree_litter``: paths the CLI itself writes into the worktree whatever the
+agent does (grok: ``.grok/``, aider: its repo-map cache).  The runner/fixer may exclude them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from agent import AgentError
+from agent.lanes.vendors import VENDORS, Invocation, LaneContext, TurnOutput
+
+# Read-only lanes may inspect history but not change anything.
+GIT_READ_COMMANDS = ("git diff", "git log", "git show", "git status")
+
+_AUTH_PATTERNS = re.compile(
+    r"\b401\b|\b403\b|unauthori[sz]ed|invalid[ _-]?(x-)?api[ _-]?key|authentication[ _]?(error|failed)|"
+    r"incorrect api key|please run /login|not logged in|api key required|permission_denied.*key",
+    re.IGNORECASE)
+
+
+def _looks_like_auth(text: str | None) -> bool:
+    return bool(text) and bool(_AUTH_PATTERNS.search(text))
+
+
+def _json_lines(text: str):
+    """Yield every JSON object found one-per-line in text (other lines are skipped)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            yield obj
+
+
+def _last_json_object(text: str) -> dict | None:
+    """The last top-level JSON object in text (whole text first, then line by line)."""
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            obj = json.loads(stripped)
+            if isinstance(obj, dict):
+                return obj
+        except ValueError:
+            pass
+    found = None
+    for obj in _json_lines(text):
+        found = obj
+    return found
+
+
+def _model(flag: str, ctx: LaneContext) -> list[str]:
+    return [flag, ctx.model] if ctx.model else []
+
+
+class _Base:
+    name = ""
+    default_bin = ""
+    can_resume = True
+    worktree_litter: tuple[str, ...] = ()
+
+    def version_argv(self, bin: str) -> list[str]:
+        return [bin, "--version"]
+
+    def _no_session(self) -> Invocation:
+        # The runner catches this and gives the lane one fresh retry instead (lanes/lane.py).
+        raise AgentError(f"{self.name}: the first turn reported no session id; nothing to resume")
+
+    def __repr__(self) -> str:
+        return f"<vendor {self.name}>"
+
+
+# --------------------------------------------------------------------------- codex
+
+
+class Codex(_Base):
+    """codex-cli: ``codex exec --json`` (JSONL events), Responses API.
+
+    Session id: ``thread.started.thread_id``.  Usage: ``turn.completed.usage`` (tokens only; in
+    0.171.0 a resumed turn reports the thread's cumulative tokens).  No dollar cost.
+    Resume: ``codex exec resume <id>``; it does not remember the sandbox, so the write sandbox is
+    passed again with ``-c sandbox_mode=...`` (without it a resumed implementer turns read-only).
+    """
+
+    name = "codex"
+    default_bin = "codex"
+
+    @staticmethod
+    def _sandbox(ctx: LaneContext) -> str:
+        return "workspace-write" if ctx.writable else "read-only"
+
+    def _last_file(self, ctx: LaneContext) -> Path:
+        return ctx.run_dir / "codex-last-message.txt"
+
+    def build(self, ctx: LaneContext) -> Invocation:
+        last = self._last_file(ctx)
+        last.unlink(missing_ok=True)
+        argv = [ctx.bin, "exec", "--json", "-s", self._sandbox(ctx), "-C", str(ctx.cwd),
+                "-o", str(last), *_model("-m", ctx), *ctx.extra_args, "-"]
+        return Invocation(argv=argv, stdin_path=Path(ctx.spec_path))
+
+    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
+        if not session_id:
+            return self._no_session()
+        last = self._last_file(ctx)
+        last.unlink(missing_ok=True)
+        argv = [ctx.bin, "exec", "resume", "--json", "-c", f'sandbox_mode="{self._sandbox(ctx)}"',
+                "-o", str(last), *_model("-m", ctx), *ctx.extra_args, session_id, "-"]
+        return Invocation(argv=argv, stdin_path=Path(note_path))
+
+    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        session = None
+        message = None
+        usage: dict = {}
+        errors: list[str] = []
+        for ev in _json_lines(stdout):
+            kind = ev.get("type")
+            if kind == "thread.started":
+                session = ev.get("thread_id") or session
+            elif kind == "item.completed":
+                item = ev.get("item") or {}
+                if item.get("type") == "agent_message":
+                    message = item.get("text") or ""
+            elif kind == "turn.completed":
+                usage = {k: v for k, v in (ev.get("usage") or {}).items() if isinstance(v, (int, float))}
+            elif kind == "turn.failed":
+                errors.append(((ev.get("error") or {}).get("message")) or "turn failed")
+            elif kind == "error":
+                errors.append(ev.get("message") or "error")
+        if message is None:
+            # stdout may have been cut at the size cap; -o still holds the final message.
+            last = self._last_file(ctx)
+            if last.exists():
+                message = last.read_text(encoding="utf-8", errors="replace")
+        api_error = errors[-1] if errors else None
+        if api_error is None and exit_code not in (0, None) and not message:
+            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+        auth = _looks_like_auth(api_error) or ("Not logged in" in stderr)
+        return TurnOutput(message=message or "", session_id=session, cost_usd=None, usage=usage,
+                          auth_failed=auth, api_error=api_error)
+
+
+# --------------------------------------------------------------------------- claude
+
+
+class Claude(_Base):
+    """Claude Code: ``claude -p --output-format json`` (one JSON result object), Messages API.
+
+    Writable: ``--permission-mode acceptEdits`` and an explicit tool allowlist.  Read-only:
+    ``--permission-mode dontAsk`` (anything not pre-approved is refused without asking), only
+    read tools available (``--tools``) and Bash limited to git read commands.
+    Resume: ``--resume <session_id>``.  Cost: ``total_cost_usd``.
+    """
+
+    name = "claude"
+    default_bin = "claude"
+    WRITE_TOOLS = "Bash,Edit,Write,MultiEdit,Read,Glob,Grep,NotebookEdit,TodoWrite"
+    READ_TOOLS = "Read,Glob,Grep,Bash"
+
+    def _flags(self, ctx: LaneContext) -> list[str]:
+        if ctx.writable:
+            return ["--permission-mode", "acceptEdits", "--allowedTools", self.WRITE_TOOLS]
+        allowed = ",".join(["Read", "Glob", "Grep"] + [f"Bash({c}:*)" for c in GIT_READ_COMMANDS])
+        return ["--permission-mode", "dontAsk", "--tools", self.READ_TOOLS, "--allowedTools", allowed,
+                "--disallowedTools", "Edit,Write,MultiEdit,NotebookEdit"]
+
+    def build(self, ctx: LaneContext) -> Invocation:
+        argv = [ctx.bin, "-p", "--output-format", "json", *self._flags(ctx), *_model("--model", ctx),
+                *ctx.extra_args]
+        return Invocation(argv=argv, stdin_path=Path(ctx.spec_path))
+
+    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
+        if not session_id:
+            return self._no_session()
+        argv = [ctx.bin, "-p", "--output-format", "json", "--resume", session_id, *self._flags(ctx),
+                *_model("--model", ctx), *ctx.extra_args]
+        return Invocation(argv=argv, stdin_path=Path(note_path))
+
+    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        doc = _last_json_object(stdout)
+        if not doc or doc.get("type") != "result":
+            err = (stderr.strip().splitlines() or [stdout.strip()[-300:] or f"exit {exit_code}"])[-1]
+            return TurnOutput(message="", session_id=(doc or {}).get("session_id"), cost_usd=None, usage={},
+                              auth_failed=_looks_like_auth(stderr) or _looks_like_auth(stdout),
+                              api_error=err or "no result from claude")
+        usage = {k: v for k, v in (doc.get("usage") or {}).items() if isinstance(v, (int, float))}
+        if isinstance(doc.get("num_turns"), int):
+            usage["num_turns"] = doc["num_turns"]
+        denials = doc.get("permission_denials") or []
+        usage["permission_denials"] = len(denials)
+        is_error = bool(doc.get("is_error"))
+        subtype = doc.get("subtype") or ""
+        result = doc.get("result") if isinstance(doc.get("result"), str) else ""
+        api_error = None
+        status = doc.get("api_error_status")
+        if is_error or subtype != "success":
+            api_error = f"claude {subtype or 'error'}" + (f" (HTTP {status})" if status else "") + (
+                f": {result}" if result else "")
+        auth = status in (401, 403) or (is_error and _looks_like_auth(result))
+        cost = doc.get("total_cost_usd")
+        return TurnOutput(message="" if is_error else result, session_id=doc.get("session_id"),
+                          cost_usd=float(cost) if isinstance(cost, (int, float)) else None,
+                          usage=usage, auth_failed=bool(auth), api_error=api_error)
+
+
+# --------------------------------------------------------------------------- opencode
+
+
+class OpenCode(_Base):
+    """opencode: ``opencode run --format json`` (JSONL events with ``sessionID``).
+
+    The spec goes on stdin (opencode appends stdin to the message).  Permissions are set per lane
+    with ``OPENCODE_CONFIG_CONTENT`` (merged over the user's config, which keeps the provider):
+    read-only lanes get ``edit: deny`` and bash limited to git read commands.  Resume:
+    ``--session <id>``.  Cost: sum of ``step_finish.part.cost``.
+    """
+
+    name = "opencode"
+    default_bin = "opencode"
+    PROMPT = "Follow the task specification below exactly; end with the final report it asks for."
+    RESUME_PROMPT = "Read the note below and answer as it asks."
+
+    @staticmethod
+    def permissions(writable: bool) -> dict:
+        if writable:
+            return {"permission": {"edit": "allow", "bash": "allow", "webfetch": "allow"}}
+        bash = {"*": "deny"}
+        bash.update({f"{c}*": "allow" for c in GIT_READ_COMMANDS})
+        return {"permission": {"edit": "deny", "bash": bash, "webfetch": "deny"}}
+
+    def _inv(self, ctx: LaneContext, prompt: str, stdin: Path, extra: list[str]) -> Invocation:
+        argv = [ctx.bin, "run", "--format", "json", "--dir", str(ctx.cwd), *extra, *_model("-m", ctx),
+                *ctx.extra_args, prompt]
+        env = {"OPENCODE_CONFIG_CONTENT": json.dumps(self.permissions(ctx.writable))}
+        return Invocation(argv=argv, stdin_path=Path(stdin), env=env)
+
+    def build(self, ctx: LaneContext) -> Invocation:
+        return self._inv(ctx, self.PROMPT, ctx.spec_path, [])
+
+    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
+        if not session_id:
+            return self._no_session()
+        return self._inv(ctx, self.RESUME_PROMPT, note_path, ["--session", session_id])
+
+    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        session = None
+        texts: dict[str, list[str]] = {}
+        order: list[str] = []
+        cost = 0.0
+        saw_cost = False
+        usage = {"input": 0, "output": 0, "reasoning": 0, "cache_read": 0, "cache_write": 0}
+        errors: list[str] = []
+        auth = False
+        for ev in _json_lines(stdout):
+            session = ev.get("sessionID") or session
+            part = ev.get("part") or {}
+            kind = ev.get("type")
+            if kind == "text" and part.get("text") is not None:
+                mid = part.get("messageID") or ""
+                if mid not in texts:
+                    texts[mid] = []
+                    order.append(mid)
+                texts[mid].append(part["text"])
+            elif kind == "step_finish":
+                if isinstance(part.get("cost"), (int, float)):
+                    cost += part["cost"]
+                    saw_cost = True
+                tokens = part.get("tokens") or {}
+                for key in ("input", "output", "reasoning"):
+                    usage[key] += int(tokens.get(key) or 0)
+                usage["cache_read"] += int((tokens.get("cache") or {}).get("read") or 0)
+                usage["cache_write"] += int((tokens.get("cache") or {}).get("write") or 0)
+            elif kind == "error":
+                err = ev.get("error") or {}
+                data = err.get("data") or {}
+                errors.append(f"{err.get('name') or 'error'}: {data.get('message') or err}")
+                if data.get("statusCode") in (401, 403) or err.get("name") == "ProviderAuthError":
+                    auth = True
+        message = "".join(texts[order[-1]]) if order else ""
+        api_error = errors[-1] if errors else None
+        if api_error is None and exit_code not in (0, None) and not message:
+            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+        auth = auth or _looks_like_auth(api_error)
+        return TurnOutput(message=message, session_id=session, cost_usd=round(cost, 6) if saw_cost else None,
+                          usage=usage, auth_failed=auth, api_error=api_error)
+
+
+# --------------------------------------------------------------------------- aider
+
+
+class Aider(_Base):
+    """aider: chat completions via litellm; edits are SEARCH/REPLACE blocks in its reply.
+
+    No session id, but a conversation file: the chat history lives in the lane's run dir and a
+    repair turn reloads it with ``--restore-chat-history`` (the "session id" reported is that
+    file's path).  The last message is read from the per-turn LLM history file, not stdout
+    (stdout mixes aider's own chatter after the reply).  Read-only: ``--dry-run`` (no file is
+    written), no shell command suggestions, no repo map (its cache dir would land in the tree).
+    Aider exits 0 on API failure: errors are read from its output.
+    """
+
+    name = "aider"
+    default_bin = "aider"
+    worktree_litter = (".aider.tags.cache.v4/",)
+    COMMON = ("--yes-always", "--no-auto-commits", "--no-dirty-commits", "--no-check-update", "--no-analytics",
+              "--no-pretty", "--no-stream", "--no-gitignore", "--no-show-model-warnings", "--no-detect-urls",
+              "--no-show-release-notes", "--no-fancy-input")
+
+    def chat_file(self, ctx: LaneContext) -> Path:
+        return ctx.run_dir / "aider.chat.md"
+
+    def _llm_log(self, ctx: LaneContext, new: bool) -> Path:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        logs = sorted(ctx.run_dir.glob("aider.llm.*.log"), key=lambda p: int(p.name.split(".")[2]))
+        if not new:
+            return logs[-1] if logs else ctx.run_dir / "aider.llm.1.log"
+        path = ctx.run_dir / f"aider.llm.{len(logs) + 1}.log"
+        path.write_text("")   # exists even if aider dies early, so read_turn never reads an old turn
+        return path
+
+    def _argv(self, ctx: LaneContext, chat: Path, message_file: Path, restore: bool) -> list[str]:
+        argv = [ctx.bin, *_model("--model", ctx), *self.COMMON,
+                "--chat-history-file", str(chat),
+                "--input-history-file", str(ctx.run_dir / "aider.input.history"),
+                "--llm-history-file", str(self._llm_log(ctx, new=True))]
+        if not ctx.writable:
+            argv += ["--dry-run", "--no-suggest-shell-commands", "--map-tokens", "0"]
+        if restore:
+            argv.append("--restore-chat-history")
+        return argv + [*ctx.extra_args, "--message-file", str(message_file)]
+
+    def build(self, ctx: LaneContext) -> Invocation:
+        chat = self.chat_file(ctx)
+        chat.unlink(missing_ok=True)
+        return Invocation(argv=self._argv(ctx, chat, Path(ctx.spec_path), restore=False))
+
+    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
+        chat = Path(session_id) if session_id else self.chat_file(ctx)
+        if not chat.is_file():
+            return self._no_session()
+        return Invocation(argv=self._argv(ctx, chat, Path(note_path), restore=True))
+
+    @staticmethod
+    def last_response(llm_log: str) -> str | None:
+        """The last ``LLM RESPONSE`` block of aider's LLM history file, role prefixes removed."""
+        idx = llm_log.rfind("\nLLM RESPONSE ")
+        if idx < 0:
+            if not llm_log.startswith("LLM RESPONSE "):
+                return None
+            idx = 0
+        lines = llm_log[idx:].lstrip("\n").splitlines()[1:]
+        out = []
+        for line in lines:
+            if line.startswith("TO LLM "):
+                break
+            if line.startswith("ASSISTANT "):
+                out.append(line[len("ASSISTANT "):])
+            elif line == "ASSISTANT":
+                out.append("")
+        return "\n".join(out)
+
+    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        log = self._llm_log(ctx, new=False)
+        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        message = self.last_response(text)
+        usage: dict = {}
+        cost = None
+        toks = re.findall(r"Tokens: ([\d.]+)(k?) sent,.*?([\d.]+)(k?) received\.(?: Cost: \$([\d.]+) message)?",
+                          stdout)
+        for sent, sk, recv, rk, c in toks:
+            usage["input_tokens"] = usage.get("input_tokens", 0) + int(float(sent) * (1000 if sk else 1))
+            usage["output_tokens"] = usage.get("output_tokens", 0) + int(float(recv) * (1000 if rk else 1))
+            if c:
+                cost = (cost or 0.0) + float(c)
+        api_error = None
+        m = re.search(r"^(litellm\.\w+(?:Error|Exception)\b.*|.*The API provider .*)$", stdout + "\n" + stderr,
+                      re.MULTILINE)
+        if m:
+            api_error = m.group(1).strip()[:500]
+        elif exit_code not in (0, None) and message is None:
+            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+        auth = "AuthenticationError" in (api_error or "") or (api_error is not None and _looks_like_auth(api_error))
+        chat = self.chat_file(ctx)
+        return TurnOutput(message=message or "", session_id=str(chat) if chat.exists() else None,
+                          cost_usd=cost, usage=usage, auth_failed=auth, api_error=api_error)
+
+
+# --------------------------------------------------------------------------- grok
+
+
+class Grok(_Base):
+    """@vibe-kit/grok-cli: ``grok -d <repo> -p <prompt>`` prints the conversation as JSONL.
+
+    No prompt-file flag: the spec is passed inline when it fits on argv, otherwise the prompt
+    names the spec file.  No session, no resume (a repair is a fresh retry), no cost.  No
+    read-only mode at all (its tools always include bash and file edits) and it always writes
+    ``.grok/settings.json`` into the worktree, so a read-only role is refused at build time.
+    Exit code is 0 even on API errors: they appear as an assistant message "Sorry, I encountered
+    an error: ...".  Never pass -k/-u: grok persists them to ~/.grok.
+    """
+
+    name = "grok"
+    default_bin = "grok"
+    can_resume = False
+    worktree_litter = (".grok/",)
+    INLINE_MAX = 100_000      # bytes; Linux caps one argv string at 128 KiB
+
+    def build(self, ctx: LaneContext) -> Invocation:
+        if not ctx.writable:
+            raise AgentError(f"grok has no read-only mode; configure another vendor for the {ctx.role} lane")
+        spec = Path(ctx.spec_path)
+        text = spec.read_text(encoding="utf-8", errors="replace")
+        if len(text.encode()) > self.INLINE_MAX:
+            text = (f"Your task specification is in the file {spec} (too long to include here). "
+                    "Read it with view_file, follow it exactly, and end with the final report it asks for.")
+        argv = [ctx.bin, "-d", str(ctx.cwd), *_model("-m", ctx), *ctx.extra_args, "-p", text]
+        return Invocation(argv=argv)
+
+    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
+        return self._no_session()
+
+    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        message = ""
+        api_error = None
+        for ev in _json_lines(stdout):
+            if ev.get("role") != "assistant" or ev.get("tool_calls"):
+                continue
+            content = ev.get("content") or ""
+            if content.startswith("Sorry, I encountered an error:"):
+                api_error = content
+                message = ""
+            else:
+                message = content
+                api_error = None
+        if api_error is None and exit_code not in (0, None) and not message:
+            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+        auth = _looks_like_auth(api_error) or "API key required" in stderr
+        return TurnOutput(message=message, session_id=None, cost_usd=None, usage={}, auth_failed=auth,
+                          api_error=api_error)
+
+
+# --------------------------------------------------------------------------- gemini
+
+
+class Gemini(_Base):
+    """gemini-cli: ``gemini -p <prompt> -o json`` (stdin is prepended to -p).  NOT stub-tested here.
+
+    JSON: ``session_id``, ``response``, ``stats.models.<m>.tokens``, or ``error``.  Resume:
+    ``-r <session_id>``.  Writable: ``--approval-mode yolo`` (auto_edit would refuse the shell the
+    implementer needs for tests); read-only: ``--approval-mode default``, which in headless mode
+    excludes every tool that would need approval (edits, shell).  Exit 41 = authentication.
+    """
+
+    name = "gemini"
+    default_bin = "gemini"
+    PROMPT = "Follow the task specification above exactly; end with the final report it asks for."
+
+    def _argv(self, ctx: LaneContext, prompt: str, extra: list[str]) -> list[str]:
+        mode = "yolo" if ctx.writable else "default"
+        return [ctx.bin, "-o", "json", "--approval-mode", mode, *extra, *_model("-m", ctx), *ctx.extra_args,
+                "-p", prompt]
+
+    def build(self, ctx: LaneContext) -> Invocation:
+        return Invocation(argv=self._argv(ctx, self.PROMPT, []), stdin_path=Path(ctx.spec_path))
+
+    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
+        if not session_id:
+            return self._no_session()
+        return Invocation(argv=self._argv(ctx, "Answer the note above.", ["-r", session_id]),
+                          stdin_path=Path(note_path))
+
+    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        doc = _last_json_object(stdout) or {}
+        usage: dict = {}
+        for model in ((doc.get("stats") or {}).get("models") or {}).values():
+            for key, val in ((model or {}).get("tokens") or {}).items():
+                if isinstance(val, (int, float)):
+                    usage[key] = usage.get(key, 0) + val
+        err = doc.get("error")
+        api_error = None
+        if isinstance(err, dict):
+            api_error = f"{err.get('type') or 'error'}: {err.get('message') or ''}".strip()
+        elif err:
+            api_error = str(err)
+        elif exit_code not in (0, None) and not doc.get("response"):
+            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+        auth = exit_code == 41 or _looks_like_auth(api_error)
+        return TurnOutput(message=doc.get("response") or "", session_id=doc.get("session_id"), cost_usd=None,
+                          usage=usage, auth_failed=bool(auth), api_error=api_error)
+
+
+ADAPTERS = {v.name: v for v in (Codex(), Claude(), OpenCode(), Aider(), Grok(), Gemini())}
+VENDORS.update(ADAPTERS)

@@ -1,0 +1,216 @@
+"""Builders and checks shared by the crash, chaos and concurrency tests (and scripts/chaos).
+
+Everything is real: the demo project (agent/demo.py) with a bare git remote, N distinct errors decided `fix`,
+scripted lanes run as subprocesses through the `command` vendor, `agent watch error-fix-work` run as a real
+process in its own process group so a test can SIGKILL it (and only it: lanes run in their own groups).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TERMINAL = ("done", "failed", "gate-blocked")
+
+
+def agent_bin() -> list[str]:
+    exe = Path(sys.executable).parent / "agent"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent"]
+
+
+def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: str = "local",
+          github_api_url: str | None = None, limits: dict | None = None) -> dict:
+    """Demo project + remote + config + ``tasks`` distinct errors decided fix + `watch error-fix` run once."""
+    from agent.app import App
+    from agent.commands.watch import run_scan
+    from agent.decide import decide
+    from agent.demo import BRIEF, PLAYBOOK, error_events, make_project, write_config
+    from agent.intake.store import ingest_text
+
+    root.mkdir(parents=True, exist_ok=True)
+    project, remote = make_project(root)
+    playbook = root / "playbook.json"
+    playbook.write_text(json.dumps(PLAYBOOK))
+    home = root / "home"
+    write_config(home, remote, playbook, lane_args=lane_args, forge=forge, github_api_url=github_api_url,
+                 limits={"prs_per_hour": 1000, "open_drafts_per_repo": 1000, **(limits or {})})
+    app = App(home=home)
+    try:
+        ingest_text(app.ledger, error_events(tasks, distinct=True), "auto", actor="script", source="test")
+        errors = app.ledger.all("SELECT id FROM errors ORDER BY created_at, id")
+        assert len(errors) == tasks, f"expected {tasks} distinct errors, got {len(errors)}"
+        for e in errors:
+            decide(app.ledger, app.config, e["id"], "fix", brief=BRIEF, decided_by="human")
+        run_scan(app, "error-fix")
+        assert app.ledger.scalar("SELECT count(*) FROM tasks") == tasks
+    finally:
+        app.close()
+    return {"root": root, "home": home, "remote": remote, "project": project, "playbook": playbook}
+
+
+def watcher(home: Path, env: dict | None = None, jobs: int = 1, log: Path | None = None,
+            command: tuple[str, ...] = ("watch", "error-fix-work")) -> subprocess.Popen:
+    """Start `agent watch error-fix-work` as a real process leading its own process group."""
+    full = {k: v for k, v in os.environ.items() if k != "AGENT_CRASHPOINT"}
+    full.update({"AGENT_HOME": str(home), **(env or {})})
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    try:
+        args = [*agent_bin(), "--home", str(home), *command]
+        if command[0] == "watch":
+            args += ["--jobs", str(jobs)]
+        return subprocess.Popen(args, env=full, stdout=out, stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+                                start_new_session=True, cwd=str(ROOT))
+    finally:
+        if log:
+            out.close()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the watcher's whole process group and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def open_tasks(home: Path) -> int:
+    with sqlite3.connect(home / "ledger.db", timeout=30) as c:
+        return c.execute("SELECT count(*) FROM tasks WHERE state IN ('open', 'working')").fetchone()[0]
+
+
+def run_to_end(home: Path, env: dict | None = None, passes: int = 20, jobs: int = 1,
+               log: Path | None = None, timeout: float = 120) -> int:
+    """Run the watcher to completion until no task is open/working; returns the passes used."""
+    for n in range(1, passes + 1):
+        p = watcher(home, env=env, jobs=jobs, log=log)
+        assert p.wait(timeout) == 0, f"watcher exited {p.returncode}; see {log}"
+        if open_tasks(home) == 0:
+            return n
+        time.sleep(0.05)  # an orphaned lane of a killed watcher may still be finishing
+    raise AssertionError(f"tasks still open after {passes} passes: {open_tasks(home)}")
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def remote_sha(remote: Path, branch: str) -> str | None:
+    out = git(remote, "ls-remote", str(remote), f"refs/heads/{branch}")
+    return out.split()[0] if out else None
+
+
+def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_done: bool = True) -> list[dict]:
+    """The exactly-once guarantees, asserted from the ledger, the remote, the forge and the PR files."""
+    from agent import chain
+
+    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con.row_factory = sqlite3.Row
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        rows = [dict(r) for r in con.execute("SELECT * FROM tasks ORDER BY id")]
+        assert len(rows) == tasks, f"{len(rows)} tasks for {tasks} errors"
+        assert len({r["error_id"] for r in rows}) == tasks, "two tasks for one error"
+        now = time.time()
+        for t in rows:
+            tid = t["id"]
+            # no claim left past its lease (a finished run releases; a killed one leaves a dead pid or expires)
+            assert t["claim_token"] is None or (t["lease_until"] or 0) >= now, f"task {tid}: stale claim {t}"
+            if require_done:
+                assert t["state"] == chain.DONE, f"task {tid} is {t['state']}: {t['failed_reason'] or t['blocked_reason']}"
+            else:
+                assert t["state"] in TERMINAL + ("open", "working"), t["state"]
+            if t["state"] != chain.DONE:
+                continue
+            # one PR per task, in the ledger and on the forge
+            prs = [dict(r) for r in con.execute("SELECT * FROM prs WHERE task_id = ?", (tid,))]
+            assert len(prs) == 1, f"task {tid}: {len(prs)} prs rows"
+            pr = prs[0]
+            assert pr["head_branch"] == t["branch"] and pr["state"] == "open" and pr["draft"] == 1
+            if pr["forge"] == "local":
+                local = con.execute("SELECT number, head, head_sha FROM local_prs WHERE head = ?",
+                                    (t["branch"],)).fetchall()
+                assert len(local) == 1, f"task {tid}: {len(local)} local PRs on {t['branch']}"
+                assert local[0]["number"] == pr["number"]
+                md = home / "prs" / f"{pr['repo'].replace('/', '-')}-{pr['number']}.md"
+                assert md.exists(), md
+            if sim is not None:
+                on_sim = sim.pulls(t["branch"])
+                assert len(on_sim) == 1, f"task {tid}: {len(on_sim)} PRs on the GitHub simulator"
+                assert on_sim[0]["number"] == pr["number"] and on_sim[0]["draft"] is True
+            # one commit per round, all on the branch, nothing else on it; the pushed branch is the head
+            commits = [dict(r) for r in con.execute("SELECT round, sha, parent FROM commits WHERE task_id = ? "
+                                                    "ORDER BY id", (tid,))]
+            assert len(commits) == len({c["round"] for c in commits}), f"task {tid}: two commits in a round"
+            assert len(commits) == len({c["sha"] for c in commits})
+            assert t["head_sha"] == commits[-1]["sha"] == t["pushed_sha"]
+            assert remote_sha(remote, t["branch"]) == t["head_sha"]
+            chain_shas = git(remote, "rev-list", "--reverse", f"{t['base_sha']}..{t['branch']}").split()
+            assert chain_shas == [c["sha"] for c in commits], f"task {tid}: branch {chain_shas} vs {commits}"
+            assert pr["head_sha"] == t["head_sha"]
+        return rows
+    finally:
+        con.close()
+
+
+def lane_launches(home: Path) -> dict[tuple[int, int, str], int]:
+    """Lane runs per (task, round, role) that were not superseded (interrupted rows are the re-run's own)."""
+    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    try:
+        out: dict[tuple[int, int, str], int] = {}
+        for tid, rnd, role, n in con.execute("SELECT task_id, round, role, count(*) FROM lane_runs WHERE status "
+                                             "!= 'interrupted' GROUP BY task_id, round, role"):
+            out[(tid, rnd, role)] = n
+        return out
+    finally:
+        con.close()
+
+
+def read_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def chaos(root: Path, tasks: int = 5, kills: int = 8, seed: int | None = None, sim=None,
+          kill_window: tuple[float, float] = (0.3, 1.5), sleep: str = "0.02:0.25", echo=print) -> dict:
+    """SIGKILL `agent watch error-fix-work` (its whole group) at random moments across a batch of tasks, restart,
+    repeat ``kills`` times, then run it to the end and check every invariant. Returns a summary."""
+    import random
+
+    seed = seed if seed is not None else random.SystemRandom().randrange(1 << 30)
+    echo(f"chaos seed={seed} tasks={tasks} kills={kills} forge={'github-sim' if sim else 'local'}")
+    rnd = random.Random(seed)
+    lanes_log = root / "lanes.log"
+    env = {"GITHUB_TOKEN": "sim-token-not-secret"} if sim else {}
+    p = build(root / "w", tasks=tasks, lane_args=("--sleep", sleep, "--seed", str(seed), "--log", str(lanes_log)),
+              forge="github" if sim else "local", github_api_url=sim.url if sim else None)
+    home = p["home"]
+    started = time.monotonic()
+    killed = 0
+    for i in range(kills):
+        if open_tasks(home) == 0:
+            break
+        w = watcher(home, env=env, jobs=rnd.choice((1, 2, 3)), log=root / "watch.log")
+        delay = rnd.uniform(*kill_window)
+        try:
+            w.wait(delay)
+            echo(f"  pass {i + 1}: watcher finished before the kill at {delay:.2f}s")
+        except subprocess.TimeoutExpired:
+            kill_group(w)
+            killed += 1
+            echo(f"  pass {i + 1}: SIGKILL after {delay:.2f}s; open tasks {open_tasks(home)}")
+    passes = run_to_end(home, env=env, passes=60, jobs=2, log=root / "watch.log")
+    rows = check_invariants(home, p["remote"], tasks, sim=sim)
+    summary = {"seed": seed, "tasks": tasks, "killed": killed, "final_passes": passes,
+               "states": sorted({r["state"] for r in rows}), "rounds": [r["round"] for r in rows],
+               "lane_runs": sum(lane_launches(home).values()), "seconds": round(time.monotonic() - started, 1)}
+    echo(f"chaos ok: {summary}")
+    return summary

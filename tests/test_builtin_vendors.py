@@ -1,0 +1,194 @@
+"""Vendor adapters without running a CLI: argv per role, resume rules, and read_turn on edge cases
+the real-CLI tests (tests/test_vendor_clis.py) cannot provoke (truncated stdout, gemini, which is
+not installed here, non-JSON output).  The JSON shapes are the ones the pinned CLIs print."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent import AgentError
+from agent.lanes import vendors
+from agent.lanes.builtin import ADAPTERS, Aider
+from agent.lanes.vendors import LaneContext
+
+NAMES = ("codex", "claude", "opencode", "aider", "grok", "gemini")
+
+
+def ctx(tmp_path: Path, writable: bool, model: str | None = "m") -> LaneContext:
+    spec = tmp_path / "spec.md"
+    spec.write_text("do the thing\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    return LaneContext(role="implementer" if writable else "reviewer", writable=writable, spec_path=spec,
+                       cwd=tmp_path, model=model, bin="/bin/x", extra_args=("--extra",), run_dir=run_dir)
+
+
+def test_registry_holds_every_builtin():
+    assert set(NAMES) <= set(vendors.VENDORS)
+    for name in NAMES:
+        adapter = vendors.VENDORS[name]
+        assert adapter.name == name and adapter.default_bin == name
+        assert adapter.version_argv("/bin/x") == ["/bin/x", "--version"]
+
+
+# (vendor, flags a writable lane must have, flags a read-only lane must have, flags it must NOT have)
+ROLE_FLAGS = {
+    "codex": (["-s", "workspace-write"], ["-s", "read-only"], ["workspace-write"]),
+    "claude": (["--permission-mode", "acceptEdits"], ["--permission-mode", "dontAsk"], ["acceptEdits"]),
+    "aider": ([], ["--dry-run", "--no-suggest-shell-commands"], []),
+    "gemini": (["--approval-mode", "yolo"], ["--approval-mode", "default"], ["yolo"]),
+}
+
+
+def _contains(argv: list[str], seq: list[str]) -> bool:
+    return any(argv[i:i + len(seq)] == seq for i in range(len(argv)))
+
+
+@pytest.mark.parametrize("name", sorted(ROLE_FLAGS))
+def test_role_flags(name, tmp_path):
+    write, read, not_read = ROLE_FLAGS[name]
+    w = ADAPTERS[name].build(ctx(tmp_path, True)).argv
+    r = ADAPTERS[name].build(ctx(tmp_path, False)).argv
+    assert _contains(w, write) if write else "--dry-run" not in w
+    assert _contains(r, read)
+    for bad in not_read:
+        assert not any(bad in a for a in r), (bad, r)
+    assert "--extra" in w and "--extra" in r       # vendors.X.args reach the CLI
+    if name == "claude":
+        writers = {"Edit", "Write", "MultiEdit", "NotebookEdit"}
+        assert not writers & set(r[r.index("--tools") + 1].split(","))
+        allowed = r[r.index("--allowedTools") + 1].split(",")
+        assert not (writers | {"Bash"}) & set(allowed), allowed      # Bash only as Bash(git diff:*) etc.
+        assert "Bash(git diff:*)" in allowed
+        assert "Edit" in r[r.index("--disallowedTools") + 1].split(",")
+
+
+def test_opencode_permissions_by_role(tmp_path):
+    w = ADAPTERS["opencode"].build(ctx(tmp_path, True))
+    r = ADAPTERS["opencode"].build(ctx(tmp_path, False))
+    wp = json.loads(w.env["OPENCODE_CONFIG_CONTENT"])["permission"]
+    rp = json.loads(r.env["OPENCODE_CONFIG_CONTENT"])["permission"]
+    assert wp["edit"] == "allow" and wp["bash"] == "allow"
+    assert rp["edit"] == "deny" and rp["bash"]["*"] == "deny" and rp["bash"]["git diff*"] == "allow"
+    assert "rm*" not in rp["bash"]
+
+
+@pytest.mark.parametrize("name", ["codex", "claude", "opencode", "gemini"])
+def test_spec_goes_on_stdin_not_argv(name, tmp_path):
+    c = ctx(tmp_path, True)
+    inv = ADAPTERS[name].build(c)
+    assert inv.stdin_path == c.spec_path
+    assert not any("do the thing" in a for a in inv.argv)
+
+
+def test_grok_refuses_read_only_and_inlines_or_points_to_spec(tmp_path):
+    with pytest.raises(AgentError, match="read-only"):
+        ADAPTERS["grok"].build(ctx(tmp_path, False))
+    c = ctx(tmp_path, True)
+    assert ADAPTERS["grok"].build(c).argv[-2:] == ["-p", "do the thing\n"]
+    c.spec_path.write_text("x" * 200_000)
+    prompt = ADAPTERS["grok"].build(c).argv[-1]
+    assert str(c.spec_path) in prompt and len(prompt) < 1000
+
+
+@pytest.mark.parametrize("name", ["codex", "claude", "opencode", "gemini", "grok"])
+def test_resume_without_session_raises_so_runner_retries_fresh(name, tmp_path):
+    with pytest.raises(AgentError):
+        ADAPTERS[name].build_resume(ctx(tmp_path, True), None, tmp_path / "note.md")
+
+
+def test_resume_carries_session_and_note(tmp_path):
+    note = tmp_path / "note.md"
+    c = ctx(tmp_path, True)
+    cl = ADAPTERS["claude"].build_resume(c, "sess-1", note)
+    assert _contains(cl.argv, ["--resume", "sess-1"]) and cl.stdin_path == note
+    assert _contains(cl.argv, ["--permission-mode", "acceptEdits"])
+    oc = ADAPTERS["opencode"].build_resume(c, "ses_1", note)
+    assert _contains(oc.argv, ["--session", "ses_1"]) and oc.stdin_path == note
+    gm = ADAPTERS["gemini"].build_resume(c, "uuid-1", note)
+    assert _contains(gm.argv, ["-r", "uuid-1"]) and gm.stdin_path == note
+
+
+def test_aider_resume_restores_the_chat_file(tmp_path):
+    c = ctx(tmp_path, True)
+    first = ADAPTERS["aider"].build(c).argv
+    chat = Path(first[first.index("--chat-history-file") + 1])
+    assert chat.parent == c.run_dir and "--restore-chat-history" not in first
+    with pytest.raises(AgentError):          # nothing was said yet: nothing to restore
+        ADAPTERS["aider"].build_resume(c, None, tmp_path / "note.md")
+    chat.write_text("#### hi\n")
+    again = ADAPTERS["aider"].build_resume(c, str(chat), tmp_path / "note.md").argv
+    assert "--restore-chat-history" in again and again[again.index("--message-file") + 1].endswith("note.md")
+    # each turn has its own LLM log so read_turn never reads the previous turn's reply
+    logs = [a for a in first + again if a.endswith(".log")]
+    assert len(set(logs)) == 2
+
+
+def test_codex_read_turn_falls_back_to_last_message_file(tmp_path):
+    c = ctx(tmp_path, True)
+    ADAPTERS["codex"].build(c)
+    (c.run_dir / "codex-last-message.txt").write_text("STATUS: complete\nSUMMARY: s\n")
+    cut = '{"type":"thread.started","thread_id":"t-1"}\n{"type":"item.completed","item":{"type":"agent_mes'
+    out = ADAPTERS["codex"].read_turn(cut, "", 0, c)
+    assert out.session_id == "t-1" and out.message.startswith("STATUS: complete")
+    failed = ('{"type":"thread.started","thread_id":"t-2"}\n'
+              '{"type":"turn.failed","error":{"message":"unexpected status 401 Unauthorized: bad key"}}\n')
+    out = ADAPTERS["codex"].read_turn(failed, "", 1, c)
+    assert out.auth_failed and "401" in out.api_error
+    out = ADAPTERS["codex"].read_turn(failed.replace("401 Unauthorized: bad key", "500 Internal"), "", 1, c)
+    assert not out.auth_failed and out.api_error
+
+
+def test_claude_read_turn_errors(tmp_path):
+    c = ctx(tmp_path, True)
+    out = ADAPTERS["claude"].read_turn("segfault\n", "Error: something broke\n", 1, c)
+    assert out.message == "" and out.api_error == "Error: something broke" and not out.auth_failed
+    doc = {"type": "result", "subtype": "error_max_turns", "is_error": False, "result": "", "session_id": "s",
+           "total_cost_usd": 0.5, "usage": {"input_tokens": 9}, "permission_denials": []}
+    out = ADAPTERS["claude"].read_turn(json.dumps(doc), "", 0, c)
+    assert "error_max_turns" in out.api_error and out.cost_usd == 0.5 and out.session_id == "s"
+
+
+def test_opencode_message_is_last_assistant_message_only(tmp_path):
+    c = ctx(tmp_path, True)
+    lines = [
+        {"type": "text", "sessionID": "ses_9", "part": {"messageID": "m1", "text": "thinking aloud"}},
+        {"type": "step_finish", "sessionID": "ses_9", "part": {"cost": 0.25, "tokens": {"input": 5, "output": 1}}},
+        {"type": "text", "sessionID": "ses_9", "part": {"messageID": "m2", "text": "STATUS: complete\n"}},
+        {"type": "text", "sessionID": "ses_9", "part": {"messageID": "m2", "text": "SUMMARY: s\n"}},
+        {"type": "step_finish", "sessionID": "ses_9", "part": {"cost": 0.5, "tokens": {"input": 7, "output": 2}}},
+    ]
+    out = ADAPTERS["opencode"].read_turn("\n".join(map(json.dumps, lines)), "", 0, c)
+    assert out.message == "STATUS: complete\nSUMMARY: s\n"
+    assert out.session_id == "ses_9" and out.cost_usd == 0.75 and out.usage["input"] == 12
+
+
+def test_aider_last_response_parser():
+    log = ("TO LLM 2026\nUSER hi\n\nLLM RESPONSE 2026\nASSISTANT first\n"
+           "TO LLM 2026\nUSER again\n\nLLM RESPONSE 2026\nASSISTANT STATUS: complete\nASSISTANT \n"
+           "ASSISTANT SUMMARY: s\n")
+    assert Aider.last_response(log) == "STATUS: complete\n\nSUMMARY: s"
+    assert Aider.last_response("TO LLM 2026\nUSER hi\n") is None
+
+
+def test_aider_read_turn_usage_and_cost(tmp_path):
+    c = ctx(tmp_path, True)
+    ADAPTERS["aider"].build(c)
+    out = ADAPTERS["aider"].read_turn("Tokens: 2.5k sent, 30 received. Cost: $0.01 message, $0.02 session.\n",
+                                      "", 0, c)
+    assert out.usage == {"input_tokens": 2500, "output_tokens": 30} and out.cost_usd == 0.01
+    assert out.message == ""          # this turn's LLM log is empty: no reply, not the last turn's
+
+
+def test_gemini_read_turn(tmp_path):
+    c = ctx(tmp_path, True)
+    doc = {"session_id": "g-1", "response": "STATUS: complete\nSUMMARY: s",
+           "stats": {"models": {"gemini-x": {"tokens": {"prompt": 10, "candidates": 3}}}}}
+    out = ADAPTERS["gemini"].read_turn(json.dumps(doc, indent=2), "", 0, c)
+    assert out.session_id == "g-1" and out.message.startswith("STATUS") and out.usage == {"prompt": 10, "candidates": 3}
+    err = {"error": {"type": "FatalAuthenticationError", "message": "no credentials", "code": 41}}
+    out = ADAPTERS["gemini"].read_turn(json.dumps(err), "", 41, c)
+    assert out.auth_failed and out.message == "" and "no credentials" in out.api_error

@@ -1,0 +1,32 @@
+"""`agent demo` as a new user runs it: the installed binary, offline, to a draft PR in the local forge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import agent_bin
+
+
+def test_demo_runs_to_a_draft_pr_in_two_rounds(tmp_path):
+    out = tmp_path / "demo"
+    r = subprocess.run([*agent_bin(), "demo", "--dir", str(out)], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "round 1: reviewer rejected, 1 finding" in r.stdout
+    assert "task 1: done after 2 round(s)" in r.stdout
+    assert "look next:" in r.stdout and f"agent --home {out / 'home'} status" in r.stdout
+    pr_files = list((out / "home" / "prs").glob("*.md"))
+    assert len(pr_files) == 1 and "(draft)" in pr_files[0].read_text()
+    status = subprocess.run([*agent_bin(), "--home", str(out / "home"), "status", "--json"], capture_output=True,
+                            text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    data = json.loads(status.stdout)
+    assert data["tasks"]["done"] == 1 and data["prs"]["open"] == 1 and data["errors"]["fixing"] == 1
+
+
+def test_demo_refuses_a_non_empty_dir(tmp_path, agent):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    r = agent("demo", "--dir", str(tmp_path / "full"))
+    assert r.exit_code == 1 and "is not empty" in r.stderr
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"

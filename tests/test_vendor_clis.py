@@ -1,0 +1,318 @@
+"""Drive the REAL vendor CLIs (codex, claude, opencode, aider, grok; pinned versions installed by
+scripts/ci-vendors) through ``run_lane`` against a scripted model server on 127.0.0.1.
+
+Nothing is mocked but the model itself: the CLI binaries are the registry's, they run as real
+subprocesses in a real git repo and really execute the shell command / edit the scripted model
+asks for.  The model (tests/fakemodel) answers in the wire API each CLI speaks and logs every
+request, so the tests can assert what the CLI sent (e.g. that a repair turn carried on the first
+turn's conversation).  Each CLI's home/config dirs live in tmp_path; keys are dummies.
+
+A CLI that is not installed makes its tests skip with a reason naming it (never silently).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fakemodel import FakeModel, ModelRequest, Reply
+from fakemodel.clis import MODELS, PINNED, find_cli, setup_env
+
+pytestmark = pytest.mark.vendor_cli
+
+lane_mod = pytest.importorskip(
+    "agent.lanes.lane", reason="lanes core (agent.lanes.lane, branch `lanes`) not merged into this branch yet")
+from agent.config import Config, LaneConfig, Limits, VendorConfig  # noqa: E402
+from agent.lanes.builtin import ADAPTERS  # noqa: E402
+from agent.lanes.vendors import LaneContext  # noqa: E402
+
+TOOL_CLIS = ("codex", "claude", "opencode", "grok")          # CLIs that run a shell tool call
+ALL_CLIS = TOOL_CLIS + ("aider",)
+
+SPEC_MARK = "SPEC-MARK-7f3a"
+BAD_REPORT = "Fixed the greeting typo.\n\nSTATUS: completed\nSUMMARY: fixed the typo in app.py\n"
+GOOD_REPORT = "STATUS: complete\nSUMMARY: fixed the greeting typo in app.py\nLESSON: grep for typos\n"
+REVIEW_REPORT = "Looked at the diff.\n\nSTATUS: complete\nFINDINGS: none\n"
+EDIT_CMD = "sed -i 's/helo, world/hello, world/' app.py"
+PWN_CMD = "echo pwned > pwned.txt"
+AIDER_EDIT = ("app.py\n```\n<<<<<<< SEARCH\n    return \"helo, world\"\n=======\n"
+              "    return \"hello, world\"\n>>>>>>> REPLACE\n```\n\n")
+AIDER_PWN = "pwned.txt\n```\n<<<<<<< SEARCH\n=======\npwned\n>>>>>>> REPLACE\n```\n\n"
+
+
+def is_repair(req: ModelRequest) -> bool:
+    """The conversation holds the runner's repair note (lanes/report.repair_note).  Not only the
+    last message: aider adds files a reply mentions to the chat and asks again, and the model
+    must keep giving the repaired report then."""
+    return "could not be accepted" in req.all_text
+
+
+def implementer_script(req: ModelRequest) -> Reply:
+    """Edit app.py with one shell call, then answer with a MALFORMED report; the repair gets a good one."""
+    if req.api == "chat" and not req.tool_names and "SEARCH/REPLACE" in req.all_text:   # aider
+        return Reply(text=GOOD_REPORT if is_repair(req) else AIDER_EDIT + BAD_REPORT)
+    if not req.tool_names:
+        return Reply(text="Fix greeting")          # side calls: session titles
+    if is_repair(req):
+        return Reply(text=GOOD_REPORT)
+    if req.tool_results:
+        return Reply(text=BAD_REPORT)
+    return Reply(shell=EDIT_CMD, text="no shell tool was offered\n\nSTATUS: blocked\nSUMMARY: no shell\n")
+
+
+def reviewer_script(req: ModelRequest) -> Reply:
+    """Try to write a file (a read-only lane's vendor flags must stop it), then approve."""
+    if req.api == "chat" and not req.tool_names and "SEARCH/REPLACE" in req.all_text:   # aider
+        return Reply(text=AIDER_PWN + REVIEW_REPORT)
+    if not req.tool_names:
+        return Reply(text="Review")
+    if req.tool_results:
+        return Reply(text=REVIEW_REPORT)
+    return Reply(shell=PWN_CMD, text=REVIEW_REPORT)
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A real git repository with one committed file holding a typo."""
+    path = tmp_path / "repo"
+    path.mkdir()
+    (path / "app.py").write_text('def greet():\n    return "helo, world"\n')
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    subprocess.run(git + ["add", "-A"], cwd=path, check=True)
+    subprocess.run(git + ["commit", "-qm", "init"], cwd=path, check=True)
+    return path
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.md"
+    path.write_text(f"# Task {SPEC_MARK}\n\nFix the typo in app.py: greet() must return \"hello, world\".\n\n"
+                    "End your last message with the final report:\nSTATUS: complete|partial|blocked\n"
+                    "SUMMARY: <one paragraph>\n")
+    return path
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def start(script) -> FakeModel:
+        server = FakeModel(script).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def lane(tmp_path, monkeypatch, fake, spec, repo):
+    """``lane(cli, role, script, refuse_auth=False)`` -> (LaneResult, FakeModel): one run_lane call
+    of the real CLI against a fresh scripted server; HOME and every CLI dir under tmp_path."""
+
+    def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
+            args: tuple[str, ...] = (), ledger=None):
+        binary, why = find_cli(cli)
+        if binary is None:
+            pytest.skip(why)
+        server = fake(script)
+        server.refuse_auth = refuse_auth
+        home = tmp_path / "home"
+        home.mkdir(exist_ok=True)
+        monkeypatch.setenv("HOME", str(home))
+        env = setup_env(cli, server.url, tmp_path / f"{cli}-cfg")
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        args = (("--edit-format", "diff") if cli == "aider" else ()) + tuple(args)
+        config = Config(
+            lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=60, repair=repair)},
+            vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args)},
+            limits=Limits(lane_timeout=60))
+        result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
+                                   cwd=repo, ledger=ledger)
+        return result, server
+
+    return run
+
+
+def git_status(repo: Path) -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def untracked_outside_litter(repo: Path, cli: str) -> list[str]:
+    """Untracked files the CLI left that its adapter does not declare as ``worktree_litter``."""
+    litter = ADAPTERS[cli].worktree_litter
+    return [line[3:] for line in git_status(repo).splitlines()
+            if line.startswith("?? ") and not line[3:].startswith(litter)]
+
+
+def explain(result, server: FakeModel) -> str:
+    return (f"status={result.status} reason={result.reason}\nexcerpt={result.excerpt[-800:]}\n"
+            f"repairs={json.dumps(result.repairs, default=str)[:1500]}\nrequests:\n{server.dump()[-3000:]}")
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider"])
+def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_path):
+    """The edit lands in the worktree; the malformed report ('STATUS: completed') triggers a repair
+    turn that RESUMES the same vendor session: the server sees the first turn's conversation
+    (the spec and the bad report) in the repair request, under the same session id.  The ledger
+    row records the session, the usage and the repair."""
+    from agent.ledger import Ledger
+
+    ledger = Ledger.open(tmp_path / "ledger.db")
+    result, server = lane(cli, "implementer", implementer_script, ledger=ledger)
+    why = explain(result, server)
+    assert result.status == "complete", why
+    assert result.summary == "fixed the greeting typo in app.py", why
+    assert 'return "hello, world"' in (repo / "app.py").read_text(), why
+    assert " M app.py" in git_status(repo) or "M  app.py" in git_status(repo), why
+    if cli == "aider":
+        assert "Applied edit to app.py" in (result.log_dir / "01-turn.stdout").read_text()
+    assert untracked_outside_litter(repo, cli) == [], git_status(repo)
+
+    assert result.session_id, why
+    assert len(result.repairs) == 1, why
+    rep = result.repairs[0]
+    assert rep["kind"] == "resume" and rep["resumed_session"] == result.session_id, why
+    assert "completed" in rep["problem"], why
+
+    repair_reqs = [r for r in server.requests if is_repair(r)]
+    assert repair_reqs, why
+    first = repair_reqs[0]
+    # the conversation continued: the repair request carries turn one (spec + the bad report)
+    assert SPEC_MARK in first.all_text and "STATUS: completed" in first.all_text, why
+    if cli == "aider":
+        assert Path(result.session_id).name == "aider.chat.md", why
+    else:
+        header = {"codex": "session-id", "claude": "x-claude-code-session-id", "opencode": "x-session-id"}[cli]
+        assert first.headers.get(header) == result.session_id, why
+        turn_one = [r for r in server.requests if not is_repair(r) and r.tool_names]
+        assert turn_one and all(r.headers.get(header) == result.session_id for r in turn_one), why
+
+    # usage (tokens) is captured for every CLI; dollar cost where the CLI reports it
+    assert result.usage, why
+    if cli == "claude":
+        assert result.cost_usd > 0 and result.usage.get("input_tokens", 0) > 0, why
+    if cli == "opencode":
+        assert result.cost_usd > 0 and result.usage.get("input", 0) > 0, why
+    if cli in ("codex", "aider"):
+        assert result.usage.get("input_tokens", 0) > 0, why
+
+    row = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (result.run_id,))
+    assert row["status"] == "complete" and row["session_id"] == result.session_id, row
+    assert json.loads(row["usage"]) == json.loads(json.dumps(result.usage)), row
+    assert len(json.loads(row["repairs"])) == 1 and row["manifest_hash"], row
+
+
+def test_grok_implementer_edit_and_fresh_retry(lane, repo):
+    """grok has no session to resume: the malformed report gets one FRESH retry (spec + note), and
+    the server sees a new conversation (the bad report is not in it)."""
+    result, server = lane("grok", "implementer", implementer_script)
+    why = explain(result, server)
+    assert 'return "hello, world"' in (repo / "app.py").read_text(), why
+    assert "?? .grok/settings.json" in git_status(repo)          # grok always writes it (worktree_litter)
+    assert untracked_outside_litter(repo, "grok") == [], git_status(repo)
+    assert result.status == "complete", why
+    assert result.session_id is None, why
+    assert [r["kind"] for r in result.repairs] == ["fresh"], why
+    retry = [r for r in server.requests if is_repair(r)]
+    assert retry and SPEC_MARK in retry[0].all_text and "STATUS: completed" not in retry[0].all_text, why
+
+
+@pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider"])
+def test_read_only_lane_flags_stop_writes(cli, lane, repo):
+    """A reviewer whose model tries to write a file: the vendor's own read-only flags refuse it, so
+    the worktree stays clean and the lane completes (it is not 'rejected' by the runner's check)."""
+    result, server = lane(cli, "reviewer", reviewer_script)
+    why = explain(result, server)
+    assert not (repo / "pwned.txt").exists(), why
+    assert git_status(repo) == "", why
+    assert result.status == "complete" and result.findings == 0, why
+    if cli == "aider":
+        # aider got an edit block for pwned.txt and did not apply it (a writable run prints
+        # "Applied edit to <file>"; see the implementer test's log)
+        stdout = (result.log_dir / "01-turn.stdout").read_text()
+        assert "pwned.txt" in stdout and "Applied edit" not in stdout, stdout[-2000:]
+    else:
+        # the CLI ran the tool call and sent the model back a refusal, not a success
+        attempts = [r for r in server.requests if r.tool_results]
+        assert attempts, why
+        refusal = "\n".join(attempts[-1].tool_results)
+        expected = {"codex": "Read-only file system", "claude": "permission",
+                    "opencode": "prevents you from using this specific tool call"}[cli]
+        assert expected.lower() in refusal.lower(), refusal
+    if cli == "claude":
+        assert result.usage.get("permission_denials", 0) >= 1, why
+
+
+def test_read_only_lane_that_edits_is_rejected(lane, repo):
+    """Negative control with a real CLI: a reviewer configured with codex's sandbox bypass
+    (vendors.codex.args) does write the file, and the runner's worktree check rejects the run."""
+    result, server = lane("codex", "reviewer", reviewer_script,
+                          args=("--dangerously-bypass-approvals-and-sandbox",))
+    why = explain(result, server)
+    assert (repo / "pwned.txt").exists(), why
+    assert result.status == "rejected", why
+    assert "pwned.txt" in result.reason, why
+
+
+def test_grok_read_only_lane_is_refused(lane, repo):
+    """grok has no read-only mode: a reviewer lane on grok is 'unavailable' with a reason, and
+    nothing is started."""
+    result, server = lane("grok", "reviewer", reviewer_script)
+    assert result.status == "unavailable", explain(result, server)
+    assert "read-only" in result.reason
+    assert server.requests == []
+    assert git_status(repo) == ""
+
+
+@pytest.mark.parametrize("cli", ALL_CLIS)
+def test_auth_refused_is_unavailable(cli, lane):
+    """The model server answers 401: the adapter detects the auth failure (several CLIs exit 0),
+    so the lane is 'unavailable' (gate-blocked), never a malformed or failed run."""
+    result, server = lane(cli, "implementer", implementer_script, refuse_auth=True)
+    why = explain(result, server)
+    assert server.requests, why
+    assert result.status == "unavailable", why
+    assert "authentication" in result.reason, why
+    assert result.repairs == [], why
+
+
+@pytest.mark.parametrize("cli", ALL_CLIS)
+def test_installed_version_is_pinned(cli, tmp_path):
+    """The binary the tests drive is the pinned version (version_argv is what the manifest records)."""
+    binary, why = find_cli(cli)
+    if binary is None:
+        pytest.skip(why)
+    want = PINNED[cli][1]
+    argv = ADAPTERS[cli].version_argv(str(binary))
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    if want:
+        assert want in out.stdout, out.stdout
+
+
+def test_codex_resume_keeps_write_sandbox(tmp_path):
+    """codex `exec resume` forgets the sandbox: the implementer's resume must pass workspace-write
+    again, a reviewer's read-only (argv level; the real resume is driven above)."""
+    for writable, mode in ((True, "workspace-write"), (False, "read-only")):
+        ctx = LaneContext(role="implementer" if writable else "reviewer", writable=writable,
+                          spec_path=tmp_path / "s.md", cwd=tmp_path, model=None, bin="codex", extra_args=(),
+                          run_dir=tmp_path)
+        argv = ADAPTERS["codex"].build_resume(ctx, "0199-thread", tmp_path / "note.md").argv
+        assert argv[:3] == ["codex", "exec", "resume"]
+        assert argv[argv.index("-c") + 1] == f'sandbox_mode="{mode}"'
+        assert argv[-2:] == ["0199-thread", "-"]
