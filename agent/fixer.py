@@ -377,7 +377,9 @@ def step_committed(ctx: Ctx) -> None:
     subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
     message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
     actor = git.Actor(ctx.config.git.author_name, ctx.config.git.author_email)
-    commit = repo.index.commit(message, author=actor, committer=actor)
+    # skip_hooks: GitPython's hook path writes COMMIT_EDITMSG in the mirror's *common* dir, which every task's
+    # worktree shares, so parallel commits (--jobs) raced on it; the mirror has no active hooks to run anyway
+    commit = repo.index.commit(message, author=actor, committer=actor, skip_hooks=True)
     crashpoint("commit.done")
     _record_commit(ctx, commit.hexsha, previous, message)
     crashpoint("commit.recorded")
