@@ -86,7 +86,8 @@ def cli(ctx, home, config_file):
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cli.main(args=argv, prog_name="agent", standalone_mode=False)
+        # standalone_mode=False returns click's Exit code instead of exiting; keep it
+        rv = cli.main(args=argv, prog_name="agent", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -100,4 +101,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
-    sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)

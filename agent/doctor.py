@@ -332,7 +332,7 @@ def check_disk(home: Path, min_free: int = MIN_FREE_BYTES) -> Check:
     if free < min_free:
         return Check("disk", False, f"{gib:.2f} GiB free at {probe} (under {min_free / (1 << 30):.1f} GiB); "
                      "mirrors and worktrees live in the home",
-                     f"free space on that filesystem or move the home (AGENT_HOME) to a larger one")
+                     "free space on that filesystem or move the home (AGENT_HOME) to a larger one")
     return Check("disk", True, f"{gib:.1f} GiB free at {probe}")
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from agent.commands.common import emit, get_app, json_option
@@ -95,4 +93,4 @@ def doctor(as_json, online):
     result = run_doctor(app.home, app.config_path, config_required=app.config_file is not None, online=online)
     emit(result, as_json, lambda r: click.echo(render_text(r)))
     if not result["ok"]:
-        sys.exit(1)  # not click's Exit: cli.main() runs click with standalone_mode=False, which swallows it
+        raise click.exceptions.Exit(1)
