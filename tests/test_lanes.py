@@ -465,3 +465,30 @@ def test_huge_output_with_report_at_end(env):
     res = lane(env, "reviewer", config)
     assert res.status == "complete" and res.findings == 1
     assert (res.log_dir / "01-turn.stdout").stat().st_size > 5_000_000
+
+
+def test_worktree_state_sees_head_edits_renames_and_untracked(tmp_path):
+    import os
+    import subprocess
+
+    from agent.lanes.lane import worktree_state
+
+    def g(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True,
+                       env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@l",
+                            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@l"})
+
+    g("init", "-q", "-b", "main")
+    assert worktree_state(tmp_path)[":HEAD"] == "(no commits)"
+    (tmp_path / "a.py").write_text("a = 1\n")
+    g("add", "-A")
+    g("commit", "-qm", "one")
+    clean = worktree_state(tmp_path)
+    assert set(clean) == {":HEAD"} and len(clean[":HEAD"]) == 40
+    g("mv", "a.py", "b.py")
+    renamed = worktree_state(tmp_path)
+    assert "b.py" in renamed and renamed != clean
+    g("mv", "b.py", "a.py")
+    assert worktree_state(tmp_path) == clean
+    (tmp_path / "new file.txt").write_text("x")
+    assert "new file.txt" in worktree_state(tmp_path)

@@ -174,21 +174,29 @@ def worktree_state(cwd: Path) -> dict[str, str]:
     state: dict[str, str] = {}
     if repo is not None and repo.working_tree_dir:
         root = Path(repo.working_tree_dir)
-        try:
-            state[":HEAD"] = repo.git.rev_parse("HEAD")
-        except Exception:
-            state[":HEAD"] = "(no commits)"
-        raw = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", strip_newline_in_stdout=False)
+        # one git process: porcelain v2 carries HEAD in its "# branch.oid" header
+        raw = repo.git.status("--porcelain=v2", "-z", "--branch", "--untracked-files=all",
+                              strip_newline_in_stdout=False)
         entries = raw.split("\0")
+        state[":HEAD"] = "(no commits)"
         i = 0
         while i < len(entries):
             entry = entries[i]
             i += 1
-            if len(entry) < 4:
+            if entry.startswith("# branch.oid "):
+                oid = entry[len("# branch.oid "):]
+                state[":HEAD"] = oid if oid != "(initial)" else "(no commits)"
                 continue
-            code, path = entry[:2], entry[3:]
-            if code[0] in "RC":
-                i += 1  # the rename source follows
+            kind = entry[:1]
+            if kind == "?":
+                code, path = "??", entry[2:]
+            elif kind in "12u" and entry:
+                fields = entry.split(" ", {"1": 8, "2": 9, "u": 10}[kind])
+                code, path = fields[1], fields[-1]
+                if kind == "2":
+                    i += 1  # the rename source follows
+            else:
+                continue
             state[path] = code + ":" + _file_hash(root / path)
         return state
     root = Path(cwd)
