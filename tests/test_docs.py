@@ -20,3 +20,17 @@ def test_readme_starts_with_the_two_setup_commands():
     assert block[0].endswith("agent demo") and "pip install -e ." in block[0]
     assert block[1] == "bash scripts/test"
     assert "bash scripts/test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_config_example_is_valid():
+    import re
+
+    import yaml
+
+    from agent.config import parse_config
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        cfg = parse_config(yaml.safe_load(block), filename="README.md")
+        assert cfg.repos and cfg.lanes
