@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from agent import AgentError, chain
 from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path, now
-from agent.tasks import (ClaimLost, Refused, _transition, claimed_tx, get_task, set_step, snapshot,
+from agent.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task, set_step, snapshot,
                          start_next_round, transition)
 
 if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module or a thread pool
@@ -616,7 +616,7 @@ def _finish(ctx: Ctx) -> None:
                                              "fingerprint": error[1] if error else None,
                                              "text": _redact(lesson[0])[:500], "task_id": ctx.task_id,
                                              "created_at": now()})
-        _transition(ctx.ledger, c, ctx.task_id, t["state"], chain.DONE, "script",
+        transition_in(ctx.ledger, c, ctx.task_id, t["state"], chain.DONE, "script",
                     f"all reviewers approved {t['head_sha'][:12]}")
     ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
 
@@ -689,7 +689,7 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
                            (task_id, last_progress)).fetchone()[0]
         state = c.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
         if streak >= MAX_UNEXPECTED and state in (chain.OPEN, chain.WORKING):
-            _transition(ledger, c, task_id, state, chain.BLOCKED, "script",
+            transition_in(ledger, c, task_id, state, chain.BLOCKED, "script",
                         f"unexpected error {streak} times in a row: {_redact(error)[:300]}")
 
 

@@ -18,6 +18,7 @@ from typing import Callable
 from agent import AgentError, chain
 from agent.forge import PR, ForgeAuthError, ForgeError, get_forge
 from agent.ledger import Ledger, now
+from agent.tasks import transition_in
 
 
 def _apply(ledger: Ledger, row: dict, pr: PR) -> str | None:
@@ -48,13 +49,8 @@ def _apply(ledger: Ledger, row: dict, pr: PR) -> str | None:
         if task["state"] != target:
             why = chain.check_transition(task["state"], target, "script")
             if why is None:
-                values = {"state": target, "updated_at": now(), "claim_owner": None, "claim_pid": None,
-                          "claim_token": None, "lease_until": None}
-                if target == chain.FAILED:
-                    values["failed_reason"] = reason
-                ledger.update(c, "tasks", {"id": task_id}, values)
-                ledger.event(c, "task.state", "script", {"from": task["state"], "to": target, "reason": reason},
-                             task_id=task_id)
+                transition_in(ledger, c, task_id, task["state"], target, "script", reason, claim_owner=None,
+                              claim_pid=None, claim_token=None, lease_until=None)
             else:
                 ledger.event(c, "task.state_kept", "script",
                              {"state": task["state"], "wanted": target, "reason": reason, "why": why},

@@ -143,20 +143,21 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
             "status": status, "evidence": evidence.strip(), "source": source, "head_sha": head,
             "round": snap.round, "closed_at": now() if status in chain.CLOSED else None})
         if snap.state == chain.OPEN and status in chain.CLOSED:
-            _transition(ledger, c, task_id, snap.state, chain.WORKING, actor, f"{key} closed")
+            transition_in(ledger, c, task_id, snap.state, chain.WORKING, actor, f"{key} closed")
         if snap.state == chain.BLOCKED and status in chain.CLOSED and source == "human":
             # the task waited for exactly this human step: closing it is the human's go-ahead
             why = c.execute("SELECT blocked_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] or ""
             if why.startswith(f"{HUMAN_STEP_PENDING} {key}"):
-                _transition(ledger, c, task_id, snap.state, chain.WORKING, "human", f"{key} closed by a human")
+                transition_in(ledger, c, task_id, snap.state, chain.WORKING, "human", f"{key} closed by a human")
         ledger.event(c, "step.reopened" if status == "nein" else "step.closed", actor,
                      {"key": key, "status": status, "source": source, "evidence": evidence.strip(),
                       "head": head, "round": snap.round}, task_id=task_id)
         return {"task_id": task_id, "key": key, "status": status, "head": head, "round": snap.round}
 
 
-def _transition(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: str, target: str,
-                actor: str, reason: str, **fields: Any) -> None:
+def transition_in(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: str, target: str,
+                  actor: str, reason: str, **fields: Any) -> None:
+    """Change a task's state inside the caller's transaction ``c``, if the state machine allows it, with its event."""
     why = chain.check_transition(current, target, actor)
     if why:
         raise Refused([why], prefix=f"task {task_id}: ")
@@ -177,7 +178,7 @@ def transition(ledger: Ledger, task_id: int, target: str, actor: str, reason: st
     with ledger.tx() as c:
         _check_claim(c, task_id, claim_token)
         t = get_task(ledger, task_id, c)
-        _transition(ledger, c, task_id, t["state"], target, actor, reason, **fields)
+        transition_in(ledger, c, task_id, t["state"], target, actor, reason, **fields)
 
 
 def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "script",
@@ -190,7 +191,7 @@ def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "
         _check_claim(c, task_id, claim_token)
         t = get_task(ledger, task_id, c)
         if chain.round_exhausted(t["round"], t["round_cap"]):
-            _transition(ledger, c, task_id, t["state"], chain.FAILED, actor,
+            transition_in(ledger, c, task_id, t["state"], chain.FAILED, actor,
                         f"round cap {t['round_cap']} reached; last feedback: {feedback[:300]}")
             return False, t["round"]
         new_round = t["round"] + 1
@@ -198,7 +199,7 @@ def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "
             ledger.update(c, "steps", {"task_id": task_id, "key": key},
                           {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
                            "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
-        _transition(ledger, c, task_id, t["state"], chain.WORKING, actor,
+        transition_in(ledger, c, task_id, t["state"], chain.WORKING, actor,
                     f"round {new_round}", round=new_round)
         ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000]},
                      task_id=task_id)
@@ -223,7 +224,7 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
         elif t["state"] == chain.FAILED and chain.round_exhausted(t["round"], cap):
             cap = t["round"] + 1
         fields["round_cap"] = cap
-        _transition(ledger, c, task_id, t["state"], chain.WORKING, "human", reason.strip(), **fields)
+        transition_in(ledger, c, task_id, t["state"], chain.WORKING, "human", reason.strip(), **fields)
         ledger.event(c, "task.reset", "human", {"reason": reason.strip(), "rounds": rounds,
                                                 "from": t["state"], "round_cap": cap}, task_id=task_id)
         return {"task_id": task_id, "state": chain.WORKING, "round": t["round"], "round_cap": cap}
