@@ -80,6 +80,22 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
+def remote_with_branch(tmp_path: Path, branch: str) -> tuple[Path, Path]:
+    """A bare remote with one commit on main, and a clone ``work`` on ``branch`` with one more commit (not pushed)."""
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(remote))
+    work = tmp_path / "work"
+    git(tmp_path, "init", "-q", "-b", "main", str(work))
+    (work / "a.py").write_text("a = 1\n")
+    git(work, "add", ".")
+    git(work, "commit", "-q", "-m", "init")
+    git(work, "push", "-q", str(remote), "main")
+    git(work, "checkout", "-q", "-b", branch)
+    (work / "a.py").write_text("a = 2\n")
+    git(work, "commit", "-q", "-am", "fix")
+    return remote, work
+
+
 @pytest.fixture(autouse=True)
 def _process_wide_state_reset():
     """Tests that exercise shutdown (proc.kill_all halts the runner, fixer.STOP) must not leak into the next."""

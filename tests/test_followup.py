@@ -13,7 +13,7 @@ from agent.forge import get_forge, publish_pr
 from agent.ledger import now
 from agent.push import push_branch, remote_branch_sha
 from agent.tasks import create_task, transition
-from conftest import git
+from conftest import remote_with_branch
 
 EID = "0a1b2c3d4e5f6789"
 BRANCH = "agent/fix-0a1b2c3d"
@@ -21,17 +21,7 @@ BRANCH = "agent/fix-0a1b2c3d"
 
 @pytest.fixture
 def setup(tmp_path, ledger, home):
-    remote = tmp_path / "remote.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(remote))
-    work = tmp_path / "work"
-    git(tmp_path, "init", "-q", "-b", "main", str(work))
-    (work / "a.py").write_text("a = 1\n")
-    git(work, "add", ".")
-    git(work, "commit", "-q", "-m", "init")
-    git(work, "push", "-q", str(remote), "main")
-    git(work, "checkout", "-q", "-b", BRANCH)
-    (work / "a.py").write_text("a = 2\n")
-    git(work, "commit", "-q", "-am", "fix")
+    remote, work = remote_with_branch(tmp_path, BRANCH)
     head = push_branch(work, str(remote), BRANCH, "main", "agent/fix-", None).sha
 
     with ledger.tx() as c:

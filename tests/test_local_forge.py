@@ -12,7 +12,7 @@ from agent.forge import ForgeError, PR, get_forge, publish_pr
 from agent.forge.local import LocalForge
 from agent.push import push_branch
 from agent.tasks import create_task
-from conftest import git
+from conftest import git, remote_with_branch
 
 BRANCH = "agent/fix-0a1b2c3d"
 
@@ -20,17 +20,7 @@ BRANCH = "agent/fix-0a1b2c3d"
 @pytest.fixture
 def remote(tmp_path) -> tuple[Path, Path]:
     """A bare remote with main; a clone with the task branch (one commit) pushed."""
-    remote = tmp_path / "remote.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(remote))
-    work = tmp_path / "work"
-    git(tmp_path, "init", "-q", "-b", "main", str(work))
-    (work / "a.py").write_text("a = 1\n")
-    git(work, "add", ".")
-    git(work, "commit", "-q", "-m", "init")
-    git(work, "push", "-q", str(remote), "main")
-    git(work, "checkout", "-q", "-b", BRANCH)
-    (work / "a.py").write_text("a = 2\n")
-    git(work, "commit", "-q", "-am", "fix")
+    remote, work = remote_with_branch(tmp_path, BRANCH)
     push_branch(work, str(remote), BRANCH, "main", "agent/fix-", None)
     return remote, work
 
