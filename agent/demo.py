@@ -111,6 +111,19 @@ def make_project(root: Path) -> tuple[Path, Path]:
     return project, remote
 
 
+def agent_command() -> str:
+    """How the user can call agent again: `agent` if that is on PATH, else the path they used."""
+    import shutil
+
+    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if argv0.endswith("__main__.py") or not argv0:
+        return f"{shlex.quote(sys.executable)} -m agent"
+    on_path = shutil.which("agent")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(argv0):
+        return "agent"
+    return shlex.quote(argv0) if os.path.basename(argv0) == "agent" else "agent"
+
+
 def check_command() -> str:
     return f"{shlex.quote(sys.executable)} -m unittest discover -s tests -q"
 
@@ -192,14 +205,15 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     finally:
         app.close()
     h = shlex.quote(str(home))
+    me = agent_command()
     echo("")
     echo(f"task {task['id']}: {task['state']} after {task['round']} round(s) in {time.monotonic() - started:.1f}s")
     if pr:
         echo(f"draft PR: {pr['url']} (branch {pr['head_branch']} at {pr['head_sha'][:12]})")
     echo("look next:")
-    echo(f"  agent --home {h} status")
-    echo(f"  agent --home {h} task show {task['id']}")
-    echo(f"  agent --home {h} pr show {task['id']}")
-    echo(f"  agent --home {h} events --task {task['id']}")
+    echo(f"  {me} --home {h} status")
+    echo(f"  {me} --home {h} task show {task['id']}")
+    echo(f"  {me} --home {h} pr show {task['id']}")
+    echo(f"  {me} --home {h} events --task {task['id']}")
     echo(f"  git -C {shlex.quote(str(paths['remote']))} log --oneline main..{pr['head_branch'] if pr else 'HEAD'}")
     return {"task": task, "pr": pr, **{k: str(v) for k, v in paths.items()}}
