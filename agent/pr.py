@@ -293,7 +293,7 @@ def pr_data_from_rows(inputs: dict) -> PRData:
                   brief=inputs.get("brief") or t.get("title") or "", rounds=t.get("round") or 1,
                   error_class=e.get("class") or "", message=e.get("message") or "", count=e.get("count"),
                   summary=inputs.get("summary") or "", verdicts=verdicts, checks=checks,
-                  cost_usd=float(cost if cost is not None else t.get("cost_usd") or 0.0),
+                  cost_usd=float(cost or 0.0),
                   branch=t.get("branch") or "", base=t.get("base") or "")
 
 

@@ -87,7 +87,7 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
         task_id = ledger.insert(c, "tasks", {
             "error_id": error_id, "conclusion_id": conclusion_id, "repo": repo, "base": base,
             "branch": branch, "title": title.strip(), "state": chain.OPEN, "round": 1,
-            "round_cap": round_cap, "cost_usd": 0.0, "created_at": ts, "updated_at": ts,
+            "round_cap": round_cap, "created_at": ts, "updated_at": ts,
         })
         for step in chain.STEPS:
             ledger.insert(c, "steps", {"task_id": task_id, "key": step.key, "kind": step.kind,

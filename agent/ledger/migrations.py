@@ -64,8 +64,7 @@ def m001_initial(db) -> None:
         "blocked_reason": str,
         "failed_reason": str,
         "head_sha": str,          # the task branch's current head
-        "pushed_sha": str,        # the head last pushed to the remote
-        "cost_usd": float,
+        "pushed_sha": str,        # the head last pushed to the remote (cost is derived from lane_runs)
         "claim_owner": str,
         "claim_pid": int,
         "claim_token": str,
@@ -73,7 +72,7 @@ def m001_initial(db) -> None:
         "created_at": str,
         "updated_at": str,
     }, pk="id", foreign_keys=[("error_id", "errors", "id"), ("conclusion_id", "conclusions", "id")],
-        not_null={"repo", "state", "round", "round_cap"}, defaults={"round": 1, "round_cap": 5, "cost_usd": 0.0})
+        not_null={"repo", "state", "round", "round_cap"}, defaults={"round": 1, "round_cap": 5})
     db["tasks"].create_index(["error_id"], unique=True)   # never two tasks for one error (NULLs allowed)
     db["tasks"].create_index(["state"])
 

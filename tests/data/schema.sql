@@ -187,7 +187,6 @@ table tasks
   failed_reason TEXT
   head_sha TEXT
   pushed_sha TEXT
-  cost_usd REAL DEFAULT 0.0
   claim_owner TEXT
   claim_pid INTEGER
   claim_token TEXT
