@@ -492,3 +492,25 @@ def test_worktree_state_sees_head_edits_renames_and_untracked(tmp_path):
     assert worktree_state(tmp_path) == clean
     (tmp_path / "new file.txt").write_text("x")
     assert "new file.txt" in worktree_state(tmp_path)
+
+
+def test_usage_adds_across_turns_unless_the_vendor_reports_cumulative_usage():
+    from agent.lanes.builtin import ADAPTERS
+    from agent.lanes.lane import _Run
+    from agent.lanes.vendors import TurnOutput
+
+    def turns(vendor, outs):
+        run = _Run(vendor=vendor)
+        for out in outs:
+            run.add_turn(None, out)
+        return run
+
+    first = TurnOutput(message="", session_id="s1", cost_usd=0.25, usage={"input_tokens": 100})
+    resumed = TurnOutput(message="", session_id="s1", cost_usd=0.5, usage={"input_tokens": 160})
+    fresh = TurnOutput(message="", session_id="s2", cost_usd=None, usage={"input_tokens": 40})
+    claude = turns(ADAPTERS["claude"], [first, resumed])
+    assert claude.usage == {"input_tokens": 260} and claude.cost == 0.75
+    codex = turns(ADAPTERS["codex"], [first, resumed])  # codex's resumed turn reports the thread's total
+    assert codex.usage == {"input_tokens": 160} and codex.cost == 0.75
+    codex_fresh = turns(ADAPTERS["codex"], [first, fresh])  # a fresh retry is a new thread: it adds
+    assert codex_fresh.usage == {"input_tokens": 140}

@@ -106,6 +106,7 @@ class Codex(_Base):
 
     name = "codex"
     default_bin = "codex"
+    usage_cumulative = True       # run_lane replaces a resumed turn's usage instead of adding it
 
     @staticmethod
     def _sandbox(ctx: LaneContext) -> str:

@@ -262,6 +262,23 @@ class _Run:
         self.session_id: str | None = None
         self.turn_index = 0
 
+    def add_turn(self, res, out: TurnOutput) -> None:
+        """Count one turn's cost and usage into the attempt (repairs share the attempt's cost)."""
+        if out.cost_usd is not None:
+            self.cost += float(out.cost_usd)
+            self.cost_seen = True
+        # a vendor whose resumed turn reports the whole session's usage (codex) replaces, not adds
+        resumed = bool(out.session_id) and out.session_id == self.session_id
+        cumulative = resumed and getattr(self.vendor, "usage_cumulative", False)
+        for k, v in (out.usage or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not cumulative:
+                self.usage[k] = self.usage.get(k, 0) + v
+            else:
+                self.usage[k] = v
+        if out.session_id:
+            self.session_id = out.session_id
+        self.turns.append((res, out))
+
     # ledger ---------------------------------------------------------------
     def record(self, values: dict) -> None:
         if self.ledger is None or self.run_id is None:
@@ -297,17 +314,7 @@ class _Run:
                 out = self.vendor.read_turn(res.stdout_text(), res.stderr_text(), res.exit_code, ctx)
             except Exception as exc:  # an adapter bug fails this turn closed, not the process
                 out = TurnOutput(message="", api_error=f"could not read the vendor's output ({exc})")
-        if out.cost_usd is not None:
-            self.cost += float(out.cost_usd)
-            self.cost_seen = True
-        for k, v in (out.usage or {}).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.usage[k] = self.usage.get(k, 0) + v
-            else:
-                self.usage[k] = v
-        if out.session_id:
-            self.session_id = out.session_id
-        self.turns.append((res, out))
+        self.add_turn(res, out)
         return res, out
 
     def classify(self, res, out: TurnOutput) -> tuple[str | None, str | None, Report | None]:
