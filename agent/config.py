@@ -100,6 +100,7 @@ class SourceConfig:
     org: str | None = None
     project: str | None = None
     token_env: str | None = None
+    tenant: str | None = None      # Loki: X-Scope-OrgID for multi-tenant setups
     format: str = "auto"
 
     @property

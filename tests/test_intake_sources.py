@@ -213,3 +213,15 @@ def test_sentry_api_pull_pages_back_to_the_cursor(tmp_path, monkeypatch):
         assert len(srv.requests) - n == 2 and srv.requests[-1][1]["cursor"] == "0:2:0"
         assert app.ledger.scalar("SELECT count FROM errors") == 5
         assert all(r[2]["Authorization"] == "Bearer sntrys_tok_42" for r in srv.requests)
+
+
+def test_loki_tenant_header_for_multi_tenant_setups(tmp_path):
+    loki = FakeLoki()
+    loki.add_lines(NODE_LOG, {"app": "web"}, time.time_ns() - 10**9)
+    with LocalServer(loki) as srv:
+        app = _loki_app(tmp_path, srv.url, tenant="team-widgets")
+        (item,) = scan(app)
+        assert item["ok"] and item["new"] == 1, item
+        assert all(r[2].get("X-Scope-OrgID") == "team-widgets" for r in srv.requests)
+        pull_loki(SourceConfig(kind="loki", url=srv.url, query='{app="web"}'), None, env={})
+        assert "X-Scope-OrgID" not in srv.requests[-1][2]  # no tenant configured, no header

@@ -60,6 +60,8 @@ def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | No
     base = (src.url or "").rstrip("/")
     url = f"{base}/loki/api/v1/query_range"
     headers, auth = http.credentials(base, src.auth_env, env, what=f"loki source {redact(base)}")
+    if src.tenant:  # multi-tenant Loki (and Grafana Cloud) select the tenant with this header
+        headers = {**headers, "X-Scope-OrgID": src.tenant}
     end = now_ns if now_ns is not None else time.time_ns()
     start = int(cursor) + 1 if cursor else end - LOKI_LOOKBACK_S * 1_000_000_000
     streams: dict[str, tuple[dict, list[tuple[int, str]]]] = {}
