@@ -16,7 +16,7 @@ def init(as_json):
     Example:
       AGENT_HOME=~/agent-home agent init
     """
-    from agent.setup import init_home
+    from agent.home import init_home
 
     result = init_home(get_app())
     emit(result, as_json, lambda r: click.echo(

@@ -172,6 +172,8 @@ def checklist_set(task_id, key, status, evidence, source, as_json):
 def events(task_id, follow, limit, as_json):
     """The append-only event log.
 
+    With --follow it keeps printing; with --follow --json, one JSON object per line (a stream, not one document).
+
     \b
     Example:
       agent events --task 12
