@@ -1,6 +1,6 @@
 """Vendor adapters without running a CLI: argv per role, resume rules, and read_turn on edge cases
-the real-CLI tests (tests/test_vendor_clis.py) cannot provoke (truncated stdout, gemini, which is
-not installed here, non-JSON output).  The JSON shapes are the ones the pinned CLIs print."""
+the real-CLI tests (tests/test_vendor_clis.py) cannot provoke (truncated stdout, non-JSON output,
+gemini's error documents on stderr).  The JSON shapes are the ones the pinned CLIs print."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ ROLE_FLAGS = {
     "codex": (["-s", "workspace-write"], ["-s", "read-only"], ["workspace-write"]),
     "claude": (["--permission-mode", "acceptEdits"], ["--permission-mode", "dontAsk"], ["acceptEdits"]),
     "aider": ([], ["--dry-run", "--no-suggest-shell-commands"], []),
-    "gemini": (["--approval-mode", "yolo"], ["--approval-mode", "default"], ["yolo"]),
+    "gemini": (["--approval-mode", "yolo"], ["--approval-mode", "default"], ["yolo", "plan"]),
 }
 
 
@@ -57,6 +57,8 @@ def test_role_flags(name, tmp_path):
     for bad in not_read:
         assert not any(bad in a for a in r), (bad, r)
     assert "--extra" in w and "--extra" in r       # vendors.X.args reach the CLI
+    if name == "gemini":          # headless gemini exits 55 in an untrusted folder
+        assert "--skip-trust" in w and "--skip-trust" in r
     if name == "claude":
         writers = {"Edit", "Write", "MultiEdit", "NotebookEdit"}
         assert not writers & set(r[r.index("--tools") + 1].split(","))
@@ -192,3 +194,33 @@ def test_gemini_read_turn(tmp_path):
     err = {"error": {"type": "FatalAuthenticationError", "message": "no credentials", "code": 41}}
     out = ADAPTERS["gemini"].read_turn(json.dumps(err), "", 41, c)
     assert out.auth_failed and out.message == "" and "no credentials" in out.api_error
+
+
+def test_gemini_error_documents(tmp_path):
+    """gemini 0.61.0: a fatal API error prints a pretty JSON document to STDERR among log lines and
+    exits with the HTTP code mod 256 (401 -> 145); a stream error comes on stdout with exit 0."""
+    c = ctx(tmp_path, True)
+    fatal = {"session_id": "u-1", "error": {"type": "Error", "code": 401, "message": json.dumps(
+        {"error": {"code": 401, "message": "API key not valid. Please pass a valid API key.",
+                   "status": "UNAUTHENTICATED"}})}}
+    stderr = ("YOLO mode is enabled.\nError when talking to Gemini API {\"error\": 1}\n  status: 401\n}\n"
+              + json.dumps(fatal, indent=2) + "\n")
+    out = ADAPTERS["gemini"].read_turn("", stderr, 145, c)
+    assert out.auth_failed and out.session_id == "u-1" and "API key not valid" in out.api_error
+    # real Gemini answers a bad key with HTTP 400 INVALID_ARGUMENT / API_KEY_INVALID
+    fatal["error"] = {"type": "Error", "code": 400, "message": "API key not valid. reason: API_KEY_INVALID"}
+    assert ADAPTERS["gemini"].read_turn("", json.dumps(fatal, indent=2), 144, c).auth_failed
+    # a non-auth fatal error is an api_error, not an auth failure
+    fatal["error"] = {"type": "Error", "code": 500, "message": "Internal error"}
+    out = ADAPTERS["gemini"].read_turn("", json.dumps(fatal, indent=2), 244, c)
+    assert not out.auth_failed and "Internal error" in out.api_error
+    stream = {"session_id": "u-2", "response": "", "stats": {"models": {"m": {"tokens": {"input": 5}}},
+                                                             "tools": {"totalCalls": 2}},
+              "error": {"type": "INVALID_STREAM", "message": "The model returned an empty response"}}
+    out = ADAPTERS["gemini"].read_turn(json.dumps(stream, indent=2), "", 0, c)
+    assert out.message == "" and out.api_error.startswith("INVALID_STREAM") and not out.auth_failed
+    assert out.usage == {"input": 5, "tool_calls": 2} and out.session_id == "u-2"
+    # resuming a session that never completed a turn: plain text on stderr, exit 42
+    out = ADAPTERS["gemini"].read_turn("", "Error resuming session: No previous sessions found for this "
+                                           "project.\n", 42, c)
+    assert out.api_error.startswith("Error resuming session") and not out.auth_failed

@@ -1,4 +1,4 @@
-"""Drive the REAL vendor CLIs (codex, claude, opencode, aider, grok; pinned versions installed by
+"""Drive the REAL vendor CLIs (codex, claude, opencode, aider, grok, gemini; pinned versions installed by
 scripts/ci-vendors) through ``run_lane`` against a scripted model server on 127.0.0.1.
 
 Nothing is mocked but the model itself: the CLI binaries are the registry's, they run as real
@@ -29,7 +29,7 @@ from agent.config import Config, LaneConfig, Limits, VendorConfig  # noqa: E402
 from agent.lanes.builtin import ADAPTERS  # noqa: E402
 from agent.lanes.vendors import LaneContext  # noqa: E402
 
-TOOL_CLIS = ("codex", "claude", "opencode", "grok")          # CLIs that run a shell tool call
+TOOL_CLIS = ("codex", "claude", "opencode", "grok", "gemini")          # CLIs that run a shell tool call
 ALL_CLIS = TOOL_CLIS + ("aider",)
 
 SPEC_MARK = "SPEC-MARK-7f3a"
@@ -163,7 +163,7 @@ def explain(result, server: FakeModel) -> str:
 # ---------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider"])
+@pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider", "gemini"])
 def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_path):
     """The edit lands in the worktree; the malformed report ('STATUS: completed') triggers a repair
     turn that RESUMES the same vendor session: the server sees the first turn's conversation
@@ -195,6 +195,12 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_
     assert SPEC_MARK in first.all_text and "STATUS: completed" in first.all_text, why
     if cli == "aider":
         assert Path(result.session_id).name == "aider.chat.md", why
+    elif cli == "gemini":
+        # gemini sends no session header: the repair turn's own JSON names the session it resumed
+        # (-r <uuid>), and the conversation it sent carried turn one's tool call and result
+        turn2 = json.loads((result.log_dir / "02-repair-1.stdout").read_text())
+        assert turn2["session_id"] == result.session_id, why
+        assert "[call run_shell_command" in first.all_text and first.tool_results, why
     else:
         header = {"codex": "session-id", "claude": "x-claude-code-session-id", "opencode": "x-session-id"}[cli]
         assert first.headers.get(header) == result.session_id, why
@@ -209,6 +215,10 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_
         assert result.cost_usd > 0 and result.usage.get("input", 0) > 0, why
     if cli in ("codex", "aider"):
         assert result.usage.get("input_tokens", 0) > 0, why
+    if cli == "gemini":
+        # three model calls (shell call, bad report, repaired report) of 120 in / 30 out each
+        assert result.usage.get("input") == 360 and result.usage.get("candidates") == 90, why
+        assert not result.cost_usd, why          # gemini reports tokens, no dollars
 
     row = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (result.run_id,))
     assert row["status"] == "complete" and row["session_id"] == result.session_id, row
@@ -231,7 +241,7 @@ def test_grok_implementer_edit_and_fresh_retry(lane, repo):
     assert retry and SPEC_MARK in retry[0].all_text and "STATUS: completed" not in retry[0].all_text, why
 
 
-@pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider"])
+@pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider", "gemini"])
 def test_read_only_lane_flags_stop_writes(cli, lane, repo):
     """A reviewer whose model tries to write a file: the vendor's own read-only flags refuse it, so
     the worktree stays clean and the lane completes (it is not 'rejected' by the runner's check)."""
@@ -245,6 +255,12 @@ def test_read_only_lane_flags_stop_writes(cli, lane, repo):
         # "Applied edit to <file>"; see the implementer test's log)
         stdout = (result.log_dir / "01-turn.stdout").read_text()
         assert "pwned.txt" in stdout and "Applied edit" not in stdout, stdout[-2000:]
+    elif cli == "gemini":
+        # headless gemini in approval mode "default" does not even offer the tools that need
+        # approval; the same request in the implementer test offers run_shell_command
+        offered = set().union(*(r.tool_names for r in server.requests))
+        assert "read_file" in offered, why
+        assert not offered & {"run_shell_command", "write_file", "replace"}, why
     else:
         # the CLI ran the tool call and sent the model back a refusal, not a success
         attempts = [r for r in server.requests if r.tool_results]

@@ -466,22 +466,43 @@ class Grok(_Base):
 
 
 class Gemini(_Base):
-    """gemini-cli: ``gemini -p <prompt> -o json`` (stdin is prepended to -p).  NOT stub-tested here.
+    """gemini-cli (@google/gemini-cli 0.61.0): ``gemini --skip-trust -o json --approval-mode M -p <prompt>``.
 
-    JSON: ``session_id``, ``response``, ``stats.models.<m>.tokens``, or ``error``.  Resume:
-    ``-r <session_id>``.  Writable: ``--approval-mode yolo`` (auto_edit would refuse the shell the
-    implementer needs for tests); read-only: ``--approval-mode default``, which in headless mode
-    excludes every tool that would need approval (edits, shell).  Exit 41 = authentication.
+    Driven for real against a scripted Gemini API server by tests/test_vendor_clis.py.
+    - stdin is prepended to the -p prompt, so the spec goes on stdin and -p is a short pointer.
+    - ``--skip-trust`` is required: headless gemini refuses an untrusted folder (exit 55), and
+      without trust it silently downgrades yolo to default.  (It also means the worktree's own
+      ``.gemini/settings.json`` is honoured, like every other CLI honours its repo config.)
+    - Writable: ``--approval-mode yolo`` (auto_edit would not offer the shell the implementer
+      needs).  Read-only: ``--approval-mode default``: headless, every tool that needs approval is
+      not even offered to the model (no run_shell_command, replace, write_file); ``plan`` is not
+      used because it offers write_file (into its plans dir) and exit_plan_mode.
+    - Output: ONE pretty-printed JSON document ``{session_id, response, stats, error?}`` on
+      stdout; ``response`` is the text after the last tool call (the last message).  A FATAL
+      error (auth, HTTP 4xx from the API) prints ``{session_id, error: {type, message, code}}``
+      to STDERR instead, among other stderr lines, and exits with the code mod 256 (41 = auth
+      config, 42 = input e.g. unknown session to resume, 401 -> 145, ...).  Non-fatal stream
+      errors (empty model reply) come on stdout with exit 0 and ``error.type`` INVALID_STREAM.
+    - Usage: ``stats.models.<model>.tokens`` {input, prompt, candidates, total, cached, thoughts,
+      tool} summed over models (per invocation), plus ``tool_calls``.  No dollar cost.
+    - Session: ``session_id`` (a uuid, also present in error documents).  Resume: ``-r <uuid>``
+      (cwd must be the same project: sessions are kept per project under ~/.gemini/tmp/<dir>);
+      resuming a session that never completed a turn fails with exit 42.
+    - Base URL for a gateway/local model: ``GOOGLE_GEMINI_BASE_URL``; with it alone the CLI picks
+      the "gateway" auth type that 0.61.0's headless check rejects (exit 41), so set
+      ``security.auth.selectedType: gemini-api-key`` in settings (``GEMINI_CLI_HOME`` moves ~/.gemini).
     """
 
     name = "gemini"
     default_bin = "gemini"
     PROMPT = "Follow the task specification above exactly; end with the final report it asks for."
+    RESUME_PROMPT = "Answer the note above."
+    _AUTH = re.compile(r"API key not valid|API_KEY_INVALID|UNAUTHENTICATED|PERMISSION_DENIED", re.IGNORECASE)
 
     def _argv(self, ctx: LaneContext, prompt: str, extra: list[str]) -> list[str]:
         mode = "yolo" if ctx.writable else "default"
-        return [ctx.bin, "-o", "json", "--approval-mode", mode, *extra, *_model("-m", ctx), *ctx.extra_args,
-                "-p", prompt]
+        return [ctx.bin, "--skip-trust", "-o", "json", "--approval-mode", mode, *extra, *_model("-m", ctx),
+                *ctx.extra_args, "-p", prompt]
 
     def build(self, ctx: LaneContext) -> Invocation:
         return Invocation(argv=self._argv(ctx, self.PROMPT, []), stdin_path=Path(ctx.spec_path))
@@ -489,26 +510,59 @@ class Gemini(_Base):
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
         if not session_id:
             return self._no_session()
-        return Invocation(argv=self._argv(ctx, "Answer the note above.", ["-r", session_id]),
+        return Invocation(argv=self._argv(ctx, self.RESUME_PROMPT, ["-r", session_id]),
                           stdin_path=Path(note_path))
 
+    @staticmethod
+    def _documents(text: str) -> list[dict]:
+        """Top-level JSON objects that start a line in text (pretty-printed ones included)."""
+        decoder = json.JSONDecoder()
+        docs = []
+        pos = 0
+        while True:
+            idx = 0 if pos == 0 and text.startswith("{") else text.find("\n{", pos)
+            if idx < 0:
+                return docs
+            start = idx if text.startswith("{", idx) else idx + 1
+            try:
+                obj, end = decoder.raw_decode(text, start)
+            except ValueError:
+                pos = start + 1
+                continue
+            if isinstance(obj, dict):
+                docs.append(obj)
+            pos = end
+
     def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
-        doc = _last_json_object(stdout) or {}
+        docs = [d for d in self._documents(stdout) if "session_id" in d or "response" in d or "error" in d]
+        if not docs:       # fatal errors go to stderr
+            docs = [d for d in self._documents(stderr) if "error" in d]
+        doc = docs[-1] if docs else {}
+        stats = doc.get("stats") or {}
         usage: dict = {}
-        for model in ((doc.get("stats") or {}).get("models") or {}).values():
+        for model in (stats.get("models") or {}).values():
             for key, val in ((model or {}).get("tokens") or {}).items():
                 if isinstance(val, (int, float)):
                     usage[key] = usage.get(key, 0) + val
+        calls = (stats.get("tools") or {}).get("totalCalls")
+        if isinstance(calls, int):
+            usage["tool_calls"] = calls
         err = doc.get("error")
+        code = None
         api_error = None
         if isinstance(err, dict):
+            code = err.get("code")
             api_error = f"{err.get('type') or 'error'}: {err.get('message') or ''}".strip()
+            if code is not None:
+                api_error += f" (code {code})"
         elif err:
             api_error = str(err)
         elif exit_code not in (0, None) and not doc.get("response"):
-            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
-        auth = exit_code == 41 or _looks_like_auth(api_error)
-        return TurnOutput(message=doc.get("response") or "", session_id=doc.get("session_id"), cost_usd=None,
+            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1][:500]
+        auth = (exit_code == 41 or code in (41, 401, 403)
+                or bool(api_error and (self._AUTH.search(api_error) or _looks_like_auth(api_error))))
+        message = doc.get("response") if isinstance(doc.get("response"), str) else ""
+        return TurnOutput(message=message if not err else "", session_id=doc.get("session_id"), cost_usd=None,
                           usage=usage, auth_failed=bool(auth), api_error=api_error)
 
 

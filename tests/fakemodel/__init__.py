@@ -5,6 +5,7 @@ One ``FakeModel`` serves all three shapes on one port (the path picks the API):
 - ``POST .../responses``          OpenAI Responses API over SSE (codex)
 - ``POST .../messages``           Anthropic Messages over SSE or JSON (claude)
 - ``POST .../chat/completions``   OpenAI Chat Completions, SSE or JSON (opencode, grok, aider)
+- ``POST .../models/<m>:generateContent`` and ``:streamGenerateContent?alt=sse``  Gemini API (gemini)
 - ``GET  .../models``             a model list (some CLIs probe it)
 
 The reply is chosen by a *script*: a function ``script(req: ModelRequest) -> Reply`` that looks at
@@ -35,7 +36,7 @@ class Reply:
 
 @dataclass
 class ModelRequest:
-    api: str                          # responses | messages | chat | other
+    api: str                          # responses | messages | chat | gemini | other
     path: str
     headers: dict
     body: dict
@@ -43,6 +44,7 @@ class ModelRequest:
     texts: list[str] = field(default_factory=list)        # every text in the conversation, in order
     tool_results: list[str] = field(default_factory=list)  # outputs of tool calls the CLI ran
     last_user_text: str = ""                                 # text of the last user message
+    query: str = ""                                          # the URL's query string (gemini: alt=sse)
 
     @property
     def all_text(self) -> str:
@@ -79,15 +81,36 @@ def parse_request(path: str, headers: dict, body: dict) -> ModelRequest:
         api = "messages"
     elif path.endswith("/chat/completions"):
         api = "chat"
+    elif path.endswith((":generateContent", ":streamGenerateContent")):
+        api = "gemini"
     else:
         api = "other"
     req = ModelRequest(api=api, path=path, headers=headers, body=body)
-    for tool in body.get("tools") or []:
+    for tool in _tools(body):
         name = tool.get("name") or (tool.get("function") or {}).get("name")
         if name:
             req.tool_names.append(name)
     last_user = ""
-    if api == "responses":
+    if api == "gemini":
+        # contents: [{role: user|model, parts: [{text} | {functionCall} | {functionResponse}]}]
+        req.texts += [p.get("text") or "" for p in (body.get("systemInstruction") or {}).get("parts") or []
+                      if "text" in p]
+        for content in body.get("contents") or []:
+            texts = []
+            for part in content.get("parts") or []:
+                if "text" in part and not part.get("thought"):
+                    texts.append(part.get("text") or "")
+                elif "functionCall" in part:
+                    call = part["functionCall"]
+                    req.texts.append(f"[call {call.get('name')} {json.dumps(call.get('args'))}]")
+                elif "functionResponse" in part:
+                    resp = (part["functionResponse"] or {}).get("response")
+                    out = resp.get("output", resp.get("error")) if isinstance(resp, dict) else resp
+                    req.tool_results.append(out if isinstance(out, str) else json.dumps(out))
+            req.texts += texts
+            if content.get("role") == "user" and texts:
+                last_user = "\n".join(texts)
+    elif api == "responses":
         if isinstance(body.get("instructions"), str):
             req.texts.append(body["instructions"])
         items = body.get("input") or []
@@ -131,11 +154,22 @@ def parse_request(path: str, headers: dict, body: dict) -> ModelRequest:
 # --------------------------------------------------------------------------- shell tool shapes
 
 
-def _tool_schema(body: dict, name: str) -> dict:
+def _tools(body: dict) -> list[dict]:
+    """The request's tool definitions, flattened (Gemini nests them in ``functionDeclarations``)."""
+    out = []
     for tool in body.get("tools") or []:
+        if isinstance(tool, dict) and "functionDeclarations" in tool:
+            out += [d for d in tool.get("functionDeclarations") or [] if isinstance(d, dict)]
+        elif isinstance(tool, dict):
+            out.append(tool)
+    return out
+
+
+def _tool_schema(body: dict, name: str) -> dict:
+    for tool in _tools(body):
         if (tool.get("name") or (tool.get("function") or {}).get("name")) == name:
-            return tool.get("parameters") or tool.get("input_schema") or (tool.get("function") or {}).get(
-                "parameters") or {}
+            return (tool.get("parameters") or tool.get("input_schema") or tool.get("parametersJsonSchema")
+                    or (tool.get("function") or {}).get("parameters") or {})
     return {}
 
 
@@ -256,11 +290,16 @@ class FakeModel:
                     body = {"_raw": raw[:2000].decode("utf-8", "replace")}
                 path = self.path.split("?")[0]
                 req = parse_request(path, {k.lower(): v for k, v in self.headers.items()}, body)
+                req.query = self.path.partition("?")[2]
                 if req.api == "other":
                     fake.other.append(("POST", self.path))
                     self._send(404, {"error": {"message": f"not found: {self.path}"}})
                     return
                 fake.requests.append(req)
+                if fake.refuse_auth and req.api == "gemini":
+                    self._send(401, {"error": {"code": 401, "message": "API key not valid. Please pass a "
+                                               "valid API key.", "status": "UNAUTHENTICATED"}})
+                    return
                 if fake.refuse_auth:
                     self._send(401, {"type": "error", "error": {
                         "type": "authentication_error", "message": "invalid x-api-key",
@@ -384,6 +423,27 @@ class FakeModel:
                 self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
                 self._event({**base, "choices": [], "usage": usage})
                 self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+            # ---------------------------------------------------------- Gemini API (gemini-cli)
+
+            def _reply_gemini(self, req: ModelRequest, reply: Reply):
+                call = shell_call(req, reply.shell) if reply.shell else None
+                if call:
+                    part = {"functionCall": {"name": call[0], "args": call[1]}}
+                else:
+                    part = {"text": reply.text}
+                doc = {"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP",
+                                       "index": 0}],
+                       "usageMetadata": {"promptTokenCount": USAGE["input_tokens"],
+                                         "candidatesTokenCount": USAGE["output_tokens"],
+                                         "totalTokenCount": USAGE["input_tokens"] + USAGE["output_tokens"]},
+                       "modelVersion": fake.model, "responseId": fake.next_id("resp")}
+                if ":streamGenerateContent" not in req.path:
+                    self._send(200, doc)
+                    return
+                self._sse_start()
+                self.wfile.write(f"data: {json.dumps(doc)}\r\n\r\n".encode())
                 self.wfile.flush()
 
         return Handler

@@ -20,6 +20,7 @@ PINNED = {
     "opencode": ("node_modules/.bin/opencode", "1.18.33", "opencode-ai@1.18.33"),
     "grok": ("node_modules/.bin/grok", None, "@vibe-kit/grok-cli@0.0.34"),   # prints 1.0.1 whatever the pin
     "aider": ("aider/bin/aider", "0.86.2", "aider-chat==0.86.2"),
+    "gemini": ("node_modules/.bin/gemini", "0.61.0", "@google/gemini-cli@0.61.0"),
 }
 
 MODELS = {
@@ -28,6 +29,7 @@ MODELS = {
     "opencode": "fake/fake-model",
     "grok": "fake-model",
     "aider": "openai/fake-model",
+    "gemini": "fake-model",          # an explicit model also skips gemini-cli's routing (classifier) call
 }
 
 
@@ -88,4 +90,19 @@ def setup_env(name: str, url: str, tmp: Path) -> dict[str, str]:
         return {"GROK_API_KEY": "dummy", "GROK_BASE_URL": f"{url}/v1"}
     if name == "aider":
         return {"OPENAI_API_KEY": "dummy", "OPENAI_API_BASE": f"{url}/v1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    if name == "gemini":
+        # GOOGLE_GEMINI_BASE_URL alone selects the "gateway" auth type, which 0.61.0's headless
+        # auth check rejects ("Invalid auth method selected", exit 41); pinning the API-key auth
+        # type in the user settings keeps the base URL override (the genai client reads it).
+        home = tmp / "gemini-home"
+        (home / ".gemini").mkdir(parents=True, exist_ok=True)
+        (home / ".gemini" / "settings.json").write_text(json.dumps({
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}))
+        tmpdir = tmp / "gemini-tmp"      # it writes error reports to os.tmpdir()
+        tmpdir.mkdir(exist_ok=True)
+        return {"GEMINI_API_KEY": "dummy", "GOOGLE_GEMINI_BASE_URL": url, "GEMINI_CLI_HOME": str(home),
+                "TMPDIR": str(tmpdir)}
     raise KeyError(name)
