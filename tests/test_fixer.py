@@ -48,6 +48,19 @@ def script_vendor(paths, name, body: str):
     return {"command": [sys.executable, str(script), "{spec}", "{cwd}"]}
 
 
+def run_with_implementer(paths, name: str, script: str, round_cap: int | None = None) -> list[str]:
+    """Swap the implementer for a script written here, then ingest, decide and drive the task to rest."""
+    def change(cfg):
+        cfg["vendors"]["demo-implementer"] = script_vendor(paths, name, script)
+        if round_cap is not None:
+            cfg["limits"]["round_cap"] = round_cap
+
+    edit_config(paths, change)
+    ingest_and_decide(paths)
+    scan(paths, "error-fix")
+    return run_until_settled(paths)
+
+
 def ingest_and_decide(paths, service=demo.SERVICE, brief=demo.BRIEF, events=None) -> str:
     from agent.decide import decide
     from agent.intake.store import ingest_text
@@ -233,11 +246,7 @@ print("SUMMARY: nothing needed changing")
 
 
 def test_implementer_that_changes_nothing_fails_the_round(world):
-    edit_config(world, lambda c: c["vendors"].update({"demo-implementer": script_vendor(world, "noop", NO_CHANGE)}))
-    edit_config(world, lambda c: c["limits"].update(round_cap=2))
-    ingest_and_decide(world)
-    scan(world, "error-fix")
-    lines = run_until_settled(world)
+    lines = run_with_implementer(world, "noop", NO_CHANGE, round_cap=2)
     assert any("implementer made no change" in line for line in lines), lines
     led = ledger(world)
     t = led.one("SELECT state, failed_reason FROM tasks WHERE id = 1")
@@ -257,12 +266,7 @@ print("SUMMARY: default qty to zero")
 
 
 def test_failing_check_rejects_the_round_with_its_output(world):
-    edit_config(world, lambda c: c["vendors"].update({"demo-implementer": script_vendor(world, "wrong",
-                                                                                          BREAKS_TEST)}))
-    edit_config(world, lambda c: c["limits"].update(round_cap=2))
-    ingest_and_decide(world)
-    scan(world, "error-fix")
-    lines = run_until_settled(world)
+    lines = run_with_implementer(world, "wrong", BREAKS_TEST, round_cap=2)
     assert any("check failed (exit 1)" in line for line in lines), lines
     led = ledger(world)
     checks = led.all("SELECT passed, head_sha FROM checks ORDER BY id")
@@ -282,11 +286,7 @@ print("SUMMARY: could not find where qty is read; need the caller")
 
 
 def test_partial_report_is_a_rejected_round_with_its_summary(world):
-    edit_config(world, lambda c: c["vendors"].update({"demo-implementer": script_vendor(world, "partial", PARTIAL)}))
-    edit_config(world, lambda c: c["limits"].update(round_cap=2))
-    ingest_and_decide(world)
-    scan(world, "error-fix")
-    lines = run_until_settled(world)
+    lines = run_with_implementer(world, "partial", PARTIAL, round_cap=2)
     assert any("implementer reported partial" in line for line in lines), lines
     spec2 = (world["home"] / "specs" / "task-1" / "round-2.md").read_text()
     assert "could not find where qty is read" in spec2
@@ -300,10 +300,7 @@ print("I fixed it, trust me. token ghp_" + "A" * 36)
 
 
 def test_report_still_unparseable_after_repairs_fails_with_redacted_excerpt(world):
-    edit_config(world, lambda c: c["vendors"].update({"demo-implementer": script_vendor(world, "garbled", GARBLED)}))
-    ingest_and_decide(world)
-    scan(world, "error-fix")
-    run_until_settled(world)
+    run_with_implementer(world, "garbled", GARBLED)
     led = ledger(world)
     t = led.one("SELECT state, failed_reason FROM tasks WHERE id = 1")
     led.close()
@@ -328,11 +325,7 @@ print("SUMMARY: fixed and tweaked CI")
 
 
 def test_touching_a_blocked_path_rejects_the_round(world):
-    edit_config(world, lambda c: c["vendors"].update({"demo-implementer": script_vendor(world, "ci", BLOCKED_PATH)}))
-    edit_config(world, lambda c: c["limits"].update(round_cap=1))
-    ingest_and_decide(world)
-    scan(world, "error-fix")
-    lines = run_until_settled(world)
+    lines = run_with_implementer(world, "ci", BLOCKED_PATH, round_cap=1)
     assert any("touched blocked paths .github/ci.yml" in line for line in lines), lines
     led = ledger(world)
     assert led.scalar("SELECT count(*) FROM commits") == 0
