@@ -168,11 +168,16 @@ def _task_cost(ctx: Ctx) -> float:
                              (ctx.task_id,)) or 0.0
 
 
+def _usd(x: float) -> str:
+    """$3, $0.25, $0.005: enough digits to tell a small budget from what was spent."""
+    return "$" + f"{x:,.4f}".rstrip("0").rstrip(".")
+
+
 def _check_budgets(ctx: Ctx) -> None:
     limits = ctx.config.limits
     spent = _task_cost(ctx)
     if spent >= limits.task_budget_usd:
-        _block(ctx, f"task budget spent (${spent:.2f} of ${limits.task_budget_usd:.2f}); "
+        _block(ctx, f"task budget spent ({_usd(spent)} of {_usd(limits.task_budget_usd)}); "
                     "raise limits.task_budget_usd or reset with a reason")
     t = ctx.task
     started = datetime.strptime(t["created_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
@@ -180,7 +185,7 @@ def _check_budgets(ctx: Ctx) -> None:
         _block(ctx, f"task wall time {limits.task_wall_time}s exceeded")
     daily = _daily_cost(ctx.ledger)
     if daily >= limits.daily_budget_usd:
-        ctx.say(f"waiting: daily budget spent (${daily:.2f} of ${limits.daily_budget_usd:.2f})")
+        ctx.say(f"waiting: daily budget spent ({_usd(daily)} of {_usd(limits.daily_budget_usd)})")
         raise Stop()
 
 

@@ -423,3 +423,26 @@ def test_hand_made_task_waits_for_a_human_to_approve_the_spec(world, agent):
     led = ledger(world)
     assert led.one("SELECT state FROM tasks WHERE id = 1")["state"] == "done"
     led.close()
+
+
+def test_task_budget_gate_blocks_and_daily_budget_waits(world):
+    edit_config(world, lambda c: c["limits"].update(task_budget_usd=0.005))
+    ingest_and_decide(world)
+    scan(world, "error-fix")
+    run_until_settled(world, passes=2)
+    led = ledger(world)
+    t = led.one("SELECT state, blocked_reason FROM tasks WHERE id = 1")
+    runs = led.scalar("SELECT count(*) FROM lane_runs")
+    led.close()
+    assert t["state"] == "gate-blocked" and t["blocked_reason"].startswith("task budget spent ($0.01 of $0.005)")
+    assert runs == 1  # the implementer ran once (it cost $0.01); nothing started after the budget was spent
+    # the daily budget makes another task wait, with a line saying why, and drops nothing
+    edit_config(world, lambda c: c["limits"].update(task_budget_usd=5.0, daily_budget_usd=0.01))
+    other = demo.error_events(1).replace("KeyError", "LookupError")
+    ingest_and_decide(world, events=other, brief="second")
+    scan(world, "error-fix")
+    lines = run_until_settled(world, passes=2)
+    assert any("task 2 round 1: waiting: daily budget spent ($0.01 of $0.01)" in line for line in lines), lines
+    led = ledger(world)
+    assert led.one("SELECT state FROM tasks WHERE id = 2")["state"] in ("open", "working")
+    led.close()
