@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 FORMATS = ("auto", "jsonl", "sentry", "traceback")
 ERROR_LEVELS = ("error", "err", "critical", "crit", "fatal", "emerg", "emergency", "alert", "panic", "severe")
@@ -402,28 +402,38 @@ def event_from_record(obj: dict) -> Event:
         excerpt=_str(stack) if isinstance(stack, str) else "")
 
 
-def parse_jsonl(text: str, line_base: int = 1) -> ParseResult:
-    result = ParseResult(format="jsonl")
+def _json_lines(text: str, line_base: int) -> Iterator[tuple[int, Any, str | None]]:
+    """(line number, parsed object or None, why it is not JSON or None) for every non-blank line."""
     for offset, line in enumerate(text.split("\n")):
-        lineno = line_base + offset
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield line_base + offset, json.loads(line), None
         except ValueError as exc:
-            result.rejected.append(Rejected(lineno, f"not valid JSON ({exc.msg})"))
-            continue
-        if isinstance(obj, dict) and (_envelope_header(obj) or _item_header(obj)):
-            continue
-        try:
-            ev = event_from_record(obj)
-        except (ValueError, TypeError, AttributeError) as exc:
-            result.rejected.append(Rejected(lineno, str(exc) or type(exc).__name__))
-            continue
-        ev.line = lineno
-        if not ev.excerpt:
-            ev.excerpt = _excerpt(ev)
-        result.events.append(ev)
+            yield line_base + offset, None, f"not valid JSON ({exc.msg})"
+
+
+def _add_event(result: ParseResult, build: Callable[[Any], Event], obj: Any, lineno: int,
+               prefix: str = "") -> None:
+    """Build one event from a parsed object, or record why it is rejected; never raises."""
+    try:
+        ev = build(obj)
+    except (ValueError, TypeError, AttributeError) as exc:
+        result.rejected.append(Rejected(lineno, prefix + (str(exc) or type(exc).__name__)))
+        return
+    ev.line = lineno
+    if not ev.excerpt:
+        ev.excerpt = _excerpt(ev)
+    result.events.append(ev)
+
+
+def parse_jsonl(text: str, line_base: int = 1) -> ParseResult:
+    result = ParseResult(format="jsonl")
+    for lineno, obj, bad in _json_lines(text, line_base):
+        if bad:
+            result.rejected.append(Rejected(lineno, bad))
+        elif not (isinstance(obj, dict) and (_envelope_header(obj) or _item_header(obj))):
+            _add_event(result, event_from_record, obj, lineno)
     return result
 
 
@@ -581,44 +591,23 @@ def parse_sentry(text: str, line_base: int = 1) -> ParseResult:
         doc = json.loads(text)
     except ValueError:
         doc = None
-        lines = text.split("\n")
-        skip_next = False
-        for offset, line in enumerate(lines):
-            lineno = line_base + offset
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                if skip_next:
-                    skip_next = False
-                    continue
-                result.rejected.append(Rejected(lineno, f"not valid JSON ({exc.msg})"))
-                continue
+        skip_next = False  # the payload line after a non-event envelope item header (attachments, sessions)
+        for lineno, obj, bad in _json_lines(text, line_base):
             if skip_next:
                 skip_next = False
-                continue
-            if isinstance(obj, dict) and _envelope_header(obj):
-                continue
-            if isinstance(obj, dict) and _item_header(obj):
+            elif bad:
+                result.rejected.append(Rejected(lineno, bad))
+            elif isinstance(obj, dict) and _envelope_header(obj):
+                pass
+            elif isinstance(obj, dict) and _item_header(obj):
                 skip_next = obj["type"] != "event"
-                continue
-            _add_sentry(result, obj, lineno)
+            else:
+                _add_event(result, event_from_sentry, obj, lineno)
         return result
     docs = doc if isinstance(doc, list) else [doc]
     for index, obj in enumerate(docs):
-        _add_sentry(result, obj, line_base, f"event {index + 1}: " if isinstance(doc, list) else "")
+        _add_event(result, event_from_sentry, obj, line_base, f"event {index + 1}: " if isinstance(doc, list) else "")
     return result
-
-
-def _add_sentry(result: ParseResult, obj: Any, lineno: int, prefix: str = "") -> None:
-    try:
-        ev = event_from_sentry(obj)
-    except (ValueError, TypeError, AttributeError) as exc:
-        result.rejected.append(Rejected(lineno, prefix + (str(exc) or type(exc).__name__)))
-        return
-    ev.line = lineno
-    result.events.append(ev)
 
 
 # --------------------------------------------------------------------------- entry point
