@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "pr": "agent.commands.pr:pr",
     "daemon": "agent.commands.watch:daemon",
     "lane": "agent.commands.lane:lane",
+    "notify": "agent.commands.serve:notify",
+    "serve": "agent.commands.serve:serve",
 }
 
 

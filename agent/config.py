@@ -109,6 +109,44 @@ class SourceConfig:
         return "|".join(str(x or "") for x in (self.kind, self.url, self.query, self.path, self.org, self.project))
 
 
+NOTIFY_KINDS = ("slack", "webhook", "email")
+NOTIFY_EVENTS = ("gate-blocked", "failed", "pr-opened", "pr-merged", "pr-closed", "budget")  # = ledger.outbox.KINDS
+
+
+@dataclass(frozen=True)
+class NotifyChannel:
+    kind: str                      # slack | webhook | email
+    on: tuple[str, ...] = NOTIFY_EVENTS
+    name: str | None = None        # a stable id; default: derived from kind and destination
+    url: str | None = None         # slack/webhook: the URL, or
+    url_env: str | None = None     # ... the variable holding it (a Slack webhook URL is itself a secret)
+    secret_env: str | None = None  # webhook: HMAC-SHA256 key (X-Agent-Signature: sha256=<hex>)
+    smtp: str | None = None        # email: host:port
+    user_env: str | None = None
+    password_env: str | None = None
+    to: tuple[str, ...] = ()
+    sender: str | None = None      # email From (key `from`); default: the SMTP user, else agent@localhost
+    starttls: bool = True
+
+    @property
+    def id(self) -> str:
+        """Stable across config edits that do not change where the channel sends."""
+        if self.name:
+            return self.name
+        import hashlib
+
+        where = "|".join((self.kind, self.url or "", self.url_env or "", self.smtp or "", ",".join(self.to)))
+        return f"{self.kind}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    events_secret_env: str = "AGENT_HOOK_SECRET"      # HMAC-SHA256 of the body, X-Agent-Signature: sha256=<hex>
+    sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
+    alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
+    max_body_bytes: int = 1048576
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path | None = None
@@ -120,6 +158,8 @@ class Config:
     git: GitConfig = GitConfig()
     github: GithubConfig = GithubConfig()
     sources: tuple[SourceConfig, ...] = ()
+    notify: tuple[NotifyChannel, ...] = ()
+    serve: ServeConfig = ServeConfig()
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
         for repo in self.repos.values():
@@ -236,7 +276,8 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
-    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources"))
+    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources", "notify",
+                                   "serve"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -336,7 +377,73 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         sources.append(src)
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, sources=tuple(sources))
+                  git=git, github=github, sources=tuple(sources), notify=_notify(v, top.get("notify")),
+                  serve=_serve(v, top.get("serve")))
+
+
+_CHANNEL_KEYS = ("kind", "name", "on", "url", "url_env", "secret_env", "smtp", "user_env", "password_env", "to",
+                 "from", "starttls")
+
+
+def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        v.fail("notify", "a list of channels", raw)
+    channels: list[NotifyChannel] = []
+    for i, item in enumerate(raw):
+        p = f"notify[{i}]"
+        for secret in ("secret", "password", "token"):
+            if isinstance(item, dict) and item.get(secret) is not None:
+                raise ConfigError(f"{v.filename}: {p}.{secret}: secrets never go in config; "
+                                  f"name an environment variable in {secret}_env")
+        d = v.mapping(item, p, _CHANNEL_KEYS)
+        kind = v.string(d.get("kind"), f"{p}.kind", NOTIFY_KINDS)
+        on = v.strings(d.get("on"), f"{p}.on") if d.get("on") is not None else NOTIFY_EVENTS
+        for j, ev in enumerate(on):
+            if ev not in NOTIFY_EVENTS:
+                v.fail(f"{p}.on[{j}]", f"one of {'|'.join(NOTIFY_EVENTS)}", ev)
+        ch = NotifyChannel(
+            kind=kind, on=on, name=v.opt_string(d.get("name"), f"{p}.name"),
+            url=v.opt_string(d.get("url"), f"{p}.url"), url_env=v.opt_string(d.get("url_env"), f"{p}.url_env"),
+            secret_env=v.opt_string(d.get("secret_env"), f"{p}.secret_env"),
+            smtp=v.opt_string(d.get("smtp"), f"{p}.smtp"),
+            user_env=v.opt_string(d.get("user_env"), f"{p}.user_env"),
+            password_env=v.opt_string(d.get("password_env"), f"{p}.password_env"),
+            to=v.strings(d.get("to"), f"{p}.to"), sender=v.opt_string(d.get("from"), f"{p}.from"),
+            starttls=v.boolean(d.get("starttls", True), f"{p}.starttls"))
+        if kind in ("slack", "webhook"):
+            if (ch.url is None) == (ch.url_env is None):
+                v.fail(f"{p}.url", "exactly one of url or url_env (the variable holding the URL)",
+                       None if ch.url is None else "both")
+            if ch.url and not ch.url.startswith(("http://", "https://")):
+                v.fail(f"{p}.url", "an http:// or https:// URL", ch.url)
+        if kind == "webhook" and ch.secret_env is None:
+            v.fail(f"{p}.secret_env", "the environment variable holding the HMAC key (a webhook is signed)", None)
+        if kind == "email":
+            host, _, port = (ch.smtp or "").rpartition(":")
+            if not host or not port.isdigit():
+                v.fail(f"{p}.smtp", "host:port of an SMTP server, e.g. smtp.example:587", ch.smtp)
+            if not ch.to:
+                v.fail(f"{p}.to", "a list of recipient addresses", None)
+            if (ch.user_env is None) != (ch.password_env is None):
+                v.fail(f"{p}.password_env" if ch.password_env is None else f"{p}.user_env",
+                       "both user_env and password_env, or neither", None)
+        if any(c.id == ch.id for c in channels):
+            raise ConfigError(f"{v.filename}: {p}: same destination as another channel; give one a distinct name")
+        channels.append(ch)
+    return tuple(channels)
+
+
+def _serve(v: _V, raw: Any) -> ServeConfig:
+    d = v.mapping(raw, "serve", tuple(ServeConfig.__dataclass_fields__))
+    dflt = ServeConfig()
+    return ServeConfig(
+        events_secret_env=v.string(d.get("events_secret_env", dflt.events_secret_env), "serve.events_secret_env"),
+        sentry_secret_env=v.string(d.get("sentry_secret_env", dflt.sentry_secret_env), "serve.sentry_secret_env"),
+        alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
+                                        "serve.alertmanager_token_env"),
+        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1))
 
 
 def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
@@ -415,4 +522,16 @@ DEFAULT_CONFIG = """\
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # sources:
 #   - {kind: file, path: /var/log/widgets/*.log, service: widgets-api}
+
+# notify:                                     # events: gate-blocked failed pr-opened pr-merged pr-closed budget
+#   - {kind: slack, url_env: SLACK_WEBHOOK_URL, on: [gate-blocked, failed, pr-opened]}
+#   - {kind: webhook, url: "https://ops.example/hooks/agent", secret_env: AGENT_NOTIFY_SECRET, on: [gate-blocked]}
+#   - {kind: email, smtp: "smtp.example:587", user_env: SMTP_USER, password_env: SMTP_PASSWORD,
+#      to: [oncall@example.com], on: [failed, budget]}
+
+# serve:                                      # `agent serve` / `agent daemon --serve`
+#   events_secret_env: AGENT_HOOK_SECRET      # /hooks/events: X-Agent-Signature: sha256=<HMAC-SHA256 of the body>
+#   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
+#   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
+#   max_body_bytes: 1048576
 """

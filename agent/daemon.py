@@ -13,7 +13,7 @@ from typing import Callable
 
 
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
-               echo: Callable[[str], None] = print) -> int:
+               echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
     from agent import AgentError, fixer
     from agent.commands.watch import SCANS, run_scan
     from agent.config import load_config
@@ -33,6 +33,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     ticks = 0
+    server = _start_server(app, serve, echo) if serve else None
     try:
         while not fixer.STOP.is_set():
             try:  # pick up edits; a broken edit skips this pass and says why, the daemon keeps running
@@ -56,6 +57,8 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
             while not fixer.STOP.is_set() and time.monotonic() < deadline:
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
     finally:
+        if server is not None:
+            server.close()
         for s, handler in old.items():
             signal.signal(s, handler)
         fixer.STOP.clear()
@@ -64,3 +67,13 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
         resume_starting()
     echo(f"daemon: stopped after {ticks} pass(es)")
     return ticks
+
+
+def _start_server(app, where: tuple[str, int], echo: Callable[[str], None]):
+    """`agent daemon --serve`: the server on a thread of this process (notifications go out every daemon pass)."""
+    from agent.serve import HookApp, Server
+
+    app.ledger  # noqa: B018 - creates or migrates the ledger before the server threads open theirs
+    server = Server(HookApp(app.home, app.config), *where).start()
+    echo(f"daemon: serving on {server.url}")
+    return server

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from agent import AgentError, chain
 from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path, now
+from agent.ledger.outbox import TASK_BUDGET_SPENT, daily_budget_reached
 from agent.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task, set_step, snapshot,
                          start_next_round, transition)
 
@@ -177,7 +178,7 @@ def _check_budgets(ctx: Ctx) -> None:
     limits = ctx.config.limits
     spent = _task_cost(ctx)
     if spent >= limits.task_budget_usd:
-        _block(ctx, f"task budget spent ({_usd(spent)} of {_usd(limits.task_budget_usd)}); "
+        _block(ctx, f"{TASK_BUDGET_SPENT} ({_usd(spent)} of {_usd(limits.task_budget_usd)}); "
                     "raise limits.task_budget_usd or reset with a reason")
     t = ctx.task
     started = datetime.strptime(t["created_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
@@ -185,6 +186,7 @@ def _check_budgets(ctx: Ctx) -> None:
         _block(ctx, f"task wall time {limits.task_wall_time}s exceeded")
     daily = _daily_cost(ctx.ledger)
     if daily >= limits.daily_budget_usd:
+        daily_budget_reached(ctx.ledger, daily, limits.daily_budget_usd)  # once a day: the "budget" notification
         ctx.say(f"waiting: daily budget spent ({_usd(daily)} of {_usd(limits.daily_budget_usd)})")
         raise Stop()
 

@@ -95,3 +95,29 @@ def get_json(url: str, *, params: dict | None = None, headers: dict | None = Non
         return resp.json(), resp
     except ValueError:
         raise AgentError(f"GET {_where(url)}: response is not JSON") from None
+
+
+class PostFailed(AgentError):
+    """A POST that did not succeed; ``retry`` says whether trying again later can help."""
+
+    def __init__(self, message: str, retry: bool):
+        super().__init__(message)
+        self.retry = retry
+
+
+def post(url: str, body: bytes, *, headers: dict | None = None, timeout: float = 15, shown: str | None = None) -> int:
+    """POST ``body``; returns the 2xx status. Raises PostFailed (one line, no credentials, no query string)
+    with ``retry`` True for transport failures, 408, 429 and 5xx, False for other refusals. ``shown`` names the
+    destination in messages instead of the URL (a Slack webhook URL is itself a secret)."""
+    import requests
+
+    hdrs = {"User-Agent": USER_AGENT, **(headers or {})}
+    try:
+        resp = requests.post(url, data=body, headers=hdrs, timeout=timeout, allow_redirects=False)
+    except requests.RequestException as exc:
+        raise PostFailed(f"POST {shown or _where(url)}: {transport_failure(exc) or type(exc).__name__}",
+                         retry=True) from None
+    if 200 <= resp.status_code < 300:
+        return resp.status_code
+    retry = resp.status_code in (408, 429) or resp.status_code >= 500
+    raise PostFailed(f"POST {shown or _where(url)}: HTTP {resp.status_code}: {redact(resp.text[:200]).strip()}", retry=retry)

@@ -18,16 +18,23 @@ def _counts(ledger: Ledger, table: str, states: tuple[str, ...]) -> dict[str, in
     return {s: found.get(s, 0) for s in states} | {k: v for k, v in found.items() if k not in states}
 
 
+def reset_command(task_id: int, state: str) -> str:
+    """The exact line a human runs to put a gate-blocked or failed task back to work."""
+    if state == "failed":
+        return f"agent task reset {task_id} --reason {shlex.quote('why it may go on')} --rounds 2"
+    return f"agent task reset {task_id} --reason {shlex.quote('what you fixed')}"
+
+
 def gather(ledger: Ledger) -> dict:
     blocked = []
     for t in ledger.all("SELECT id, repo, title, round, round_cap, blocked_reason, updated_at FROM tasks "
                         "WHERE state = 'gate-blocked' ORDER BY id"):
-        t["reset_command"] = f"agent task reset {t['id']} --reason {shlex.quote('what you fixed')}"
+        t["reset_command"] = reset_command(t["id"], "gate-blocked")
         blocked.append(t)
     failed = ledger.all("SELECT id, repo, title, round, round_cap, failed_reason, updated_at FROM tasks "
                         "WHERE state = 'failed' ORDER BY id")
     for t in failed:
-        t["reset_command"] = f"agent task reset {t['id']} --reason {shlex.quote('why it may go on')} --rounds 2"
+        t["reset_command"] = reset_command(t["id"], "failed")
     return {
         "errors": _counts(ledger, "errors", ERROR_STATES),
         "tasks": _counts(ledger, "tasks", TASK_STATES),

@@ -20,6 +20,7 @@ SCANS: dict[str, tuple[str, str]] = {
     "error-fix": ("agent.fixer:fix_scan", "Turn confirmed error.fix conclusions into tasks with worktrees."),
     "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
     "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states: merged, closed, branch pruning."),
+    "notify": ("agent.notify:scan", "Deliver pending notifications (outbox), retrying failed ones with backoff."),
 }
 
 
@@ -93,15 +94,21 @@ def watch_all(jobs, as_json):
 @click.option("--interval", type=float, default=60.0, show_default=True, help="Seconds between passes.")
 @click.option("--jobs", type=int, default=1, show_default=True, help="Tasks advanced in parallel.")
 @click.option("--max-ticks", type=int, help="Stop after N passes (for tests and benchmarks).")
-def daemon(interval, jobs, max_ticks):
+@click.option("--serve", "with_serve", is_flag=True, help="Also run `agent serve` in this process.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --serve: address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="With --serve: TCP port.")
+def daemon(interval, jobs, max_ticks, with_serve, host, port):
     """Loop `agent watch all` until SIGTERM/SIGINT.
 
     The first signal stops new work and lets the running step finish; a second one kills running lanes.
+    With --serve the webhook/status/metrics server runs in the same process and stops with it.
 
     \b
     Example:
-      agent daemon --interval 60 --jobs 4
+      agent daemon --interval 60 --jobs 4 --serve --port 8080
     """
     from agent.daemon import run_daemon
 
-    run_daemon(get_app(), interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo)
+    run_daemon(get_app(), interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo,
+               serve=(host, port) if with_serve else None)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agent import AgentError
+from agent.ledger import outbox
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
@@ -41,7 +42,7 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Ledger:
@@ -149,9 +150,12 @@ class Ledger:
             raise ValueError(f"actor must be one of {ACTORS}, got {actor!r}")
         if not conn.in_transaction:
             raise RuntimeError("Ledger.event() must be called inside Ledger.tx()")
+        ts = now()
         cur = conn.execute(
             "INSERT INTO events (ts, task_id, error_id, kind, actor, payload) VALUES (?, ?, ?, ?, ?, ?)",
-            (now(), task_id, error_id, kind, actor, json.dumps(payload or {}, sort_keys=True, default=str)))
+            (ts, task_id, error_id, kind, actor, json.dumps(payload or {}, sort_keys=True, default=str)))
+        # the notification outbox row (if this event is one a human hears about), in this same transaction
+        outbox.on_event(conn, cur.lastrowid, ts, kind, payload or {}, task_id, error_id)
         return cur.lastrowid
 
     def insert(self, conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> int:

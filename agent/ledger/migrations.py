@@ -155,3 +155,39 @@ def m002_forge_local_prs(db) -> None:
     }, pk="id", not_null={"repo", "number", "head", "base", "state"}, defaults={"state": "open", "draft": 1})
     db["local_prs"].create_index(["repo", "number"], unique=True)
     db["local_prs"].create_index(["repo", "head"])
+
+
+@migration
+def m003_notify_outbox(db) -> None:
+    """Notifications and pushed intake.
+
+    ``outbox``: one row per event a human may want to hear about, written by ``Ledger.event`` in the same
+    transaction as the event (so a crash keeps both or neither). ``notify_deliveries``: one row per
+    (outbox row, channel), created when a delivery pass expands the outbox against the configured channels; its
+    ``key`` is the idempotency key every channel receives. ``hook_deliveries``: one row per webhook delivery
+    accepted by `agent serve` (its id or body hash), written with the events it carried, so a replay changes nothing.
+    """
+    db["outbox"].create({
+        "id": int, "event_id": int, "kinds": str,   # comma list: gate-blocked, failed, pr-opened, ...
+        "task_id": int, "error_id": str, "payload": str, "created_at": str,
+        "expanded": int,          # 1 once delivery rows exist for the channels configured then
+    }, pk="id", not_null={"event_id", "kinds", "created_at", "expanded"}, defaults={"expanded": 0})
+    db["outbox"].create_index(["event_id"], unique=True)
+    db["outbox"].create_index(["expanded"])
+
+    db["notify_deliveries"].create({
+        "id": int, "outbox_id": int, "channel": str, "key": str,
+        "state": str,             # pending | sending | delivered | failed (permanent, or retries exhausted)
+        "attempts": int, "next_at": float, "lease_until": float, "claimed_by": str,   # host:pid:token while sending
+        "last_error": str,
+        "created_at": str, "delivered_at": str,
+    }, pk="id", foreign_keys=[("outbox_id", "outbox", "id")],
+        not_null={"outbox_id", "channel", "key", "state", "attempts"}, defaults={"state": "pending", "attempts": 0})
+    db["notify_deliveries"].create_index(["outbox_id", "channel"], unique=True)
+    db["notify_deliveries"].create_index(["key"], unique=True)
+    db["notify_deliveries"].create_index(["state", "next_at"])
+
+    db["hook_deliveries"].create({
+        "id": int, "hook": str, "key": str, "events": int, "new": int, "deduplicated": int, "received_at": str,
+    }, pk="id", not_null={"hook", "key", "received_at"})
+    db["hook_deliveries"].create_index(["hook", "key"], unique=True)

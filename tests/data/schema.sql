@@ -84,6 +84,15 @@ table gates
   created_at TEXT
   fk lane_run_id -> lane_runs.id
   fk task_id -> tasks.id
+table hook_deliveries
+  id INTEGER PK1
+  hook TEXT NOT NULL
+  key TEXT NOT NULL
+  events INTEGER
+  new INTEGER
+  deduplicated INTEGER
+  received_at TEXT NOT NULL
+  index unique (hook, key) c
 table lane_runs
   id INTEGER PK1
   task_id INTEGER
@@ -138,6 +147,34 @@ table local_prs
   updated_at TEXT
   index (repo, head) c
   index unique (repo, number) c
+table notify_deliveries
+  id INTEGER PK1
+  outbox_id INTEGER NOT NULL
+  channel TEXT NOT NULL
+  key TEXT NOT NULL
+  state TEXT NOT NULL DEFAULT 'pending'
+  attempts INTEGER NOT NULL DEFAULT 0
+  next_at REAL
+  lease_until REAL
+  claimed_by TEXT
+  last_error TEXT
+  created_at TEXT
+  delivered_at TEXT
+  fk outbox_id -> outbox.id
+  index (state, next_at) c
+  index unique (key) c
+  index unique (outbox_id, channel) c
+table outbox
+  id INTEGER PK1
+  event_id INTEGER NOT NULL
+  kinds TEXT NOT NULL
+  task_id INTEGER
+  error_id TEXT
+  payload TEXT
+  created_at TEXT NOT NULL
+  expanded INTEGER NOT NULL DEFAULT 0
+  index (expanded) c
+  index unique (event_id) c
 table prs
   id INTEGER PK1
   task_id INTEGER NOT NULL

@@ -1,0 +1,59 @@
+"""`agent serve` and `agent notify test`."""
+
+from __future__ import annotations
+
+import click
+
+from agent.commands.common import emit, get_app, json_option
+
+
+def host_port_options(fn):
+    fn = click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+                      help="TCP port (0 picks a free one and prints it).")(fn)
+    return click.option("--host", default="127.0.0.1", show_default=True,
+                        help="Address to listen on; put a TLS proxy in front before exposing it.")(fn)
+
+
+@click.command()
+@host_port_options
+def serve(host, port):
+    """Serve webhooks (/hooks/events, /hooks/sentry, /hooks/alertmanager), the live status page, /metrics, /healthz.
+
+    Also delivers pending notifications every few seconds. Stops on SIGTERM/SIGINT.
+
+    \b
+    Example:
+      AGENT_HOOK_SECRET=... agent serve --host 127.0.0.1 --port 8080
+    """
+    from agent.serve import run_serve
+
+    run_serve(get_app(), host, port, echo=click.echo)
+
+
+@click.group()
+def notify():
+    """Notifications: see `notify:` in config.yaml; delivery runs in `watch all`, the daemon and `serve`."""
+
+
+@notify.command("test")
+@json_option
+def notify_test(as_json):
+    """Send one test message to every configured channel now; exit 1 if any channel failed.
+
+    \b
+    Example:
+      agent notify test
+    """
+    from agent import AgentError
+    from agent.notify import send_tests
+
+    results = send_tests(get_app().config)
+
+    def human(rows):
+        for r in rows:
+            click.echo(f"{r['channel']} ({r['kind']}): " + ("sent" if r["ok"] else f"FAILED: {r['error']}"))
+
+    emit(results, as_json, human)
+    failed = [r["channel"] for r in results if not r["ok"]]
+    if failed:
+        raise AgentError(f"{len(failed)} channel(s) failed: {', '.join(failed)}; see the lines above")

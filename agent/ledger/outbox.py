@@ -1,0 +1,135 @@
+"""The notification outbox: which events a human hears about, written with the event that causes them.
+
+``Ledger.event`` calls :func:`on_event` inside the transaction that writes the event, so the outbox row and the
+event (and the state change they record) commit or roll back together: a crash can neither lose a notification
+whose event happened nor send one for an event that never committed. Delivery (``agent/notify.py``) happens after,
+from these rows. This module is pure mapping plus one INSERT; it imports nothing heavy (every event pays for it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+# What a channel can ask for in `notify: [{on: [...]}]`.
+KINDS = ("gate-blocked", "failed", "pr-opened", "pr-merged", "pr-closed", "budget")
+
+# The fixer's reason when a task's own budget is spent; such a gate-block is also a "budget" notification.
+TASK_BUDGET_SPENT = "task budget spent"
+
+
+def kinds_for(kind: str, payload: dict) -> tuple[str, ...]:
+    """The notification kinds an event stands for (empty for almost every event)."""
+    if kind == "task.state":
+        to = payload.get("to")
+        if to == "gate-blocked":
+            reason = str(payload.get("reason") or "")
+            return ("gate-blocked", "budget") if reason.startswith(TASK_BUDGET_SPENT) else ("gate-blocked",)
+        if to == "failed":
+            return ("failed",)
+        return ()
+    if kind in ("pr.created", "pr.adopted"):   # adopted: created by a scan that died before recording it
+        return ("pr-opened",)
+    if kind == "pr.merged":
+        return ("pr-merged",)
+    if kind == "pr.closed":
+        return ("pr-closed",)
+    if kind == "budget.reached":
+        return ("budget",)
+    return ()
+
+
+def on_event(conn: sqlite3.Connection, event_id: int, ts: str, kind: str, payload: dict,
+             task_id: int | None, error_id: str | None) -> None:
+    """Called by ``Ledger.event`` in the event's transaction: one outbox row if the event is worth a message."""
+    kinds = kinds_for(kind, payload)
+    if not kinds:
+        return
+    conn.execute("INSERT INTO outbox (event_id, kinds, task_id, error_id, payload, created_at, expanded) "
+                 "VALUES (?, ?, ?, ?, ?, ?, 0)",
+                 (event_id, ",".join(kinds), task_id, error_id,
+                  json.dumps({"event": kind, **payload}, sort_keys=True, default=str), ts))
+
+
+def daily_budget_reached(ledger, spent: float, limit: float) -> bool:
+    """Record ``budget.reached`` (scope daily) once per UTC day; True when this call recorded it."""
+    day = ledger_now()[:10]
+    with ledger.tx() as c:
+        seen = c.execute("SELECT 1 FROM outbox WHERE kinds = 'budget' AND created_at >= ? "
+                         "AND json_extract(payload, '$.scope') = 'daily' LIMIT 1", (day,)).fetchone()
+        if seen:
+            return False
+        ledger.event(c, "budget.reached", "script", {"scope": "daily", "spent_usd": round(spent, 4),
+                                                     "limit_usd": limit, "day": day})
+        return True
+
+
+def ledger_now() -> str:
+    from agent.ledger import now
+
+    return now()
+
+
+# --------------------------------------------------------------------------- delivery bookkeeping
+# (the SQL of agent/notify.py's delivery passes; sending happens there, outside any transaction)
+
+def expand(ledger, wants: dict[str, tuple[str, ...]]) -> int:
+    """Give every unexpanded outbox row one delivery per channel that wants one of its kinds
+    (``wants``: channel id -> kinds). Returns the number of delivery rows created."""
+    made = 0
+    with ledger.tx() as c:
+        rows = c.execute("SELECT id, event_id, kinds, created_at FROM outbox WHERE expanded = 0 ORDER BY id").fetchall()
+        for row in rows:
+            kinds = set(row["kinds"].split(","))
+            for channel, on in wants.items():
+                if kinds & set(on):
+                    made += c.execute(
+                        "INSERT OR IGNORE INTO notify_deliveries (outbox_id, channel, key, state, attempts, next_at, "
+                        "created_at) VALUES (?, ?, ?, 'pending', 0, 0, ?)",
+                        (row["id"], channel, f"agent-{row['event_id']}-{channel}", ledger_now())).rowcount
+            c.execute("UPDATE outbox SET expanded = 1 WHERE id = ?", (row["id"],))
+    return made
+
+
+def claim_due(ledger, token: str, now_s: float, lease_s: float, dead: "callable", limit: int = 50) -> list[dict]:
+    """Claim deliveries that are due: pending past their ``next_at``, or stuck in ``sending`` by a claimant
+    whose lease ran out or whose process is dead (``dead(claimed_by)``). Each claim counts an attempt."""
+    with ledger.tx() as c:
+        due = [r["id"] for r in c.execute(
+            "SELECT id FROM notify_deliveries WHERE state = 'pending' AND next_at <= ? ORDER BY id LIMIT ?",
+            (now_s, limit))]
+        for r in c.execute("SELECT id, lease_until, claimed_by FROM notify_deliveries WHERE state = 'sending'"):
+            if (r["lease_until"] or 0) < now_s or dead(r["claimed_by"] or ""):
+                due.append(r["id"])
+        for did in due:
+            c.execute("UPDATE notify_deliveries SET state = 'sending', claimed_by = ?, lease_until = ?, "
+                      "attempts = attempts + 1 WHERE id = ?", (token, now_s + lease_s, did))
+        if not due:
+            return []
+        marks = ",".join("?" for _ in due)
+        return [dict(r) for r in c.execute(
+            "SELECT d.*, o.event_id, o.kinds, o.task_id, o.error_id, o.payload, o.created_at AS event_at "
+            f"FROM notify_deliveries d JOIN outbox o ON o.id = d.outbox_id WHERE d.id IN ({marks}) ORDER BY d.id",
+            due)]
+
+
+def record(ledger, delivery_id: int, token: str, state: str, error: str | None = None,
+           next_at: float | None = None) -> bool:
+    """Record a claimed delivery's outcome (delivered | pending with next_at | failed); False if the claim was lost."""
+    with ledger.tx() as c:
+        n = c.execute("UPDATE notify_deliveries SET state = ?, last_error = ?, next_at = coalesce(?, next_at), "
+                      "claimed_by = NULL, lease_until = NULL, delivered_at = ? WHERE id = ? AND claimed_by = ?",
+                      (state, error, next_at, ledger_now() if state == "delivered" else None, delivery_id,
+                       token)).rowcount
+        if n and state in ("delivered", "failed"):
+            row = c.execute("SELECT d.channel, d.key, d.attempts, o.task_id, o.kinds FROM notify_deliveries d "
+                            "JOIN outbox o ON o.id = d.outbox_id WHERE d.id = ?", (delivery_id,)).fetchone()
+            ledger.event(c, f"notify.{state}", "script", {"channel": row["channel"], "key": row["key"],
+                                                          "kinds": row["kinds"], "attempts": row["attempts"],
+                                                          "error": error}, task_id=row["task_id"])
+        return bool(n)
+
+
+def delivery_counts(ledger) -> list[dict]:
+    return ledger.all("SELECT channel, state, count(*) AS n FROM notify_deliveries GROUP BY channel, state "
+                      "ORDER BY channel, state")

@@ -1,0 +1,319 @@
+"""`agent serve` on a real waitress server on 127.0.0.1, driven over HTTP: signatures, missing secrets, size limit,
+malformed JSON, replays, redaction, the status page, metrics, and 2,000 requests from 8 threads with nothing lost."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from agent import chain
+from agent.config import parse_config
+from agent.serve import HookApp, Server
+from agent.tasks import create_task, transition
+from conftest import agent_bin
+from intake_payloads import sentry_python_event
+
+EVENTS_KEY, SENTRY_KEY, AM_TOKEN = "ev-key-1", "sentry-client-secret", "am-token-1"
+ENV = {"AGENT_HOOK_SECRET": EVENTS_KEY, "SENTRY_CLIENT_SECRET": SENTRY_KEY, "ALERTMANAGER_TOKEN": AM_TOKEN}
+
+
+def start(home, env=ENV, **serve):
+    cfg = parse_config({"serve": serve} if serve else {})
+    return Server(HookApp(home, cfg, env), "127.0.0.1", 0).start()
+
+
+@pytest.fixture
+def srv(ledger, home):
+    s = start(home)
+    yield s
+    s.close()
+
+
+def call(url, path, body: bytes | None = None, headers: dict | None = None, method=None):
+    req = urllib.request.Request(url + path, data=body, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def sig(key: str, body: bytes, prefix="sha256=") -> str:
+    return prefix + hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+
+
+def post_events(url, body: bytes, key=EVENTS_KEY, **extra):
+    return call(url, "/hooks/events", body, {"X-Agent-Signature": sig(key, body), **extra})
+
+
+def line(message="KeyError: 'qty'", service="widgets-api", n=0, **more) -> str:
+    return json.dumps({"message": message, "class": "KeyError", "service": service, "environment": "production",
+                       "timestamp": f"2026-01-01T10:00:{n % 60:02d}Z",
+                       "stack": [{"file": "widgets/pricing.py", "function": "line_total", "line": 17}], **more})
+
+
+def counts(ledger):
+    return (ledger.scalar("SELECT count(*) FROM errors"), ledger.scalar("SELECT coalesce(sum(count), 0) FROM errors"),
+            ledger.scalar("SELECT count(*) FROM hook_deliveries"))
+
+
+# --------------------------------------------------------------------------- /hooks/events
+
+
+def test_events_signed_are_stored_then_a_replay_changes_nothing(srv, ledger):
+    body = (line(n=1) + "\n" + line(n=2) + "\n").encode()
+    code, out, _ = post_events(srv.url, body)
+    doc = json.loads(out)
+    assert code == 202 and doc["new"] == 1 and doc["deduplicated"] == 1, out
+    assert counts(ledger) == (1, 2, 1)
+    code, out, _ = post_events(srv.url, body)
+    assert code == 200 and json.loads(out)["replay"] is True
+    assert counts(ledger) == (1, 2, 1)
+    events = [e["kind"] for e in ledger.events()]
+    assert events == ["error.ingested"]
+    code, _, _ = post_events(srv.url, (line(n=3) + "\n").encode())  # a new delivery of the same error counts up
+    assert code == 202 and counts(ledger) == (1, 3, 2)
+
+
+def test_bad_or_missing_signature_is_401_and_stores_nothing(srv, ledger):
+    body = (line() + "\n").encode()
+    assert post_events(srv.url, body, key="wrong")[0] == 401
+    code, out, _ = call(srv.url, "/hooks/events", body)
+    assert code == 401 and b"X-Agent-Signature" in out
+    code, _, _ = call(srv.url, "/hooks/events", body, {"X-Agent-Signature": sig(EVENTS_KEY, body + b" ")})
+    assert code == 401
+    assert counts(ledger) == (0, 0, 0) and ledger.events() == []
+
+
+def test_missing_secret_is_a_clear_refusal(ledger, home):
+    s = start(home, env={})
+    try:
+        body = (line() + "\n").encode()
+        code, out, _ = post_events(s.url, body)
+        assert code == 503 and "AGENT_HOOK_SECRET" in json.loads(out)["error"]
+        code, out, _ = call(s.url, "/hooks/alertmanager", b"{}", {"Authorization": "Bearer x"})
+        assert code == 503 and "ALERTMANAGER_TOKEN" in json.loads(out)["error"]
+        assert counts(ledger) == (0, 0, 0)
+    finally:
+        s.close()
+
+
+def test_oversized_body_is_413(ledger, home):
+    s = start(home, max_body_bytes=2000)
+    try:
+        body = ("\n".join(line(n=i) for i in range(30)) + "\n").encode()
+        assert len(body) > 2000
+        code, out, _ = post_events(s.url, body)
+        assert code == 413 and b"2000" in out
+        small = (line() + "\n").encode()
+        assert post_events(s.url, small)[0] == 202
+        assert counts(ledger) == (1, 1, 1)
+    finally:
+        s.close()
+
+
+def test_malformed_json_is_400_with_one_line_and_nothing_stored(srv, ledger):
+    body = (line() + "\n{not json\n").encode()
+    code, out, _ = post_events(srv.url, body)
+    reason = json.loads(out)["error"]
+    assert code == 400 and reason.startswith("line 2: not valid JSON") and "\n" not in reason
+    body = (line() + "\n" + json.dumps({"level": "error"}) + "\n").encode()
+    code, out, _ = post_events(srv.url, body)
+    assert code == 400 and "line 2: record has neither a message nor an exception class" in json.loads(out)["error"]
+    assert post_events(srv.url, b"")[0] == 400
+    assert counts(ledger) == (0, 0, 0)
+
+
+def test_events_are_redacted_like_ingest(srv, ledger):
+    token = "ghp_" + "A" * 36
+    body = (line(message=f"auth failed for token {token} password=hunter2") + "\n").encode()
+    assert post_events(srv.url, body)[0] == 202
+    stored = json.dumps(ledger.all("SELECT * FROM errors"))
+    assert token not in stored and "hunter2" not in stored
+
+
+# --------------------------------------------------------------------------- /hooks/sentry
+
+
+def _sentry(url, doc, key=SENTRY_KEY, resource="event_alert", request_id="req-1"):
+    body = json.dumps(doc).encode()
+    return call(url, "/hooks/sentry", body, {"Sentry-Hook-Signature": sig(key, body, ""), "Sentry-Hook-Resource":
+                                             resource, "Request-ID": request_id, "Content-Type": "application/json"})
+
+
+def test_sentry_integration_webhook(srv, ledger):
+    doc = {"action": "triggered", "installation": {"uuid": "i-1"},
+           "data": {"event": sentry_python_event(), "triggered_rule": "page me"}}
+    assert _sentry(srv.url, doc, key="wrong")[0] == 401
+    code, out, _ = _sentry(srv.url, doc)
+    assert code == 202, out
+    e = ledger.one("SELECT service, class, environment, excerpt FROM errors")
+    assert (e["service"], e["class"], e["environment"]) == ("widgets-api", "KeyError", "production")
+    assert "alice@example.com" not in e["excerpt"]
+    assert _sentry(srv.url, doc)[0] == 200  # same Request-ID: a replay
+    assert counts(ledger)[1:] == (1, 1)
+    code, out, _ = _sentry(srv.url, {"action": "created", "data": {"installation": {}}}, resource="installation")
+    assert code == 200 and b"ignored" in out
+    body = b"{nope"
+    code, out, _ = call(srv.url, "/hooks/sentry", body, {"Sentry-Hook-Signature": sig(SENTRY_KEY, body, "")})
+    assert code == 400 and b"not JSON" in out
+
+
+# --------------------------------------------------------------------------- /hooks/alertmanager
+
+
+def _am(alerts, version="4"):
+    return {"version": version, "groupKey": "{}:{alertname=\"HighErrorRate\"}", "status": "firing",
+            "receiver": "agent", "groupLabels": {"alertname": "HighErrorRate"},
+            "commonLabels": {"alertname": "HighErrorRate", "service": "widgets-api", "env": "production"},
+            "commonAnnotations": {}, "externalURL": "http://alertmanager.test", "truncatedAlerts": 0,
+            "alerts": alerts}
+
+
+def test_alertmanager_webhook_with_bearer_token(srv, ledger):
+    alert = {"status": "firing", "labels": {"alertname": "HighErrorRate", "instance": "web-1", "severity": "critical"},
+             "annotations": {"summary": "5xx rate above 5% on web-1"}, "startsAt": "2026-01-01T10:00:00Z",
+             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prom.test/graph", "fingerprint": "abc"}
+    resolved = {**alert, "status": "resolved", "labels": {**alert["labels"], "instance": "web-2"}}
+    body = json.dumps(_am([alert, resolved])).encode()
+    assert call(srv.url, "/hooks/alertmanager", body, {"Authorization": "Bearer nope"})[0] == 401
+    assert call(srv.url, "/hooks/alertmanager", body)[0] == 401
+    code, out, _ = call(srv.url, "/hooks/alertmanager", body, {"Authorization": f"Bearer {AM_TOKEN}"})
+    assert code == 202 and json.loads(out)["new"] == 1, out
+    e = ledger.one("SELECT service, class, environment, level, message FROM errors")
+    assert e == {"service": "widgets-api", "class": "HighErrorRate", "environment": "production",
+                 "level": "critical", "message": "5xx rate above 5% on web-1"}
+    v3 = json.dumps(_am([alert], version="3")).encode()
+    code, out, _ = call(srv.url, "/hooks/alertmanager", v3, {"Authorization": f"Bearer {AM_TOKEN}"})
+    assert code == 400 and b"version 4" in out
+    only_resolved = json.dumps(_am([resolved])).encode()
+    code, out, _ = call(srv.url, "/hooks/alertmanager", only_resolved, {"Authorization": f"Bearer {AM_TOKEN}"})
+    assert code == 200 and b"no firing alerts" in out
+    assert counts(ledger) == (1, 1, 1)
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def test_status_page_metrics_and_health(srv, ledger):
+    tid, _ = create_task(ledger, "acme/widgets", "Fix <KeyError> in checkout")
+    transition(ledger, tid, chain.BLOCKED, "script", "lane codex: binary not found")
+    post_events(srv.url, (line() + "\n").encode())
+    code, page, headers = call(srv.url, "/")
+    html = page.decode()
+    assert code == 200 and headers["Content-Type"].startswith("text/html")
+    assert "http-equiv='refresh'" in html and "agent task reset 1 --reason &#x27;what you fixed&#x27;" in html
+    assert "Fix &lt;KeyError&gt; in checkout" in html and "<script" not in html
+    assert call(srv.url, "/", b"x", method="POST")[0] == 405
+    code, text, headers = call(srv.url, "/metrics")
+    text = text.decode()
+    assert code == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert 'agent_tasks{state="gate-blocked"} 1' in text and 'agent_errors{state="open"} 1' in text
+    assert 'agent_hook_deliveries_total{hook="events"} 1' in text
+    for fam in ("agent_prs", "agent_lane_runs_total", "agent_lane_run_duration_seconds_sum", "agent_cost_usd_total",
+                "agent_notify_deliveries"):
+        assert f"# TYPE {fam} " in text
+    for ln in text.splitlines():  # every sample line is name{labels} value
+        assert ln.startswith("#") or re.fullmatch(r'[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? \S+', ln), ln
+    code, out, _ = call(srv.url, "/healthz")
+    assert code == 200 and json.loads(out)["ok"] is True
+    assert call(srv.url, "/nope")[0] == 404 and call(srv.url, "/hooks/events")[0] == 405
+
+
+def test_metrics_count_lane_runs_and_deliveries(srv, ledger):
+    with ledger.tx() as c:
+        for vendor, role, secs in (("codex", "implementer", 30), ("codex", "implementer", 90),
+                                   ("claude", "reviewer", 12)):
+            c.execute("INSERT INTO lane_runs (role, vendor, status, cost_usd, started_at, ended_at) VALUES "
+                      "(?, ?, 'complete', 0.5, '2026-01-01T10:00:00.000000Z', ?)",
+                      (role, vendor, f"2026-01-01T10:{secs // 60:02d}:{secs % 60:02d}.000000Z"))
+    text = call(srv.url, "/metrics")[1].decode()
+    assert 'agent_lane_runs_total{vendor="codex",role="implementer",status="complete"} 2' in text
+    assert 'agent_lane_run_duration_seconds_sum{vendor="codex",role="implementer"} 120' in text
+    assert 'agent_lane_run_duration_seconds_count{vendor="claude",role="reviewer"} 1' in text
+    assert 'agent_cost_usd_total{vendor="codex",role="implementer"} 1' in text
+
+
+# --------------------------------------------------------------------------- load
+
+
+@pytest.mark.slow
+def test_2000_requests_from_8_threads_nothing_lost(srv, ledger):
+    per_thread, errors = 250, []
+    bodies = [[(line(service=f"svc-{t % 4}", n=i, request=f"{t}-{i}") + "\n").encode() for i in range(per_thread)]
+              for t in range(8)]
+
+    def worker(t):
+        for body in bodies[t]:
+            code, out, _ = post_events(srv.url, body)
+            if code != 202:
+                errors.append((code, out))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    errs, total, deliveries = counts(ledger)
+    assert (total, deliveries) == (2000, 2000) and errs == 4  # one error per service, every occurrence counted
+
+
+# --------------------------------------------------------------------------- the real commands
+
+
+def _listening(proc, timeout=30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ln = proc.stdout.readline()
+        m = re.search(r"(?:listening|serving) on (http://\S+)", ln)
+        if m:
+            return m.group(1)
+    raise AssertionError("server did not say where it listens")
+
+
+@pytest.mark.parametrize("command", [("serve", "--port", "0"), ("daemon", "--serve", "--port", "0",
+                                                                   "--interval", "0.2")])
+def test_agent_serve_and_daemon_serve_as_real_processes(home, command):
+    env = {**os.environ, "AGENT_HOME": str(home), **ENV}
+    p = subprocess.Popen([*agent_bin(), *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        url = _listening(p)
+        assert url.startswith("http://127.0.0.1:")
+        assert call(url, "/healthz")[0] == 200
+        assert post_events(url, (line() + "\n").encode())[0] == 202
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    import sqlite3
+    con = sqlite3.connect(home / "ledger.db")
+    assert con.execute("SELECT count(*) FROM errors").fetchone() == (1,)
+    con.close()
+
+
+def test_the_systemd_example_runs_the_server_in_the_daemon():
+    import shlex
+    from pathlib import Path
+
+    from agent.commands.watch import daemon
+
+    unit = (Path(__file__).resolve().parent.parent / "scripts" / "agent.service").read_text()
+    [exec_line] = [ln for ln in unit.splitlines() if ln.startswith("ExecStart=")]
+    argv = shlex.split(exec_line.split("=", 1)[1])
+    assert argv[1] == "daemon" and "--serve" in argv
+    ctx = daemon.make_context("daemon", argv[2:])  # the options exist and parse
+    assert ctx.params["with_serve"] is True and ctx.params["host"] == "127.0.0.1" and ctx.params["port"] == 8080
