@@ -344,3 +344,15 @@ def test_sigkill_while_sending_resends_the_same_key_once(home, agent_proc, tmp_p
         assert _db(home, "SELECT count(*) FROM events WHERE kind = 'notify.delivered'") == [(1,)]
     finally:
         r.close()
+
+
+def test_readme_notify_example_is_valid_config():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```yml\n(.*?)```", readme, re.S) if "notify:" in b]
+    cfg = parse_config(yaml.safe_load(block), filename="README.md")
+    assert [c.kind for c in cfg.notify] == ["slack", "email"] and cfg.notify[1].on == ("failed", "budget")
