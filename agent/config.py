@@ -397,6 +397,8 @@ def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
             if isinstance(item, dict) and item.get(secret) is not None:
                 raise ConfigError(f"{v.filename}: {p}.{secret}: secrets never go in config; "
                                   f"name an environment variable in {secret}_env")
+        if isinstance(item, dict) and True in item:  # YAML 1.1 reads a bare `on:` key as the boolean true
+            item = {("on" if k is True else k): val for k, val in item.items()}
         d = v.mapping(item, p, _CHANNEL_KEYS)
         kind = v.string(d.get("kind"), f"{p}.kind", NOTIFY_KINDS)
         on = v.strings(d.get("on"), f"{p}.on") if d.get("on") is not None else NOTIFY_EVENTS

@@ -356,3 +356,13 @@ def test_readme_notify_example_is_valid_config():
     [block] = [b for b in re.findall(r"```yml\n(.*?)```", readme, re.S) if "notify:" in b]
     cfg = parse_config(yaml.safe_load(block), filename="README.md")
     assert [c.kind for c in cfg.notify] == ["slack", "email"] and cfg.notify[1].on == ("failed", "budget")
+
+
+def test_yaml_on_key_is_read_as_the_event_list(tmp_path):
+    from agent.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("notify:\n  - {kind: slack, url_env: U, on: [failed]}\n  - kind: webhook\n    url: http://x.test/\n"
+                    "    secret_env: K\n    on: [pr-merged, budget]\n")
+    cfg = load_config(path)
+    assert [c.on for c in cfg.notify] == [("failed",), ("pr-merged", "budget")]
