@@ -62,7 +62,7 @@ class HookApp:
         self.config = config
         self.env = os.environ if env is None else env
         self._local = threading.local()
-        self.requests = 0
+        self._write_lock = threading.Lock()
 
     # ------------------------------------------------------------------ connections
 
@@ -81,7 +81,6 @@ class HookApp:
     # ------------------------------------------------------------------ WSGI
 
     def __call__(self, environ, start_response):
-        self.requests += 1
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/") or "/"
         try:
@@ -149,8 +148,9 @@ class HookApp:
         from agent.ledger.hooks import accept
 
         led = self._ledger(write=True)
-        replay, result = accept(led, hook, key, lambda: ingest(led, events, actor="script", source=f"hook:{hook}",
-                                                                batch=None))
+        with self._write_lock:  # threads of this server queue here instead of in SQLite's sleeping busy handler
+            replay, result = accept(led, hook, key, lambda: ingest(led, events, actor="script",
+                                                                    source=f"hook:{hook}", batch=None))
         if replay:
             return _json(200, {"result": "replay: this delivery was accepted before; nothing changed",
                                "replay": True})
