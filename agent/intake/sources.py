@@ -268,9 +268,10 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
     except Exception as exc:  # noqa: BLE001 - an answer of an unexpected shape: this source fails, not the scan
         why = f"unexpected answer ({type(exc).__name__})"
         return {"source": label, "kind": src.kind, "ok": False, "error": why, "line": f"errors: {label}: failed: {why}"}
+    news = result.new or result.deduplicated or result.rejected
     return {"source": label, "kind": src.kind, "ok": True, **result.to_json(),
             "line": f"errors: {label}: {result.new} new, {result.deduplicated} deduplicated, "
-                    f"{result.rejected} rejected"}
+                    f"{result.rejected} rejected", **({} if news else {"quiet": True})}
 
 
 def scan(app, jobs: int = 1) -> list[dict]:
