@@ -6,6 +6,7 @@ most about four times one copy, counted by ``intake_hostile.WorkCounter``, not b
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -105,6 +106,7 @@ def _work(monkeypatch, text: str, fmt: str) -> int:
     return counter.total
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(bad=BAD.filter(_not_item_header))
 def test_fuzz_every_format_keeps_neighbours_and_never_raises(tmp_path, bad):
@@ -112,6 +114,7 @@ def test_fuzz_every_format_keeps_neighbours_and_never_raises(tmp_path, bad):
         _check(tmp_path, fmt, bad)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bad=BAD.filter(_not_item_header), fmt=st.sampled_from(["auto", "jsonl", "sentry", "traceback"]))
 def test_fuzz_work_grows_linearly_with_the_input(monkeypatch, bad, fmt):
