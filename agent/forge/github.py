@@ -4,6 +4,8 @@
 - Token from ``github.token_env`` (default GITHUB_TOKEN), then GITHUB_TOKEN, then GH_TOKEN, then
   ``github.token_command`` (run with a timeout).  The token is held in memory only: never stored,
   logged, put in an exception message or in ``repr``.
+- Retries, backoff, rate limits and pagination are the shared ``agent.http.ApiClient``; this module keeps
+  only GitHub's own quirks (what 401/403/404/422 mean, the secondary limit without headers).
 - Pagination follows the ``Link: <...>; rel="next"`` header (bounded).
 - 401/403/404 raise ``ForgeAuthError`` with a one-line message saying what to fix.
 - Rate limits (429, or 403 with ``Retry-After`` / ``X-RateLimit-Remaining: 0``) are waited out
@@ -87,6 +89,7 @@ class GithubForge:
         self._token_source = token
         self._token: str | None = None
         self._session = session
+        self._api = None
         self.sleep = sleep
         self.clock = clock
         self.timeout = timeout
@@ -103,110 +106,52 @@ class GithubForge:
         return cls(repo_config.name, api_url=gh.api_url,
                    token=lambda: resolve_token(gh.token_env, gh.token_command))
 
-    # ------------------------------------------------------------------ HTTP
+    # ------------------------------------------------------------------ HTTP (agent/http.py: ApiClient)
 
     @property
-    def session(self):
-        if self._session is None:
-            from agent.http import new_session
+    def api(self):
+        if self._api is None:
+            from agent.http import ApiClient
 
-            self._session = new_session()
-        return self._session
+            self._api = ApiClient(
+                f"github {self.repo}", "GitHub", self.api_url, self._auth_headers, check=self._check,
+                session=self._session, headers={"Accept": "application/vnd.github+json",
+                                                "X-GitHub-Api-Version": API_VERSION,
+                                                "User-Agent": f"agent-fixer/{__version__}"},
+                sleep=self.sleep, clock=self.clock, timeout=self.timeout, retries=self.retries,
+                max_wait=self.max_wait, backoff=self.backoff, transient_error=ForgeTransient,
+                rate_limited_error=ForgeRateLimited, rate_limit_hint=_secondary_rate_limit)
+        return self._api
 
-    def _auth_header(self) -> str:
+    def _auth_headers(self) -> dict:
         if self._token is None:
             src = self._token_source
             token = src() if callable(src) else src
             self._token = token if token else resolve_token()
-        return f"Bearer {self._token}"
+        return {"Authorization": f"Bearer {self._token}"}
 
-    def _url(self, path: str) -> str:
-        return path if path.startswith(("http://", "https://")) else f"{self.api_url}{path}"
-
-    def _rate_limit_wait(self, resp) -> float | None:
-        """Seconds to wait if ``resp`` is a rate-limit answer, else None."""
-        if resp.status_code not in (403, 429):
-            return None
-        h = resp.headers
-        if h.get("Retry-After"):
-            try:
-                return max(float(h["Retry-After"]), 0.0)
-            except ValueError:
-                return 60.0
-        if h.get("X-RateLimit-Remaining") == "0" and h.get("X-RateLimit-Reset"):
-            try:
-                return max(float(h["X-RateLimit-Reset"]) - self.clock(), 0.0) + 1.0
-            except ValueError:
-                return 60.0
-        if resp.status_code == 429 or "rate limit" in _message(resp).lower():
-            return 60.0  # secondary limit without headers: GitHub asks for at least a minute
-        return None
+    def _check(self, resp, what: str) -> None:
+        """GitHub's quirks: what its 4xx answers mean (rate limits were handled before)."""
+        if resp.status_code == 401:
+            raise ForgeAuthError(f"github {self.repo}: the token was refused (401) on {what}; set a valid "
+                                 "GITHUB_TOKEN / GH_TOKEN or fix github.token_command, then `agent task reset`")
+        if resp.status_code == 403:
+            raise ForgeAuthError(f"github {self.repo}: access denied (403) on {what}: {_message(resp)[:120]}; "
+                                 "give the token 'pull requests: write' on this repository, then "
+                                 "`agent task reset`")
+        if resp.status_code == 404:
+            raise ForgeAuthError(f"github {self.repo}: not found (404) on {what}; the repository does not "
+                                 "exist or the token cannot see it: check repos: in config.yaml and the "
+                                 "token's repository access")
+        if resp.status_code == 422:
+            raise GithubValidationError(self.repo, what, resp)
 
     def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                  idempotent: bool = True, what: str = "") -> Any:
-        from agent.http import transport_failure
-
-        url = self._url(path)
-        headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
-                   "User-Agent": f"agent-fixer/{__version__}", "Authorization": self._auth_header()}
-        what = what or f"{method} {path}"
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                resp = self.session.request(method, url, json=json, params=params, headers=headers,
-                                            timeout=self.timeout)
-            except Exception as exc:
-                kind = transport_failure(exc)
-                if kind is None:
-                    raise
-                if idempotent and attempt <= self.retries:
-                    self.sleep(self.backoff * 2 ** (attempt - 1))
-                    continue
-                raise ForgeTransient(f"github {self.repo}: {what} {kind} ({self.api_url}); "
-                                     "it will be retried on the next scan") from None
-            wait = self._rate_limit_wait(resp)
-            if wait is not None:
-                if attempt > self.retries or wait > self.max_wait:
-                    at = time.strftime("%H:%M:%S", time.localtime(self.clock() + wait))
-                    raise ForgeRateLimited(f"github {self.repo}: rate limited on {what}; GitHub allows the next "
-                                           f"call in {wait:.0f}s (at {at}); the next scan retries")
-                self.sleep(wait)
-                continue
-            if resp.status_code >= 500:
-                if idempotent and attempt <= self.retries:
-                    self.sleep(self.backoff * 2 ** (attempt - 1))
-                    continue
-                raise ForgeTransient(f"github {self.repo}: {what} failed with {resp.status_code} "
-                                     f"({_message(resp)[:120]}); it will be retried on the next scan")
-            if resp.status_code == 401:
-                raise ForgeAuthError(f"github {self.repo}: the token was refused (401) on {what}; set a valid "
-                                     "GITHUB_TOKEN / GH_TOKEN or fix github.token_command, then `agent task reset`")
-            if resp.status_code == 403:
-                raise ForgeAuthError(f"github {self.repo}: access denied (403) on {what}: {_message(resp)[:120]}; "
-                                     "give the token 'pull requests: write' on this repository, then "
-                                     "`agent task reset`")
-            if resp.status_code == 404:
-                raise ForgeAuthError(f"github {self.repo}: not found (404) on {what}; the repository does not "
-                                     "exist or the token cannot see it: check repos: in config.yaml and the "
-                                     "token's repository access")
-            if resp.status_code == 422:
-                raise GithubValidationError(self.repo, what, resp)
-            if resp.status_code >= 400:
-                raise ForgeError(f"github {self.repo}: {what} failed with {resp.status_code}: {_message(resp)[:200]}")
-            return resp
+        return self.api.request(method, path, json=json, params=params, idempotent=idempotent, what=what)
 
     def _paginate(self, path: str, params: dict, what: str) -> list:
-        items: list = []
-        url: str | None = path
-        for _ in range(MAX_PAGES):
-            resp = self._request("GET", url, params=params, what=what)
-            items.extend(resp.json())
-            nxt = resp.links.get("next", {}).get("url")
-            if not nxt:
-                return items
-            url, params = nxt, None  # the next URL carries the query
-        raise ForgeError(f"github {self.repo}: {what} has more than {MAX_PAGES} pages; narrow the query")
+        return self.api.paginate(path, params, what, max_pages=MAX_PAGES)
 
     def _pulls(self) -> str:
         owner, name = self.repo.split("/")
@@ -303,10 +248,11 @@ class GithubValidationError(ForgeError):
 
 
 def _message(resp) -> str:
-    try:
-        data = resp.json()
-        if isinstance(data, dict) and data.get("message"):
-            return str(data["message"])
-    except ValueError:
-        pass
-    return (resp.text or resp.reason or "").strip().replace("\n", " ")
+    from agent.http import response_message
+
+    return response_message(resp)
+
+
+def _secondary_rate_limit(resp) -> float | None:
+    """GitHub's secondary limit can come as a 403 without rate-limit headers: it asks for at least a minute."""
+    return 60.0 if "rate limit" in _message(resp).lower() else None

@@ -1,0 +1,227 @@
+"""The Gitea (and Forgejo) forge over REST API v1 (its HTTP is agent/http.py's ApiClient).
+
+Gitea's quirks, all here:
+- Base URL from ``gitea.api_url`` (``https://HOST[/sub]/api/v1``); the token from the variable named by
+  ``gitea.token_env`` (default GITEA_TOKEN), sent as ``Authorization: token <t>``, held in memory only.
+- No draft flag on create or update: a draft is a title starting with one of the instance's
+  ``[repository.pull-request] WORK_IN_PROGRESS_PREFIXES`` (default ``WIP:,[WIP]``, case-insensitive).  The agent
+  writes ``gitea.wip_prefix`` (default ``WIP: ``) and reports titles without it; an update keeps the PR's
+  current draft state, so a human who marked it ready is never overruled.
+- Found again by ``GET /repos/{o}/{r}/pulls/{base}/{head}`` (404: none).
+- ``state`` is ``open|closed`` for merged and unmerged PRs alike: ``merged`` (and ``merged_at``) tell them apart.
+- A duplicate create answers 409: the open draft on our branch is adopted, anything else refused.
+- Labels are set by id: names are looked up (``GET /repos/{o}/{r}/labels``) and missing ones created.
+- Gitea documents no rate limit; a 429 or ``Retry-After`` (e.g. from a proxy) is honoured by ApiClient.
+  Pagination: ``page``/``limit`` with a ``Link`` header.
+- Review feedback: issue comments (conversation), PR reviews and their review comments (inline, ``path`` and
+  ``position``).  The tool's own comments are recognised by ``GET /user``.  Write access:
+  ``collaborators/{user}/permission`` is ``write``, ``admin`` or ``owner``.  CI: the commit statuses of the head.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable
+from urllib.parse import quote
+
+from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+
+DEFAULT_WIP_PREFIXES = ("WIP:", "[WIP]")
+WRITE_PERMISSIONS = ("write", "admin", "owner")
+MAX_PAGES = 50
+PAGE_LIMIT = 50                  # Gitea's default MAX_RESPONSE_ITEMS
+
+
+def resolve_token(token_env: str = "GITEA_TOKEN", environ: dict | None = None) -> str:
+    env = os.environ if environ is None else environ
+    value = (env.get(token_env) or "").strip()
+    if not value:
+        raise ForgeAuthError(f"no Gitea token: set {token_env} (an access token with write:repository and "
+                             "write:issue scopes) or change gitea.token_env")
+    return value
+
+
+def strip_wip(title: str, prefixes: tuple[str, ...] = DEFAULT_WIP_PREFIXES) -> tuple[str, bool]:
+    """(title without a work-in-progress prefix, whether it had one); case-insensitive like Gitea."""
+    text = title or ""
+    for prefix in sorted({p.strip() for p in prefixes if p.strip()}, key=len, reverse=True):
+        if text.lower().startswith(prefix.lower()):
+            return text[len(prefix):].lstrip(), True
+    return text, False
+
+
+class GiteaForge:
+    name = "gitea"
+
+    def __init__(self, repo: str, api_url: str = "https://gitea.com/api/v1",
+                 token: str | Callable[[], str] | None = None, base: str = "main", wip_prefix: str = "WIP: ",
+                 session=None, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
+                 timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
+                 backoff: float = 1.0, token_env: str = "GITEA_TOKEN"):
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise ForgeError(f"gitea: repository {repo!r} is not OWNER/NAME")
+        self.repo = repo
+        self.owner, self.repo_name = repo.split("/")
+        self.base = base
+        self.api_url = api_url.rstrip("/")
+        self.token_env = token_env
+        self.wip_prefix = wip_prefix if wip_prefix.endswith(" ") else wip_prefix + " "
+        self.wip_prefixes = tuple(dict.fromkeys((*DEFAULT_WIP_PREFIXES, wip_prefix.strip())))
+        self._token_source = token
+        self._token: str | None = None
+        self._me: dict | None = None
+        from agent.http import ApiClient
+
+        self.api = ApiClient(f"gitea {repo}", "Gitea", self.api_url, self._auth_headers, check=self._check,
+                             session=session, sleep=sleep, clock=clock, timeout=timeout, retries=retries,
+                             max_wait=max_wait, backoff=backoff, transient_error=ForgeTransient,
+                             rate_limited_error=ForgeRateLimited)
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"GiteaForge(repo={self.repo!r}, api_url={self.api_url!r})"
+
+    @classmethod
+    def from_config(cls, repo_config, config, home, ledger=None) -> "GiteaForge":
+        gt = config.gitea
+        return cls(repo_config.name, api_url=gt.api_url, base=repo_config.base, wip_prefix=gt.wip_prefix,
+                   token_env=gt.token_env, token=lambda: resolve_token(gt.token_env))
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _auth_headers(self) -> dict:
+        if self._token is None:
+            src = self._token_source
+            token = src() if callable(src) else src
+            self._token = token if token else resolve_token(self.token_env)
+        return {"Authorization": f"token {self._token}"}
+
+    def _check(self, resp, what: str) -> None:
+        from agent.http import response_message
+        from agent.intake.redact import redact
+
+        msg = redact(response_message(resp))[:160]
+        if resp.status_code == 401:
+            raise ForgeAuthError(f"gitea {self.repo}: the token was refused (401) on {what}; set a valid token "
+                                 f"in {self.token_env}, then `agent task reset`")
+        if resp.status_code == 403:
+            raise ForgeAuthError(f"gitea {self.repo}: access denied (403) on {what}: {msg}; the token needs "
+                                 "write access to the repository (write:repository, write:issue), then "
+                                 "`agent task reset`")
+        if resp.status_code == 404:
+            raise ForgeAuthError(f"gitea {self.repo}: not found (404) on {what}; the repository does not exist "
+                                 "or the token cannot see it: check repos: in config.yaml and gitea.api_url "
+                                 f"({self.api_url})")
+        if resp.status_code == 409:
+            raise GiteaConflict(f"gitea {self.repo}: {what} conflicts (409): {msg}")
+        if resp.status_code == 423:
+            raise ForgeError(f"gitea {self.repo}: the repository is archived (423) on {what}; unarchive it or "
+                             "remove it from repos: in config.yaml")
+        if resp.status_code == 422:
+            raise ForgeError(f"gitea {self.repo}: {what} was rejected (422: {msg}); check the branch exists on "
+                             "the remote and differs from the base")
+
+    def _repo_path(self) -> str:
+        return f"/repos/{quote(self.owner, safe='')}/{quote(self.repo_name, safe='')}"
+
+    def _pr_from_json(self, data: dict) -> PR:
+        title, prefixed = strip_wip(data.get("title") or "", self.wip_prefixes)
+        state = data.get("state") or "open"
+        if data.get("merged") or data.get("merged_at"):
+            state = "merged"
+        head = data.get("head") or {}
+        base = data.get("base") or {}
+        return PR(number=int(data["number"]), url=data.get("html_url") or data.get("url") or "",
+                  head=head.get("ref") or "", head_sha=head.get("sha"), base=base.get("ref") or "",
+                  state=state, draft=bool(data.get("draft") or prefixed), title=title,
+                  body=data.get("body") or "")
+
+    def _get_pr(self, number: int) -> dict:
+        return self.api.request("GET", f"{self._repo_path()}/pulls/{int(number)}",
+                                what=f"reading PR #{number}").json()
+
+    # ------------------------------------------------------------------ the Forge interface
+
+    def find_pr_by_head(self, branch: str, base: str | None = None) -> PR | None:
+        base = base or self.base
+        resp = self.api.request("GET", f"{self._repo_path()}/pulls/{quote(base, safe='')}/{quote(branch, safe='/')}",
+                                what=f"looking up the PR for {branch}", allow=(404,))
+        if resp.status_code == 404:
+            return None
+        pr = self._pr_from_json(resp.json())
+        return pr if pr.head == branch else None
+
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+        payload = {"head": head, "base": base, "title": self.wip_prefix + title, "body": body}
+        for attempt in range(1, self.api.retries + 2):
+            try:
+                resp = self.api.request("POST", f"{self._repo_path()}/pulls", json=payload, idempotent=False,
+                                        what=f"creating the draft PR for {head}")
+                return self._pr_from_json(resp.json())
+            except GiteaConflict as exc:
+                return self._adopt(head, base, title, body, exc)
+            except ForgeTransient:
+                # The create may or may not have happened: look before creating again.
+                found = self.find_pr_by_head(head, base)
+                if found is not None:
+                    return self._adopt(head, base, title, body, None, found)
+                if attempt > self.api.retries:
+                    raise
+                self.api.sleep(self.api.backoff_wait(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _adopt(self, head: str, base: str, title: str, body: str, exc: Exception | None,
+               found: PR | None = None) -> PR:
+        found = found or self.find_pr_by_head(head, base)
+        if found is None:
+            raise ForgeError(f"gitea {self.repo}: Gitea says a PR for {head} exists but none is found; check "
+                             "the repository's pull requests") from exc
+        why = adoption_refusal(found, head)
+        if why:
+            raise ForgeError(f"gitea {self.repo}: {why}") from None
+        if found.title != title or found.body != body:
+            return self.update(found.number, title, body)
+        return found
+
+    def update(self, number: int, title: str, body: str) -> PR:
+        current = self._pr_from_json(self._get_pr(number))
+        resp = self.api.request("PATCH", f"{self._repo_path()}/pulls/{int(number)}",
+                                json={"title": (self.wip_prefix if current.draft else "") + title, "body": body},
+                                what=f"updating PR #{number}")
+        return self._pr_from_json(resp.json())
+
+    def comment(self, number: int, text: str) -> None:
+        # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
+        self.api.request("POST", f"{self._repo_path()}/issues/{int(number)}/comments", json={"body": text},
+                         idempotent=False, what=f"commenting on PR #{number}")
+
+    def add_labels(self, number: int, labels: list[str]) -> None:
+        if not labels:
+            return
+        known = {lb["name"]: lb["id"] for lb in self.api.paginate(
+            f"{self._repo_path()}/labels", {"limit": PAGE_LIMIT}, what="listing labels")}
+        ids = []
+        for name in dict.fromkeys(labels):
+            if name not in known:
+                made = self.api.request("POST", f"{self._repo_path()}/labels",
+                                        json={"name": name, "color": "#ededed"}, idempotent=False,
+                                        what=f"creating label {name!r}").json()
+                known[name] = made["id"]
+            ids.append(int(known[name]))
+        # Adding labels the PR already has is a no-op, so a retry is harmless.
+        self.api.request("POST", f"{self._repo_path()}/issues/{int(number)}/labels", json={"labels": ids},
+                         what=f"labelling PR #{number}")
+
+    def state(self, number: int) -> PR:
+        return self._pr_from_json(self._get_pr(number))
+
+    def user(self) -> dict:
+        """GET /user: who the token belongs to (``agent doctor --online``, own comments)."""
+        if self._me is None:
+            self._me = self.api.request("GET", "/user", what="reading the token's user").json()
+        return self._me
+
+
+class GiteaConflict(ForgeError):
+    """A 409 from Gitea: for a create, a PR for the same head and base exists."""

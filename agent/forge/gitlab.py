@@ -1,0 +1,225 @@
+"""The GitLab forge over REST API v4: gitlab.com and self-managed instances (its HTTP is agent/http.py's ApiClient).
+
+GitLab's quirks, all here:
+- Base URL from ``gitlab.api_url`` (self-managed: ``https://HOST/api/v4``); the token from the variable named by
+  ``gitlab.token_env`` (default GITLAB_TOKEN), sent as ``PRIVATE-TOKEN``, held in memory only.
+- A project is addressed by its URL-encoded path (``group%2Fsub%2Fname``); branch names are encoded too.
+- Merge requests are addressed by ``iid`` (the N in !N), which is what ``PR.number`` holds.
+- There is no draft flag on create or update: a draft is a title starting with ``Draft:`` (also ``[Draft]``,
+  ``(Draft)``).  The agent writes ``Draft: `` and reports titles without the prefix.  An update keeps whatever
+  draft state the MR has now, so a human who marked it ready is never overruled.
+- Found again by source and target branch (``GET /projects/:id/merge_requests?source_branch=&target_branch=``).
+- ``state`` is ``opened|closed|locked|merged``: opened and locked are open; merged and closed are told apart by
+  the state itself.
+- A duplicate create answers 409 ("Another open merge request already exists for this source branch"): the
+  open draft on our branch is adopted, anything else refused with the reason.
+- Throttling answers 429 with ``Retry-After`` and ``RateLimit-*`` headers (handled by ApiClient); pagination
+  follows ``Link: rel="next"`` or ``X-Next-Page``.
+- Review feedback: notes of the MR's discussions (system notes ignored); a ``DiffNote`` is an inline comment
+  (``position.new_path``/``new_line``).  The tool's own notes are recognised by ``GET /user``: an own note
+  without the agent's hidden mark (a plain ``comment``) is never feedback.
+- Write access: the effective (inherited or invited) ``access_level`` from ``members/all/:user_id`` >= 30
+  (Developer).  CI: the commit statuses and the pipelines of the head sha.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable
+from urllib.parse import quote
+
+from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+
+DRAFT_PREFIX = "Draft: "
+_DRAFT_RE = re.compile(r"^\s*(?:draft:|\[draft\]|\(draft\))\s*", re.I)
+WRITE_ACCESS_LEVEL = 30          # Developer; 40 Maintainer, 50 Owner
+MAX_PAGES = 50
+
+
+def resolve_token(token_env: str = "GITLAB_TOKEN", environ: dict | None = None) -> str:
+    env = os.environ if environ is None else environ
+    value = (env.get(token_env) or "").strip()
+    if not value:
+        raise ForgeAuthError(f"no GitLab token: set {token_env} (a personal, project or group access token with "
+                             "the api scope and at least the Developer role) or change gitlab.token_env")
+    return value
+
+
+def strip_draft(title: str) -> tuple[str, bool]:
+    """(title without a draft prefix, whether it had one)."""
+    m = _DRAFT_RE.match(title or "")
+    return ((title or "")[m.end():], True) if m else (title or "", False)
+
+
+def _pr_from_json(data: dict) -> PR:
+    title, prefixed = strip_draft(data.get("title") or "")
+    raw_state = data.get("state") or "opened"
+    state = {"opened": "open", "locked": "open", "merged": "merged", "closed": "closed"}.get(raw_state, raw_state)
+    if data.get("merged_at") and state == "closed":
+        state = "merged"
+    draft = bool(data.get("draft") or data.get("work_in_progress") or prefixed)
+    return PR(number=int(data["iid"]), url=data.get("web_url") or "", head=data.get("source_branch") or "",
+              head_sha=data.get("sha"), base=data.get("target_branch") or "", state=state, draft=draft,
+              title=title, body=data.get("description") or "")
+
+
+class GitlabForge:
+    name = "gitlab"
+
+    def __init__(self, repo: str, api_url: str = "https://gitlab.com/api/v4",
+                 token: str | Callable[[], str] | None = None, base: str = "main", session=None,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
+                 timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
+                 backoff: float = 1.0, token_env: str = "GITLAB_TOKEN"):
+        if repo.count("/") < 1 or not all(repo.split("/")):
+            raise ForgeError(f"gitlab: project {repo!r} is not GROUP/NAME")
+        self.repo = repo
+        self.base = base
+        self.api_url = api_url.rstrip("/")
+        self.token_env = token_env
+        self._token_source = token
+        self._token: str | None = None
+        self._me: dict | None = None
+        from agent.http import ApiClient
+
+        self.api = ApiClient(f"gitlab {repo}", "GitLab", self.api_url, self._auth_headers, check=self._check,
+                             session=session, sleep=sleep, clock=clock, timeout=timeout, retries=retries,
+                             max_wait=max_wait, backoff=backoff, transient_error=ForgeTransient,
+                             rate_limited_error=ForgeRateLimited)
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"GitlabForge(repo={self.repo!r}, api_url={self.api_url!r})"
+
+    @classmethod
+    def from_config(cls, repo_config, config, home, ledger=None) -> "GitlabForge":
+        gl = config.gitlab
+        return cls(repo_config.name, api_url=gl.api_url, base=repo_config.base, token_env=gl.token_env,
+                   token=lambda: resolve_token(gl.token_env))
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _auth_headers(self) -> dict:
+        if self._token is None:
+            src = self._token_source
+            token = src() if callable(src) else src
+            self._token = token if token else resolve_token(self.token_env)
+        return {"PRIVATE-TOKEN": self._token}
+
+    def _check(self, resp, what: str) -> None:
+        from agent.http import response_message
+        from agent.intake.redact import redact
+
+        msg = redact(response_message(resp))[:160]
+        if resp.status_code == 401:
+            raise ForgeAuthError(f"gitlab {self.repo}: the token was refused (401) on {what}; set a valid token "
+                                 f"in {self.token_env} (scope api), then `agent task reset`")
+        if resp.status_code == 403:
+            raise ForgeAuthError(f"gitlab {self.repo}: access denied (403) on {what}: {msg}; the token's user "
+                                 "needs at least the Developer role on the project, then `agent task reset`")
+        if resp.status_code == 404:
+            raise ForgeAuthError(f"gitlab {self.repo}: not found (404) on {what}; the project does not exist "
+                                 "or the token cannot see it: check repos: in config.yaml and gitlab.api_url "
+                                 f"({self.api_url})")
+        if resp.status_code == 409:
+            raise GitlabConflict(f"gitlab {self.repo}: {what} conflicts (409): {msg}")
+        if resp.status_code in (400, 422):
+            raise ForgeError(f"gitlab {self.repo}: {what} was rejected ({resp.status_code}: {msg}); check the "
+                             "branch exists on the remote and differs from the target branch")
+
+    def _project(self) -> str:
+        return f"/projects/{quote(self.repo, safe='')}"
+
+    def _mr(self, iid: int) -> str:
+        return f"{self._project()}/merge_requests/{int(iid)}"
+
+    def _get_mr(self, iid: int) -> dict:
+        return self.api.request("GET", self._mr(iid), what=f"reading MR !{iid}").json()
+
+    # ------------------------------------------------------------------ the Forge interface
+
+    def find_pr_by_head(self, branch: str) -> PR | None:
+        params = {"source_branch": branch, "state": "all", "per_page": 100}
+        if self.base:
+            params["target_branch"] = self.base
+        items = self.api.paginate(f"{self._project()}/merge_requests", params,
+                                  what=f"listing MRs for {branch}", max_pages=MAX_PAGES)
+        prs = [_pr_from_json(i) for i in items if i.get("source_branch") == branch]
+        if not prs:
+            return None
+        prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
+        return prs[0]
+
+    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+        payload = {"source_branch": head, "target_branch": base, "title": DRAFT_PREFIX + title,
+                   "description": body, "remove_source_branch": False}
+        for attempt in range(1, self.api.retries + 2):
+            try:
+                resp = self.api.request("POST", f"{self._project()}/merge_requests", json=payload,
+                                        idempotent=False, what=f"creating the draft MR for {head}")
+                return _pr_from_json(resp.json())
+            except GitlabConflict as exc:
+                return self._adopt(head, base, title, body, exc)
+            except ForgeTransient:
+                # The create may or may not have happened: look before creating again.
+                found = self._find(head, base)
+                if found is not None:
+                    return self._adopt(head, base, title, body, None, found)
+                if attempt > self.api.retries:
+                    raise
+                self.api.sleep(self.api.backoff_wait(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _find(self, head: str, base: str) -> PR | None:
+        saved, self.base = self.base, base
+        try:
+            return self.find_pr_by_head(head)
+        finally:
+            self.base = saved
+
+    def _adopt(self, head: str, base: str, title: str, body: str, exc: Exception | None,
+               found: PR | None = None) -> PR:
+        found = found or self._find(head, base)
+        if found is None:
+            raise ForgeError(f"gitlab {self.repo}: GitLab says an MR for {head} exists but none is listed; "
+                             "check the project's merge requests") from exc
+        why = adoption_refusal(found, head)
+        if why:
+            raise ForgeError(f"gitlab {self.repo}: {why.replace('pull request', 'merge request')}") from None
+        if found.title != title or found.body != body:
+            return self.update(found.number, title, body)
+        return found
+
+    def update(self, number: int, title: str, body: str) -> PR:
+        current = _pr_from_json(self._get_mr(number))
+        resp = self.api.request("PUT", self._mr(number),
+                                json={"title": (DRAFT_PREFIX if current.draft else "") + title,
+                                      "description": body},
+                                what=f"updating MR !{number}")
+        return _pr_from_json(resp.json())
+
+    def comment(self, number: int, text: str) -> None:
+        # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
+        self.api.request("POST", f"{self._mr(number)}/notes", json={"body": text}, idempotent=False,
+                         what=f"commenting on MR !{number}")
+
+    def add_labels(self, number: int, labels: list[str]) -> None:
+        if not labels:
+            return
+        # add_labels keeps the labels already there, so a retry is harmless.
+        self.api.request("PUT", self._mr(number), json={"add_labels": ",".join(labels)},
+                         what=f"labelling MR !{number}")
+
+    def state(self, number: int) -> PR:
+        return _pr_from_json(self._get_mr(number))
+
+    def user(self) -> dict:
+        """GET /user: who the token belongs to (``agent doctor --online``, own notes)."""
+        if self._me is None:
+            self._me = self.api.request("GET", "/user", what="reading the token's user").json()
+        return self._me
+
+
+class GitlabConflict(ForgeError):
+    """A 409 from GitLab: for a create, an open MR for the same source branch exists."""
