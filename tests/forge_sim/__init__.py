@@ -191,7 +191,7 @@ class SimServer:
 
         self._httpd = Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"{self.name}-sim", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"{self.name}-sim", daemon=True)
         self._thread.start()
         return self
 

@@ -9,7 +9,8 @@ Sources (GitLab's own API description and reference pages):
    their operationIds, the path parameters (``id``: string or integer, "The ID or URL-encoded path of the
    project"; ``merge_request_iid``: integer), the list's query parameters (``source_branch``, ``target_branch``,
    ``state``, ``page`` default 1, ``per_page`` default 20, ...) and the declared statuses (post: 201 400 401 404
-   409 422; get: 200 400 404; put: 200 400 404 409 422).
+   409 422; get: 200 400 404; put: 200 400 404 409 422).  A 401 for a missing or wrong token is answered before
+   any operation (and so is not checked per operation).
 2. Where that file could not be read for an endpoint or an entity, GitLab's REST reference pages in the same
    repository, ``doc/api/*.md`` (the pages the OpenAPI tags link to): ``merge_requests.md`` (the
    ``RequestBody`` of create/update and the merge request entity's fields), ``notes.md`` (merge request notes),
@@ -139,19 +140,21 @@ OPERATIONS = [
                "source_branch": _S, "target_branch": _S, "order_by": _S, "sort": {"type": "string",
                                                                                  "enum": ["asc", "desc"]},
                "draft": _B, "wip": {"type": "string", "enum": ["yes", "no"]}, "author_username": _S, **_PAGE},
-     "responses": {"200": _list("MergeRequest"), "401": ANY, "404": ANY, "422": ANY}},
+     "responses": {"200": _list("MergeRequest"), "400": ANY, "404": ANY}},
     {"id": "postApiV4ProjectsIdMergeRequests", "method": "POST", "path": "/projects/{id}/merge_requests",
      "path_params": _ID, "body": _ref("CreateMergeRequest"), "body_required": True,
-     "responses": {"201": _ref("MergeRequest"), "400": ANY, "401": ANY, "404": ANY, "409": ANY, "422": ANY}},
+     # 403: not declared by the OpenAPI file; the handler (lib/api/merge_requests.rb) calls
+     # ``authorize! :create_merge_request_from`` first, which answers 403 to a user below Developer.
+     "responses": {"201": _ref("MergeRequest"), "400": ANY, "401": ANY, "403": ANY, "404": ANY, "409": ANY,
+                   "422": ANY}},
     {"id": "getApiV4ProjectsIdMergeRequestsMergeRequestIid", "method": "GET",
      "path": "/projects/{id}/merge_requests/{merge_request_iid}", "path_params": _MR,
      "query": {"render_html": _B, "include_diverged_commits_count": _B, "include_rebase_in_progress": _B},
-     "responses": {"200": _ref("MergeRequest"), "400": ANY, "401": ANY, "404": ANY}},
+     "responses": {"200": _ref("MergeRequest"), "400": ANY, "404": ANY}},
     {"id": "putApiV4ProjectsIdMergeRequestsMergeRequestIid", "method": "PUT",
      "path": "/projects/{id}/merge_requests/{merge_request_iid}", "path_params": _MR,
      "body": _ref("UpdateMergeRequest"), "body_required": True,
-     "responses": {"200": _ref("MergeRequest"), "400": ANY, "401": ANY, "403": ANY, "404": ANY, "409": ANY,
-                   "422": ANY}},
+     "responses": {"200": _ref("MergeRequest"), "400": ANY, "404": ANY, "409": ANY, "422": ANY}},
     {"id": "getApiV4ProjectsIdMergeRequestsNoteableIdNotes", "method": "GET",
      "path": "/projects/{id}/merge_requests/{merge_request_iid}/notes", "path_params": _MR,
      "query": {"order_by": {"type": "string", "enum": ["created_at", "updated_at"]},
