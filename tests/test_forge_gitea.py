@@ -278,3 +278,21 @@ def test_crash_between_create_and_ledger_write_never_makes_a_second_pr(sim, forg
     row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
     assert (row["forge"], row["number"], row["draft"]) == ("gitea", pr.number, 1)
     sim.assert_clean()
+
+
+def test_write_access_from_collaborator_permission(sim, forge, clock):
+    sim.set_permission(REPO, "alice", "write")
+    sim.set_permission(REPO, "root", "owner")
+    sim.set_permission(REPO, "reader", "read")
+    sim.add_user("stranger")
+    assert forge.has_write_access("alice") and forge.has_write_access("root")
+    assert not forge.has_write_access("reader") and not forge.has_write_access("stranger")
+    assert not forge.has_write_access("no-such-user")        # 404: none
+    # a token that is not admin on the repository may only ask about itself: a clear one-line refusal
+    sim.add_repo("acme/other", bot_permission="write")
+    other = GiteaForge("acme/other", api_url=sim.url, token=TOKEN, sleep=clock.sleep)
+    assert other.has_write_access("agent-bot")
+    with pytest.raises(ForgeAuthError) as exc:
+        other.has_write_access("acme")
+    assert "refused (403)" in one_line(exc) and "admin" in str(exc.value)
+    sim.assert_clean()

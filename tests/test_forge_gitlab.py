@@ -366,3 +366,18 @@ def test_crash_between_create_and_ledger_write_never_makes_a_second_mr(sim, forg
     assert kinds.count("pr.adopted") == 1 and kinds.count("pr.updated") == 1
     sim.assert_clean()
     json.dumps(sim.violations)
+
+
+def test_write_access_is_effective_access_level_30_or_more(sim, forge):
+    sim.set_access(REPO, "maintainer", 40)
+    sim.set_access(REPO, "dev", 30)
+    sim.set_access(REPO, "reporter", 20)
+    sim.add_user("stranger")
+    assert forge.has_write_access("maintainer") and forge.has_write_access("dev")
+    assert not forge.has_write_access("reporter")
+    assert not forge.has_write_access("stranger")            # no member at all: GitLab answers 404
+    assert not forge.has_write_access("nobody-by-that-name")  # no such user
+    assert forge.has_write_access("agent-bot")                # itself, without a user lookup
+    assert any(c.raw_path.startswith("/projects/acme%2Fwidgets/members/all/") for c in sim.calls)
+    assert not any(c.query.get("username") == "agent-bot" for c in sim.calls_to("GET", r"^/users$"))
+    sim.assert_clean()

@@ -222,6 +222,26 @@ class GiteaForge:
             self._me = self.api.request("GET", "/user", what="reading the token's user").json()
         return self._me
 
+    # ------------------------------------------------------------------ who may steer
+
+    def permission(self, login: str) -> str:
+        """``none|read|write|admin|owner`` of ``login`` on the repository; an unknown user is ``none``.
+
+        Gitea lets a token read only its own permission unless it is admin on the repository (or a site admin):
+        a 403 says so in one line rather than silently meaning "no access"."""
+        resp = self.api.request("GET", f"{self._repo_path()}/collaborators/{quote(login, safe='')}/permission",
+                                allow=(403, 404), what=f"reading {login}'s permission")
+        if resp.status_code == 404:
+            return "none"
+        if resp.status_code == 403:
+            raise ForgeAuthError(f"gitea {self.repo}: reading {login}'s permission was refused (403); Gitea "
+                                 "answers it only to repository admins: give the token's user admin on the "
+                                 "repository, or list trusted reviewers in review.allowed_users")
+        return str(resp.json().get("permission") or "none")
+
+    def has_write_access(self, login: str) -> bool:
+        return self.permission(login) in WRITE_PERMISSIONS
+
 
 class GiteaConflict(ForgeError):
     """A 409 from Gitea: for a create, a PR for the same head and base exists."""

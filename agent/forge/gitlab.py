@@ -220,6 +220,29 @@ class GitlabForge:
             self._me = self.api.request("GET", "/user", what="reading the token's user").json()
         return self._me
 
+    # ------------------------------------------------------------------ who may steer
+
+    def user_id(self, login: str) -> int | None:
+        """The id of user ``login`` (``GET /users?username=``), or None if there is none."""
+        me = self.user()
+        if login == me.get("username"):
+            return int(me["id"])
+        found = self.api.request("GET", "/users", params={"username": login},
+                                 what=f"looking up user {login}").json()
+        return int(found[0]["id"]) if found else None
+
+    def access_level(self, user_id: int) -> int:
+        """The user's effective access level on the project (direct, inherited or invited): ``members/all``.
+        A user who is no member at all gets 404 from GitLab: level 0."""
+        resp = self.api.request("GET", f"{self._project()}/members/all/{int(user_id)}", allow=(404,),
+                                what=f"reading the access level of user {user_id}")
+        return 0 if resp.status_code == 404 else int(resp.json().get("access_level") or 0)
+
+    def has_write_access(self, login: str) -> bool:
+        """Developer (30) or above: may push to the project's branches."""
+        uid = self.user_id(login)
+        return uid is not None and self.access_level(uid) >= WRITE_ACCESS_LEVEL
+
 
 class GitlabConflict(ForgeError):
     """A 409 from GitLab: for a create, an open MR for the same source branch exists."""

@@ -277,7 +277,8 @@ class GitlabSim(SimServer):
             who = next((u for u, info in self.users.items() if info["id"] == uid), None)
             if who is None or who not in p["members"]:
                 raise Reply(404, {"message": "404 Not found"})
-            return 200, {**self._user_json(who), "access_level": p["members"][who], "created_at": now_iso(),
+            member = {k: v for k, v in self._user_json(who).items() if k != "public_email"}
+            return 200, {**member, "access_level": p["members"][who], "created_at": now_iso(),
                          "expires_at": None, "membership_state": "active"}, {}
         if op == "getApiV4ProjectsIdRepositoryCommitsShaStatuses":
             items = [{**s, "author": self._user_json(s["author"])} for s in p["statuses"].get(params["sha"], [])]
