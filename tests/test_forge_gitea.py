@@ -18,23 +18,11 @@ import requests
 from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, get_forge, publish_pr
 from agent.forge.gitea import GiteaForge, strip_wip
 from agent.tasks import create_task
+from forge_sim import FakeClock
 from forge_sim.gitea import GiteaSim
 
 TOKEN = "gta_" + "s3cr3t" * 5
 REPO = "acme/widgets"
-
-
-class Clock:
-    def __init__(self, t=1_800_000_000.0):
-        self.t = t
-        self.sleeps: list[float] = []
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, s):
-        self.sleeps.append(s)
-        self.t += s
 
 
 @pytest.fixture
@@ -47,7 +35,7 @@ def sim():
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return FakeClock()
 
 
 @pytest.fixture

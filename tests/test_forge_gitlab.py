@@ -10,7 +10,6 @@ backoff and rate-limit waits are asserted without waiting.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -22,23 +21,11 @@ from agent.forge import ForgeAuthError, ForgeError, get_forge, publish_pr
 from agent.forge.gitlab import GitlabForge, strip_draft
 from agent.forge import ForgeRateLimited, ForgeTransient
 from agent.tasks import create_task
+from forge_sim import FakeClock
 from forge_sim.gitlab import GitlabSim
 
 TOKEN = "glpat-" + "s3cr3t" * 4
 REPO = "acme/widgets"
-
-
-class Clock:
-    def __init__(self, t=1_800_000_000.0):
-        self.t = t
-        self.sleeps: list[float] = []
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, s):
-        self.sleeps.append(s)
-        self.t += s
 
 
 @pytest.fixture
@@ -51,7 +38,7 @@ def sim():
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return FakeClock()
 
 
 @pytest.fixture
@@ -365,7 +352,6 @@ def test_crash_between_create_and_ledger_write_never_makes_a_second_mr(sim, forg
     kinds = [e["kind"] for e in ledger.events(task_id=task_id)]
     assert kinds.count("pr.adopted") == 1 and kinds.count("pr.updated") == 1
     sim.assert_clean()
-    json.dumps(sim.violations)
 
 
 def test_write_access_is_effective_access_level_30_or_more(sim, forge):

@@ -60,6 +60,10 @@ class ForgeRateLimited(ForgeError):
     """The forge's rate limit would need a longer wait than allowed; try again later."""
 
 
+class ForgeConflict(ForgeError):
+    """The forge says a PR for this head (and base) already exists (GitHub 422, GitLab 409, Gitea 409)."""
+
+
 class ForgeTransient(ForgeError):
     """A timeout, a dropped connection or a 5xx that was not (or could not safely be) retried."""
 

@@ -21,12 +21,12 @@ Gitea's quirks, all here:
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError
+from agent.forge.hosted import HostedForge, pr_from_pulls_json
 
 DEFAULT_WIP_PREFIXES = ("WIP:", "[WIP]")
 WRITE_PERMISSIONS = ("write", "admin", "owner")
@@ -52,8 +52,9 @@ def strip_wip(title: str, prefixes: tuple[str, ...] = DEFAULT_WIP_PREFIXES) -> t
     return text, False
 
 
-class GiteaForge:
+class GiteaForge(HostedForge):
     name = "gitea"
+    display = "Gitea"
 
     def __init__(self, repo: str, api_url: str = "https://gitea.com/api/v1",
                  token: str | Callable[[], str] | None = None, base: str = "main", wip_prefix: str = "WIP: ",
@@ -62,25 +63,14 @@ class GiteaForge:
                  backoff: float = 1.0, token_env: str = "GITEA_TOKEN"):
         if repo.count("/") != 1 or not all(repo.split("/")):
             raise ForgeError(f"gitea: repository {repo!r} is not OWNER/NAME")
-        self.repo = repo
+        super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
+                         retries=retries, max_wait=max_wait, backoff=backoff)
         self.owner, self.repo_name = repo.split("/")
         self.base = base
-        self.api_url = api_url.rstrip("/")
         self.token_env = token_env
         self.wip_prefix = wip_prefix if wip_prefix.endswith(" ") else wip_prefix + " "
         self.wip_prefixes = tuple(dict.fromkeys((*DEFAULT_WIP_PREFIXES, wip_prefix.strip())))
-        self._token_source = token
-        self._token: str | None = None
         self._me: dict | None = None
-        from agent.http import ApiClient
-
-        self.api = ApiClient(f"gitea {repo}", "Gitea", self.api_url, self._auth_headers, check=self._check,
-                             session=session, sleep=sleep, clock=clock, timeout=timeout, retries=retries,
-                             max_wait=max_wait, backoff=backoff, transient_error=ForgeTransient,
-                             rate_limited_error=ForgeRateLimited)
-
-    def __repr__(self) -> str:  # never shows the token
-        return f"GiteaForge(repo={self.repo!r}, api_url={self.api_url!r})"
 
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GiteaForge":
@@ -88,33 +78,23 @@ class GiteaForge:
         return cls(repo_config.name, api_url=gt.api_url, base=repo_config.base, wip_prefix=gt.wip_prefix,
                    token_env=gt.token_env, token=lambda: resolve_token(gt.token_env))
 
-    # ------------------------------------------------------------------ HTTP
+    # ------------------------------------------------------------------ Gitea's quirks
 
-    def _auth_headers(self) -> dict:
-        if self._token is None:
-            src = self._token_source
-            token = src() if callable(src) else src
-            self._token = token if token else resolve_token(self.token_env)
-        return {"Authorization": f"token {self._token}"}
+    def resolve_token(self) -> str:
+        return resolve_token(self.token_env)
 
-    def _check(self, resp, what: str) -> None:
-        from agent.http import response_message
-        from agent.intake.redact import redact
+    def auth_header(self, token: str) -> dict:
+        return {"Authorization": f"token {token}"}
 
-        msg = redact(response_message(resp))[:160]
-        if resp.status_code == 401:
-            raise ForgeAuthError(f"gitea {self.repo}: the token was refused (401) on {what}; set a valid token "
-                                 f"in {self.token_env}, then `agent task reset`")
-        if resp.status_code == 403:
-            raise ForgeAuthError(f"gitea {self.repo}: access denied (403) on {what}: {msg}; the token needs "
-                                 "write access to the repository (write:repository, write:issue), then "
-                                 "`agent task reset`")
-        if resp.status_code == 404:
-            raise ForgeAuthError(f"gitea {self.repo}: not found (404) on {what}; the repository does not exist "
-                                 "or the token cannot see it: check repos: in config.yaml and gitea.api_url "
-                                 f"({self.api_url})")
+    def token_fix(self) -> str:
+        return f"set a valid token in {self.token_env}"
+
+    def access_fix(self) -> str:
+        return "the token needs write access to the repository (write:repository, write:issue)"
+
+    def check_more(self, resp, what: str, msg: str) -> None:
         if resp.status_code == 409:
-            raise GiteaConflict(f"gitea {self.repo}: {what} conflicts (409): {msg}")
+            raise ForgeConflict(f"gitea {self.repo}: {what} conflicts (409): {msg}")
         if resp.status_code == 423:
             raise ForgeError(f"gitea {self.repo}: the repository is archived (423) on {what}; unarchive it or "
                              "remove it from repos: in config.yaml")
@@ -127,15 +107,7 @@ class GiteaForge:
 
     def _pr_from_json(self, data: dict) -> PR:
         title, prefixed = strip_wip(data.get("title") or "", self.wip_prefixes)
-        state = data.get("state") or "open"
-        if data.get("merged") or data.get("merged_at"):
-            state = "merged"
-        head = data.get("head") or {}
-        base = data.get("base") or {}
-        return PR(number=int(data["number"]), url=data.get("html_url") or data.get("url") or "",
-                  head=head.get("ref") or "", head_sha=head.get("sha"), base=base.get("ref") or "",
-                  state=state, draft=bool(data.get("draft") or prefixed), title=title,
-                  body=data.get("body") or "")
+        return pr_from_pulls_json(data, title=title, draft=prefixed)
 
     def _get_pr(self, number: int) -> dict:
         return self.api.request("GET", f"{self._repo_path()}/pulls/{int(number)}",
@@ -152,37 +124,14 @@ class GiteaForge:
         pr = self._pr_from_json(resp.json())
         return pr if pr.head == branch else None
 
-    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+    def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"head": head, "base": base, "title": self.wip_prefix + title, "body": body}
-        for attempt in range(1, self.api.retries + 2):
-            try:
-                resp = self.api.request("POST", f"{self._repo_path()}/pulls", json=payload, idempotent=False,
-                                        what=f"creating the draft PR for {head}")
-                return self._pr_from_json(resp.json())
-            except GiteaConflict as exc:
-                return self._adopt(head, base, title, body, exc)
-            except ForgeTransient:
-                # The create may or may not have happened: look before creating again.
-                found = self.find_pr_by_head(head, base)
-                if found is not None:
-                    return self._adopt(head, base, title, body, None, found)
-                if attempt > self.api.retries:
-                    raise
-                self.api.sleep(self.api.backoff_wait(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+        resp = self.api.request("POST", f"{self._repo_path()}/pulls", json=payload, idempotent=False,
+                                what=f"creating the draft PR for {head}")
+        return self._pr_from_json(resp.json())
 
-    def _adopt(self, head: str, base: str, title: str, body: str, exc: Exception | None,
-               found: PR | None = None) -> PR:
-        found = found or self.find_pr_by_head(head, base)
-        if found is None:
-            raise ForgeError(f"gitea {self.repo}: Gitea says a PR for {head} exists but none is found; check "
-                             "the repository's pull requests") from exc
-        why = adoption_refusal(found, head)
-        if why:
-            raise ForgeError(f"gitea {self.repo}: {why}") from None
-        if found.title != title or found.body != body:
-            return self.update(found.number, title, body)
-        return found
+    def _find(self, head: str, base: str) -> PR | None:
+        return self.find_pr_by_head(head, base)
 
     def update(self, number: int, title: str, body: str) -> PR:
         current = self._pr_from_json(self._get_pr(number))
@@ -241,7 +190,3 @@ class GiteaForge:
 
     def has_write_access(self, login: str) -> bool:
         return self.permission(login) in WRITE_PERMISSIONS
-
-
-class GiteaConflict(ForgeError):
-    """A 409 from Gitea: for a create, a PR for the same head and base exists."""

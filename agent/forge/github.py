@@ -25,7 +25,9 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from agent import __version__
-from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError
+from agent.forge import ForgeRateLimited, ForgeTransient  # noqa: F401  (re-exported: callers import them here)
+from agent.forge.hosted import HostedForge, pr_from_pulls_json
 
 API_VERSION = "2022-11-28"
 MAX_PAGES = 50
@@ -62,19 +64,12 @@ def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...
 
 
 def _pr_from_json(data: dict) -> PR:
-    state = data.get("state") or "open"
-    if data.get("merged") or data.get("merged_at"):
-        state = "merged"
-    head = data.get("head") or {}
-    base = data.get("base") or {}
-    return PR(number=int(data["number"]), url=data.get("html_url") or data.get("url") or "",
-              head=head.get("ref") or "", head_sha=head.get("sha"), base=base.get("ref") or "",
-              state=state, draft=bool(data.get("draft")), title=data.get("title") or "",
-              body=data.get("body") or "")
+    return pr_from_pulls_json(data)
 
 
-class GithubForge:
+class GithubForge(HostedForge):
     name = "github"
+    display = "GitHub"
 
     def __init__(self, repo: str, api_url: str = "https://api.github.com",
                  token: str | Callable[[], str] | None = None, session=None,
@@ -83,22 +78,12 @@ class GithubForge:
                  backoff: float = 1.0):
         if repo.count("/") != 1:
             raise ForgeError(f"github: repository {repo!r} is not OWNER/NAME")
-        self.repo = repo
+        super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
+                         retries=retries, max_wait=max_wait, backoff=backoff,
+                         headers={"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
+                                  "User-Agent": f"agent-fixer/{__version__}"},
+                         rate_limit_hint=_secondary_rate_limit)
         self.owner = repo.split("/")[0]
-        self.api_url = api_url.rstrip("/")
-        self._token_source = token
-        self._token: str | None = None
-        self._session = session
-        self._api = None
-        self.sleep = sleep
-        self.clock = clock
-        self.timeout = timeout
-        self.retries = retries
-        self.max_wait = max_wait
-        self.backoff = backoff
-
-    def __repr__(self) -> str:  # never shows the token
-        return f"GithubForge(repo={self.repo!r}, api_url={self.api_url!r})"
 
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GithubForge":
@@ -106,45 +91,26 @@ class GithubForge:
         return cls(repo_config.name, api_url=gh.api_url,
                    token=lambda: resolve_token(gh.token_env, gh.token_command))
 
-    # ------------------------------------------------------------------ HTTP (agent/http.py: ApiClient)
+    # ------------------------------------------------------------------ GitHub's quirks
 
-    @property
-    def api(self):
-        if self._api is None:
-            from agent.http import ApiClient
+    def resolve_token(self) -> str:
+        return resolve_token()
 
-            self._api = ApiClient(
-                f"github {self.repo}", "GitHub", self.api_url, self._auth_headers, check=self._check,
-                session=self._session, headers={"Accept": "application/vnd.github+json",
-                                                "X-GitHub-Api-Version": API_VERSION,
-                                                "User-Agent": f"agent-fixer/{__version__}"},
-                sleep=self.sleep, clock=self.clock, timeout=self.timeout, retries=self.retries,
-                max_wait=self.max_wait, backoff=self.backoff, transient_error=ForgeTransient,
-                rate_limited_error=ForgeRateLimited, rate_limit_hint=_secondary_rate_limit)
-        return self._api
+    def auth_header(self, token: str) -> dict:
+        return {"Authorization": f"Bearer {token}"}
 
-    def _auth_headers(self) -> dict:
-        if self._token is None:
-            src = self._token_source
-            token = src() if callable(src) else src
-            self._token = token if token else resolve_token()
-        return {"Authorization": f"Bearer {self._token}"}
+    def token_fix(self) -> str:
+        return "set a valid GITHUB_TOKEN / GH_TOKEN or fix github.token_command"
 
-    def _check(self, resp, what: str) -> None:
-        """GitHub's quirks: what its 4xx answers mean (rate limits were handled before)."""
-        if resp.status_code == 401:
-            raise ForgeAuthError(f"github {self.repo}: the token was refused (401) on {what}; set a valid "
-                                 "GITHUB_TOKEN / GH_TOKEN or fix github.token_command, then `agent task reset`")
-        if resp.status_code == 403:
-            raise ForgeAuthError(f"github {self.repo}: access denied (403) on {what}: {_message(resp)[:120]}; "
-                                 "give the token 'pull requests: write' on this repository, then "
-                                 "`agent task reset`")
-        if resp.status_code == 404:
-            raise ForgeAuthError(f"github {self.repo}: not found (404) on {what}; the repository does not "
-                                 "exist or the token cannot see it: check repos: in config.yaml and the "
-                                 "token's repository access")
+    def access_fix(self) -> str:
+        return "give the token 'pull requests: write' on this repository"
+
+    def check_more(self, resp, what: str, msg: str) -> None:
         if resp.status_code == 422:
-            raise GithubValidationError(self.repo, what, resp)
+            err = GithubValidationError(self.repo, what, resp)
+            if err.already_exists:
+                raise ForgeConflict(str(err))
+            raise err
 
     def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                  idempotent: bool = True, what: str = "") -> Any:
@@ -169,39 +135,15 @@ class GithubForge:
         prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
         return prs[0]
 
-    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+    def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"title": title, "head": head, "base": base, "body": body, "draft": True,
                    "maintainer_can_modify": False}
-        for attempt in range(1, self.retries + 2):
-            try:
-                resp = self._request("POST", f"{self._pulls()}/pulls", json=payload, idempotent=False,
-                                     what=f"creating the draft PR for {head}")
-                return _pr_from_json(resp.json())
-            except GithubValidationError as exc:
-                if not exc.already_exists:
-                    raise
-                return self._adopt(head, title, body, exc)
-            except ForgeTransient:
-                # The create may or may not have happened: look before creating again.
-                found = self.find_pr_by_head(head)
-                if found is not None:
-                    return self._adopt(head, title, body, None, found)
-                if attempt > self.retries:
-                    raise
-                self.sleep(self.backoff * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")  # pragma: no cover
+        resp = self._request("POST", f"{self._pulls()}/pulls", json=payload, idempotent=False,
+                             what=f"creating the draft PR for {head}")
+        return _pr_from_json(resp.json())
 
-    def _adopt(self, head: str, title: str, body: str, exc: Exception | None, found: PR | None = None) -> PR:
-        found = found or self.find_pr_by_head(head)
-        if found is None:
-            raise ForgeError(f"github {self.repo}: GitHub says a PR for {head} exists but none is listed; "
-                             "check the repository's pull requests") from exc
-        why = adoption_refusal(found, head)
-        if why:
-            raise ForgeError(f"github {self.repo}: {why}") from None
-        if found.title != title or found.body != body:
-            return self.update(found.number, title, body)
-        return found
+    def _find(self, head: str, base: str) -> PR | None:
+        return self.find_pr_by_head(head)
 
     def update(self, number: int, title: str, body: str) -> PR:
         resp = self._request("PATCH", f"{self._pulls()}/pulls/{int(number)}", json={"title": title, "body": body},

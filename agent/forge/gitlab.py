@@ -30,7 +30,8 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError
+from agent.forge.hosted import HostedForge
 
 DRAFT_PREFIX = "Draft: "
 _DRAFT_RE = re.compile(r"^\s*(?:draft:|\[draft\]|\(draft\))\s*", re.I)
@@ -65,8 +66,10 @@ def _pr_from_json(data: dict) -> PR:
               title=title, body=data.get("description") or "")
 
 
-class GitlabForge:
+class GitlabForge(HostedForge):
     name = "gitlab"
+    display = "GitLab"
+    noun = "merge request"
 
     def __init__(self, repo: str, api_url: str = "https://gitlab.com/api/v4",
                  token: str | Callable[[], str] | None = None, base: str = "main", session=None,
@@ -75,22 +78,11 @@ class GitlabForge:
                  backoff: float = 1.0, token_env: str = "GITLAB_TOKEN"):
         if repo.count("/") < 1 or not all(repo.split("/")):
             raise ForgeError(f"gitlab: project {repo!r} is not GROUP/NAME")
-        self.repo = repo
+        super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
+                         retries=retries, max_wait=max_wait, backoff=backoff)
         self.base = base
-        self.api_url = api_url.rstrip("/")
         self.token_env = token_env
-        self._token_source = token
-        self._token: str | None = None
         self._me: dict | None = None
-        from agent.http import ApiClient
-
-        self.api = ApiClient(f"gitlab {repo}", "GitLab", self.api_url, self._auth_headers, check=self._check,
-                             session=session, sleep=sleep, clock=clock, timeout=timeout, retries=retries,
-                             max_wait=max_wait, backoff=backoff, transient_error=ForgeTransient,
-                             rate_limited_error=ForgeRateLimited)
-
-    def __repr__(self) -> str:  # never shows the token
-        return f"GitlabForge(repo={self.repo!r}, api_url={self.api_url!r})"
 
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GitlabForge":
@@ -98,32 +90,23 @@ class GitlabForge:
         return cls(repo_config.name, api_url=gl.api_url, base=repo_config.base, token_env=gl.token_env,
                    token=lambda: resolve_token(gl.token_env))
 
-    # ------------------------------------------------------------------ HTTP
+    # ------------------------------------------------------------------ GitLab's quirks
 
-    def _auth_headers(self) -> dict:
-        if self._token is None:
-            src = self._token_source
-            token = src() if callable(src) else src
-            self._token = token if token else resolve_token(self.token_env)
-        return {"PRIVATE-TOKEN": self._token}
+    def resolve_token(self) -> str:
+        return resolve_token(self.token_env)
 
-    def _check(self, resp, what: str) -> None:
-        from agent.http import response_message
-        from agent.intake.redact import redact
+    def auth_header(self, token: str) -> dict:
+        return {"PRIVATE-TOKEN": token}
 
-        msg = redact(response_message(resp))[:160]
-        if resp.status_code == 401:
-            raise ForgeAuthError(f"gitlab {self.repo}: the token was refused (401) on {what}; set a valid token "
-                                 f"in {self.token_env} (scope api), then `agent task reset`")
-        if resp.status_code == 403:
-            raise ForgeAuthError(f"gitlab {self.repo}: access denied (403) on {what}: {msg}; the token's user "
-                                 "needs at least the Developer role on the project, then `agent task reset`")
-        if resp.status_code == 404:
-            raise ForgeAuthError(f"gitlab {self.repo}: not found (404) on {what}; the project does not exist "
-                                 "or the token cannot see it: check repos: in config.yaml and gitlab.api_url "
-                                 f"({self.api_url})")
+    def token_fix(self) -> str:
+        return f"set a valid token (scope api) in {self.token_env}"
+
+    def access_fix(self) -> str:
+        return "the token's user needs at least the Developer role on the project"
+
+    def check_more(self, resp, what: str, msg: str) -> None:
         if resp.status_code == 409:
-            raise GitlabConflict(f"gitlab {self.repo}: {what} conflicts (409): {msg}")
+            raise ForgeConflict(f"gitlab {self.repo}: {what} conflicts (409): {msg}")
         if resp.status_code in (400, 422):
             raise ForgeError(f"gitlab {self.repo}: {what} was rejected ({resp.status_code}: {msg}); check the "
                              "branch exists on the remote and differs from the target branch")
@@ -139,10 +122,10 @@ class GitlabForge:
 
     # ------------------------------------------------------------------ the Forge interface
 
-    def find_pr_by_head(self, branch: str) -> PR | None:
+    def find_pr_by_head(self, branch: str, base: str | None = None) -> PR | None:
         params = {"source_branch": branch, "state": "all", "per_page": 100}
-        if self.base:
-            params["target_branch"] = self.base
+        if base or self.base:
+            params["target_branch"] = base or self.base
         items = self.api.paginate(f"{self._project()}/merge_requests", params,
                                   what=f"listing MRs for {branch}", max_pages=MAX_PAGES)
         prs = [_pr_from_json(i) for i in items if i.get("source_branch") == branch]
@@ -151,45 +134,15 @@ class GitlabForge:
         prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
         return prs[0]
 
-    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+    def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"source_branch": head, "target_branch": base, "title": DRAFT_PREFIX + title,
                    "description": body, "remove_source_branch": False}
-        for attempt in range(1, self.api.retries + 2):
-            try:
-                resp = self.api.request("POST", f"{self._project()}/merge_requests", json=payload,
-                                        idempotent=False, what=f"creating the draft MR for {head}")
-                return _pr_from_json(resp.json())
-            except GitlabConflict as exc:
-                return self._adopt(head, base, title, body, exc)
-            except ForgeTransient:
-                # The create may or may not have happened: look before creating again.
-                found = self._find(head, base)
-                if found is not None:
-                    return self._adopt(head, base, title, body, None, found)
-                if attempt > self.api.retries:
-                    raise
-                self.api.sleep(self.api.backoff_wait(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+        resp = self.api.request("POST", f"{self._project()}/merge_requests", json=payload, idempotent=False,
+                                what=f"creating the draft MR for {head}")
+        return _pr_from_json(resp.json())
 
     def _find(self, head: str, base: str) -> PR | None:
-        saved, self.base = self.base, base
-        try:
-            return self.find_pr_by_head(head)
-        finally:
-            self.base = saved
-
-    def _adopt(self, head: str, base: str, title: str, body: str, exc: Exception | None,
-               found: PR | None = None) -> PR:
-        found = found or self._find(head, base)
-        if found is None:
-            raise ForgeError(f"gitlab {self.repo}: GitLab says an MR for {head} exists but none is listed; "
-                             "check the project's merge requests") from exc
-        why = adoption_refusal(found, head)
-        if why:
-            raise ForgeError(f"gitlab {self.repo}: {why.replace('pull request', 'merge request')}") from None
-        if found.title != title or found.body != body:
-            return self.update(found.number, title, body)
-        return found
+        return self.find_pr_by_head(head, base)
 
     def update(self, number: int, title: str, body: str) -> PR:
         current = _pr_from_json(self._get_mr(number))
@@ -242,7 +195,3 @@ class GitlabForge:
         """Developer (30) or above: may push to the project's branches."""
         uid = self.user_id(login)
         return uid is not None and self.access_level(uid) >= WRITE_ACCESS_LEVEL
-
-
-class GitlabConflict(ForgeError):
-    """A 409 from GitLab: for a create, an open MR for the same source branch exists."""

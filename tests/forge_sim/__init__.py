@@ -36,6 +36,39 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 import jsonschema
 
 
+def schema_ref(name: str, nullable: bool = False) -> dict:
+    """``{"$ref": "#/definitions/NAME"}``, or NAME-or-null (a Go nil pointer, a documented nullable field)."""
+    ref = {"$ref": f"#/definitions/{name}"}
+    return {"anyOf": [ref, {"type": "null"}]} if nullable else ref
+
+
+def schema_obj(props: dict, required: tuple = ()) -> dict:
+    """An object with exactly these properties: anything the description does not name is refused."""
+    out = {"type": "object", "properties": props, "additionalProperties": False}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def schema_list(name: str) -> dict:
+    return {"type": "array", "items": schema_ref(name)}
+
+
+class FakeClock:
+    """An injected clock and sleep: waits are recorded (``sleeps``) and advance the clock, nobody waits."""
+
+    def __init__(self, t: float = 1_800_000_000.0):
+        self.t = t
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s
+
+
 class Reply(Exception):
     """Raised by a handler to answer with ``status`` and ``body`` (validated like any answer)."""
 

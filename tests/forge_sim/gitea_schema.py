@@ -23,6 +23,8 @@ Choices made while deriving (the description cannot express them):
   are told by the ``WIP:`` title prefix, which is how this version marks them.
 """
 
+from . import schema_list as _list, schema_obj as _obj, schema_ref as _ref
+
 BASE_PATH = "/api/v1"
 SOURCE = ("go-gitea/gitea", "templates/swagger/v1_json.tmpl", "67ce9ca11034c00ea81f36f0e574529079534071")
 
@@ -31,22 +33,6 @@ _I = {"type": "integer"}
 _B = {"type": "boolean"}
 _DT = {"type": "string", "format": "date-time"}
 _DT_NULL = {"type": ["string", "null"], "format": "date-time"}
-
-
-def _ref(name: str, nullable: bool = False) -> dict:
-    ref = {"$ref": f"#/definitions/{name}"}
-    return {"anyOf": [ref, {"type": "null"}]} if nullable else ref
-
-
-def _obj(props: dict, required: tuple = ()) -> dict:
-    out = {"type": "object", "properties": props, "additionalProperties": False}
-    if required:
-        out["required"] = list(required)
-    return out
-
-
-def _list(name: str) -> dict:
-    return {"type": "array", "items": _ref(name)}
 
 
 DEFINITIONS = {

@@ -31,6 +31,8 @@ Choices made while deriving:
 - Path templates keep GitLab's parameter names; the project id is one URL-encoded segment (``acme%2Fwidgets``).
 """
 
+from . import schema_list as _list, schema_obj as _obj, schema_ref as _ref
+
 BASE_PATH = "/api/v4"
 SOURCE = ("gitlabhq/gitlabhq", "doc/api/openapi/openapi_v3.yaml", "045bf8777ea893e770b49d420febaeb7bf89e24a")
 
@@ -40,22 +42,6 @@ _I = {"type": "integer"}
 _B = {"type": "boolean"}
 _DT = {"type": "string", "format": "date-time"}
 _DTN = {"type": ["string", "null"], "format": "date-time"}
-
-
-def _ref(name: str, nullable: bool = False) -> dict:
-    ref = {"$ref": f"#/definitions/{name}"}
-    return {"anyOf": [ref, {"type": "null"}]} if nullable else ref
-
-
-def _obj(props: dict, required: tuple = ()) -> dict:
-    out = {"type": "object", "properties": props, "additionalProperties": False}
-    if required:
-        out["required"] = list(required)
-    return out
-
-
-def _list(name: str) -> dict:
-    return {"type": "array", "items": _ref(name)}
 
 
 _STR_OR_LIST = {"anyOf": [_S, {"type": "array", "items": _S}]}   # "Comma-separated label names" or an array
