@@ -49,7 +49,7 @@ def _db(home):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("forge", ["gitlab", "gitea"])
-def test_error_to_draft_then_merged_and_closed_follow_up(tmp_path, forge):
+def test_error_to_draft_then_merged_and_closed_follow_up(tmp_path, forge, monkeypatch):
     with _sim(forge) as sim:
         p = build(tmp_path / "w", tasks=2, forge=forge, api_url=sim.url)
         home, remote = p["home"], p["remote"]
@@ -72,8 +72,32 @@ def test_error_to_draft_then_merged_and_closed_follow_up(tmp_path, forge):
             assert prs[t["id"]]["forge"] == forge
         con.close()
 
-        # a human merges the first and closes the second; the follow-up scan sees both
+        # review feedback and CI on the draft the agent opened, read through the forge its config builds
+        # (the scan that turns them into a round is issue 15's `agent watch pr-feedback`)
+        from agent.config import load_config
+        from agent.forge import get_forge
+
         merged, closed = rows[0], rows[1]
+        number, head = prs[merged["id"]]["number"], merged["head_sha"]
+        if forge == "gitlab":
+            sim.set_access(REPO, "alice", 40)
+            sim.diff_note(REPO, number, "alice", "widgets/pricing.py", 3, "a missing qty should mean 1")
+            sim.add_status(REPO, head, "test", "failed", "1 test failed")
+        else:
+            sim.set_permission(REPO, "alice", "write")
+            sim.review(REPO, number, "alice", "REQUEST_CHANGES", "see inline",
+                       comments=(("widgets/pricing.py", 3, "a missing qty should mean 1"),))
+            sim.add_status(REPO, head, "ci/test", "failure", "1 test failed")
+        monkeypatch.setenv(f"{forge.upper()}_TOKEN", TOKENS[forge])
+        cfg = load_config(home / "config.yaml")
+        f = get_forge(cfg.repos[REPO], cfg, home)
+        page = f.feedback(number)
+        inline = [i for i in page.items if i.kind == "inline"]
+        assert [(i.author, i.path, i.line) for i in inline] == [("alice", "widgets/pricing.py", 3)]
+        assert f.has_write_access("alice") and not f.has_write_access("mallory")
+        assert [r.state for r in f.ci_results(head) if r.kind == "status"] == ["failure"]
+
+        # a human merges the first and closes the second; the follow-up scan sees both
         sim.merge(REPO, prs[merged["id"]]["number"])
         sim.close(REPO, prs[closed["id"]]["number"])
         w = watcher(home, env=env, log=tmp_path / "follow.log", command=("watch", "pr-merged"))
@@ -86,9 +110,7 @@ def test_error_to_draft_then_merged_and_closed_follow_up(tmp_path, forge):
         assert pr_state == {merged["id"]: "merged", closed["id"]: "closed"}
         assert state[merged["id"]][0] == "done" and errors[merged["error_id"]] == "resolved"
         assert errors[closed["error_id"]] == "skipped"        # never proposed again
-        kept = con.execute("SELECT payload FROM events WHERE kind = 'task.state_kept' AND task_id = ?",
-                           (closed["id"],)).fetchone()
-        assert state[closed["id"]][0] == "done" and "closed without merge" in kept[0]   # a done task stays done
+        assert state[closed["id"]][0] == "failed" and "closed without merge" in state[closed["id"]][1]
         pruned = [r["payload"] for r in con.execute("SELECT payload FROM events WHERE kind = 'pr.branch_pruned'")]
         assert len(pruned) == 1 and closed["branch"] in pruned[0]
         con.close()

@@ -284,3 +284,40 @@ def test_write_access_from_collaborator_permission(sim, forge, clock):
         other.has_write_access("acme")
     assert "refused (403)" in one_line(exc) and "admin" in str(exc.value)
     sim.assert_clean()
+
+
+def test_feedback_is_reviews_inline_and_issue_comments(sim, forge):
+    pr = forge.create_draft("agent/fix-fb", "main", "t", "b")
+    sim.set_permission(REPO, "alice", "write")
+    sim.review(REPO, pr.number, "alice", "REQUEST_CHANGES", "needs a test",
+               comments=(("app/pricing.py", 12, "qty can be 0 here"),))
+    sim.review(REPO, pr.number, "bob", "PENDING", "draft review")  # not submitted: not feedback
+    sim.human_comment(REPO, pr.number, "alice", "also rename total()")
+    forge.comment(pr.number, "round 2 pushed")                      # own, unmarked: never feedback
+    reply_id = forge.reply(pr.number, "Handled in the next round.", key="review:1")
+    page = forge.feedback(pr.number)
+    got = [(f.kind, f.author, f.state, f.path, f.line, f.body.splitlines()[0]) for f in page.items]
+    assert got == [("review", "alice", "changes_requested", None, None, "needs a test"),
+                   ("inline", "alice", None, "app/pricing.py", 12, "qty can be 0 here"),
+                   ("comment", "alice", None, None, None, "also rename total()"),
+                   ("comment", "agent-bot", None, None, None, "Handled in the next round.")]
+    assert page.items[1].review_id == page.items[0].id
+    assert page.items[3].id == reply_id and page.items[3].own_key == "review:1"
+    sim.human_comment(REPO, pr.number, "alice", "and one more")
+    later = forge.feedback(pr.number, since=page.cursor)
+    assert "and one more" in [f.body for f in later.items]
+    assert sim.calls_to("GET", r"/issues/1/comments$")[-1].query == {"since": page.cursor}
+    sim.assert_clean()
+
+
+def test_ci_results_newest_status_per_context(sim, forge):
+    sha = "c" * 40
+    sim.add_status(REPO, sha, "ci/test", "failure", "3 tests failed")
+    sim.add_status(REPO, sha, "ci/lint", "warning")
+    sim.add_status(REPO, sha, "ci/test", "success")
+    sim.add_status(REPO, sha, "ci/build", "pending")
+    results = {r.name: (r.state, r.conclusion) for r in forge.ci_results(sha)}
+    assert results == {"ci/test": ("success", "success"), "ci/lint": ("neutral", "warning"),
+                       "ci/build": ("pending", "pending")}
+    assert forge.ci_results("e" * 40) == []
+    sim.assert_clean()

@@ -367,3 +367,52 @@ def test_write_access_is_effective_access_level_30_or_more(sim, forge):
     assert any(c.raw_path.startswith("/projects/acme%2Fwidgets/members/all/") for c in sim.calls)
     assert not any(c.query.get("username") == "agent-bot" for c in sim.calls_to("GET", r"^/users$"))
     sim.assert_clean()
+
+
+# ---------------------------------------------------------------------------------------------- feedback and CI
+
+
+def test_feedback_is_notes_and_diff_threads_without_system_or_unmarked_own_notes(sim, forge):
+    pr = forge.create_draft("agent/fix-fb", "main", "t", "b")
+    sim.set_access(REPO, "alice", 40)
+    sim.note(REPO, pr.number, "alice", "please also handle qty=None")
+    sim.note(REPO, pr.number, "agent-bot", "added 1 commit", system=True)
+    sim.note(REPO, pr.number, "alice", "changed the description", system=True)
+    sim.diff_note(REPO, pr.number, "alice", "app/pricing.py", 12, "qty can be 0 here")
+    forge.comment(pr.number, "round 2 pushed")                     # the agent's own, unmarked: never feedback
+    reply_id = forge.reply(pr.number, "Handled in the next round.", key="comment:7")
+    page = forge.feedback(pr.number)
+    got = [(f.kind, f.author, f.body.splitlines()[0], f.path, f.line) for f in page.items]
+    assert got == [("comment", "alice", "please also handle qty=None", None, None),
+                   ("inline", "alice", "qty can be 0 here", "app/pricing.py", 12),
+                   ("comment", "agent-bot", "Handled in the next round.", None, None)]
+    inline = page.items[1]
+    assert inline.review_id and inline.url.endswith(f"/-/merge_requests/{pr.number}#note_{inline.id}")
+    own = page.items[2]
+    assert own.id == reply_id and own.own_key == "comment:7"       # recognised by the caller as its own reply
+    assert page.cursor == max(f.created_at for f in page.items)
+
+    sim.note(REPO, pr.number, "alice", "one more thing")
+    later = forge.feedback(pr.number, since=page.cursor)
+    assert "one more thing" in [f.body for f in later.items]
+    assert all(f.created_at >= page.cursor for f in later.items)  # older notes are not read again
+    assert sim.calls_to("GET", r"/discussions$")[0].query == {"per_page": "100"}
+    sim.assert_clean()
+
+
+def test_ci_results_newest_status_per_job_and_the_pipeline(sim, forge):
+    sha = "c" * 40
+    sim.add_status(REPO, sha, "test", "failed", "3 tests failed")
+    sim.add_status(REPO, sha, "lint", "success")
+    sim.add_status(REPO, sha, "test", "success")                   # re-run: the newest wins
+    sim.add_status(REPO, sha, "deploy", "manual")
+    results = {r.name: r for r in forge.ci_results(sha)}
+    assert results["test"].state == "success" and results["lint"].state == "success"
+    assert results["deploy"].state == "neutral" and results["deploy"].conclusion == "manual"
+    pipeline = [r for r in results.values() if r.kind == "pipeline"]
+    assert len(pipeline) == 1 and pipeline[0].conclusion == "manual" and pipeline[0].url.endswith(pipeline[0].id)
+    sim.add_status(REPO, "d" * 40, "test", "failed", "KeyError in test_total")
+    [failed, pl] = forge.ci_results("d" * 40)
+    assert failed.state == pl.state == "failure" and failed.summary == "KeyError in test_total"
+    assert forge.ci_results("e" * 40) == []
+    sim.assert_clean()

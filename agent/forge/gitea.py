@@ -25,11 +25,13 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError
+from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError, ci_state,
+                         own_key, with_own_mark)
 from agent.forge.hosted import HostedForge, pr_from_pulls_json
 
 DEFAULT_WIP_PREFIXES = ("WIP:", "[WIP]")
 WRITE_PERMISSIONS = ("write", "admin", "owner")
+REVIEW_STATES = {"APPROVED": "approved", "REQUEST_CHANGES": "changes_requested", "COMMENT": "commented"}
 MAX_PAGES = 50
 PAGE_LIMIT = 50                  # Gitea's default MAX_RESPONSE_ITEMS
 
@@ -41,6 +43,10 @@ def resolve_token(token_env: str = "GITEA_TOKEN", environ: dict | None = None) -
         raise ForgeAuthError(f"no Gitea token: set {token_env} (an access token with write:repository and "
                              "write:issue scopes) or change gitea.token_env")
     return value
+
+
+def _login(item: dict) -> str:
+    return ((item.get("user") or {}).get("login")) or "ghost"
 
 
 def strip_wip(title: str, prefixes: tuple[str, ...] = DEFAULT_WIP_PREFIXES) -> tuple[str, bool]:
@@ -170,6 +176,79 @@ class GiteaForge(HostedForge):
         if self._me is None:
             self._me = self.api.request("GET", "/user", what="reading the token's user").json()
         return self._me
+
+    # ------------------------------------------------------------------ PR feedback and CI
+
+    def feedback(self, number: int, since: str | None = None) -> FeedbackPage:
+        """Submitted reviews (with their verdict), their inline comments (path, line) and the conversation's
+        issue comments, oldest first.  Pending and review-request entries are not feedback.  The token user's
+        own comments count only when they carry the agent's mark (its replies); its other comments never do."""
+        n = int(number)
+        me = int(self.user()["id"])
+        items: list[Feedback] = []
+
+        def keep(user: dict | None, body: str, created: str) -> bool:
+            if since and created < since:
+                return False
+            return not ((user or {}).get("id") == me and own_key(body) is None)
+
+        for r in self.api.paginate(f"{self._repo_path()}/pulls/{n}/reviews", {"limit": PAGE_LIMIT},
+                                   what=f"listing reviews of PR #{n}", max_pages=MAX_PAGES):
+            state = REVIEW_STATES.get(str(r.get("state") or "").upper())
+            if state is None:
+                continue                      # PENDING (not submitted) or REQUEST_REVIEW (a request, no words)
+            if r.get("dismissed"):
+                state = "dismissed"
+            created = r.get("submitted_at") or r.get("updated_at") or ""
+            body = r.get("body") or ""
+            if keep(r.get("user"), body, created):
+                items.append(Feedback(kind="review", id=str(r["id"]), author=_login(r), body=body,
+                                      created_at=created, state=state, url=r.get("html_url")))
+            if not r.get("comments_count"):
+                continue
+            for c in self.api.request("GET", f"{self._repo_path()}/pulls/{n}/reviews/{int(r['id'])}/comments",
+                                      what=f"reading review {r['id']} of PR #{n}").json():
+                line = c.get("position") or c.get("original_position") or None
+                created, body = c.get("created_at") or "", c.get("body") or ""
+                if keep(c.get("user"), body, created):
+                    items.append(Feedback(kind="inline", id=str(c["id"]), author=_login(c), body=body,
+                                          created_at=created, path=c.get("path"),
+                                          line=int(line) if line else None, review_id=str(r["id"]),
+                                          url=c.get("html_url")))
+        params = {"since": since} if since else None
+        for c in self.api.request("GET", f"{self._repo_path()}/issues/{n}/comments", params=params,
+                                  what=f"listing comments of PR #{n}").json():
+            created, body = c.get("created_at") or "", c.get("body") or ""
+            if keep(c.get("user"), body, created):
+                items.append(Feedback(kind="comment", id=str(c["id"]), author=_login(c), body=body,
+                                      created_at=created, url=c.get("html_url")))
+        items.sort(key=lambda f: (f.created_at, f.kind != "review", int(f.id) if f.id.isdigit() else 0))
+        cursor = max([since or ""] + [f.created_at for f in items]) or None
+        return FeedbackPage(items=items, cursor=cursor)
+
+    def reply(self, number: int, text: str, key: str) -> str:
+        # Not idempotent: never retried here; the caller looks for its own mark before posting again.
+        resp = self.api.request("POST", f"{self._repo_path()}/issues/{int(number)}/comments",
+                                json={"body": with_own_mark(text, key)}, idempotent=False,
+                                what=f"replying on PR #{number}")
+        return str(resp.json()["id"])
+
+    def ci_results(self, sha: str) -> list[CIResult]:
+        """The newest commit status per context (Gitea Actions and external CI both report statuses)."""
+        statuses = self.api.paginate(f"{self._repo_path()}/statuses/{quote(sha, safe='')}", {"limit": PAGE_LIMIT},
+                                     what=f"listing commit statuses of {sha[:12]}", max_pages=MAX_PAGES)
+        out: list[CIResult] = []
+        seen: set[str] = set()
+        for st in sorted(statuses, key=lambda x: int(x.get("id") or 0), reverse=True):
+            context = st.get("context") or "default"
+            if context in seen:
+                continue
+            seen.add(context)
+            word = st.get("status") or ""
+            out.append(CIResult(kind="status", id=str(st.get("id")), name=context, state=ci_state(word),
+                                conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
+                                head_sha=sha))
+        return out
 
     # ------------------------------------------------------------------ who may steer
 

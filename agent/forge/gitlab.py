@@ -30,7 +30,8 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError
+from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError, ci_state,
+                         own_key, with_own_mark)
 from agent.forge.hosted import HostedForge
 
 DRAFT_PREFIX = "Draft: "
@@ -52,6 +53,11 @@ def strip_draft(title: str) -> tuple[str, bool]:
     """(title without a draft prefix, whether it had one)."""
     m = _DRAFT_RE.match(title or "")
     return ((title or "")[m.end():], True) if m else (title or "", False)
+
+
+def _ci_word(word: str) -> str:
+    """GitLab's CI words that ``ci_state`` does not know: still running, or stopped by a human."""
+    return {"waiting_for_callback": "pending", "canceling": "canceled"}.get(word, word)
 
 
 def _pr_from_json(data: dict) -> PR:
@@ -172,6 +178,75 @@ class GitlabForge(HostedForge):
         if self._me is None:
             self._me = self.api.request("GET", "/user", what="reading the token's user").json()
         return self._me
+
+    # ------------------------------------------------------------------ PR feedback and CI
+
+    def feedback(self, number: int, since: str | None = None) -> FeedbackPage:
+        """Every note of the MR's discussions, oldest first: a ``DiffNote`` is ``inline`` (path and line of the
+        new file, the thread id as ``review_id``), any other note a ``comment``.  System notes ("added 1 commit",
+        "marked as draft") are not feedback.  GitLab has no review objects with a verdict; approvals are not
+        read.  The token user's own notes count only when they carry the agent's mark (its replies, so the
+        caller can see it answered); its other notes are never feedback."""
+        n = int(number)
+        me = int(self.user()["id"])
+        web = self._get_mr(n).get("web_url") or ""
+        items: list[Feedback] = []
+        for d in self.api.paginate(f"{self._mr(n)}/discussions", {"per_page": 100},
+                                   what=f"listing discussions of MR !{n}", max_pages=MAX_PAGES):
+            for note in d.get("notes") or []:
+                created = note.get("created_at") or ""
+                author = note.get("author") or {}
+                body = note.get("body") or ""
+                if note.get("system") or (since and created < since):
+                    continue
+                if author.get("id") == me and own_key(body) is None:
+                    continue
+                common = {"id": str(note["id"]), "author": author.get("username") or "ghost", "body": body,
+                          "created_at": created, "url": f"{web}#note_{note['id']}" if web else None}
+                pos = note.get("position") or {}
+                if note.get("type") == "DiffNote" and pos:
+                    line = pos.get("new_line") if pos.get("new_line") is not None else pos.get("old_line")
+                    items.append(Feedback(kind="inline", path=pos.get("new_path") or pos.get("old_path"),
+                                          line=int(line) if line is not None else None,
+                                          review_id=str(d.get("id")), **common))
+                else:
+                    items.append(Feedback(kind="comment", **common))
+        items.sort(key=lambda f: (f.created_at, int(f.id) if f.id.isdigit() else 0))
+        cursor = max([since or ""] + [f.created_at for f in items]) or None
+        return FeedbackPage(items=items, cursor=cursor)
+
+    def reply(self, number: int, text: str, key: str) -> str:
+        # Not idempotent: never retried here; the caller looks for its own mark before posting again.
+        resp = self.api.request("POST", f"{self._mr(number)}/notes", json={"body": with_own_mark(text, key)},
+                                idempotent=False, what=f"replying on MR !{number}")
+        return str(resp.json()["id"])
+
+    def ci_results(self, sha: str) -> list[CIResult]:
+        """The newest commit status per name (each CI job reports one) and the newest pipeline of ``sha``."""
+        out: list[CIResult] = []
+        statuses = self.api.paginate(f"{self._project()}/repository/commits/{quote(sha, safe='')}/statuses",
+                                     {"per_page": 100}, what=f"listing commit statuses of {sha[:12]}",
+                                     max_pages=MAX_PAGES)
+        seen: set[str] = set()
+        for st in sorted(statuses, key=lambda x: int(x.get("id") or 0), reverse=True):
+            name = st.get("name") or "default"
+            if name in seen:
+                continue
+            seen.add(name)
+            word = st.get("status") or ""
+            out.append(CIResult(kind="status", id=str(st.get("id")), name=name, state=ci_state(_ci_word(word)),
+                                conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
+                                head_sha=sha))
+        pipelines = self.api.request("GET", f"{self._project()}/pipelines", params={"sha": sha, "per_page": 20},
+                                     what=f"listing pipelines of {sha[:12]}").json()
+        if pipelines:
+            pl = max(pipelines, key=lambda x: int(x.get("id") or 0))
+            word = pl.get("status") or ""
+            out.append(CIResult(kind="pipeline", id=str(pl.get("id")), name=f"pipeline #{pl.get('id')}",
+                                state=ci_state(_ci_word(word)), conclusion=word,
+                                summary=f"{pl.get('source') or 'pipeline'} on {pl.get('ref') or sha[:12]}",
+                                url=pl.get("web_url"), head_sha=sha))
+        return out
 
     # ------------------------------------------------------------------ who may steer
 

@@ -108,7 +108,11 @@ class GiteaSim(SimServer):
     # ------------------------------------------------------------------ JSON as Gitea writes it
 
     def _user_json(self, login: str | None) -> dict | None:
-        return dict(self.users[login]) if login in self.users else None
+        if login is None:
+            return None
+        if login not in self.users:
+            self.add_user(login)
+        return dict(self.users[login])
 
     def _repo_json(self, r: dict) -> dict:
         return {"id": r["id"], "name": r["name"], "full_name": r["full_name"], "html_url": f"{WEB}/{r['full_name']}",
