@@ -14,7 +14,7 @@ from typing import Callable
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
                echo: Callable[[str], None] = print) -> int:
     from agent import AgentError
-    from agent.commands.watch import SCANS, run_scan
+    from agent.commands.watch import SCANS, news, run_scan
     from agent.shutdown import STOP, graceful_stop
 
     app.require_home()
@@ -31,8 +31,8 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                 if STOP.is_set():
                     break
                 try:
-                    for item in run_scan(app, name, jobs=jobs):
-                        echo(item.get("line") or str(item))
+                    for line in news(run_scan(app, name, jobs=jobs)):
+                        echo(line)
                 except Exception as exc:  # a broken scan must not stop the daemon
                     echo(f"daemon: scan {name} failed: {type(exc).__name__}: {exc}")
             ticks += 1

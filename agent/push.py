@@ -121,14 +121,20 @@ def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -
     import git
 
     check_branch(branch, base, prefix)
+    import tempfile
+
     sha = remote_branch_sha(remote_url, branch)
     if sha is None:
         return False
-    try:
-        git.Git().push(remote_url, f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete",
-                       f"refs/heads/{branch}", env=_git_env(), kill_after_timeout=GIT_TIMEOUT)
-    except git.GitCommandError as exc:
-        raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
+    # `git push` needs a repository to run in, even to delete: an empty throwaway one, so pruning works from
+    # any directory (cron's cwd is $HOME, not a git folder) and never depends on the caller's cwd
+    with tempfile.TemporaryDirectory(prefix="agent-prune-") as scratch:
+        try:
+            git.Git(scratch).init("--bare", "-q")
+            git.Git(scratch).push(remote_url, f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete",
+                                  f"refs/heads/{branch}", env=_git_env(), kill_after_timeout=GIT_TIMEOUT)
+        except git.GitCommandError as exc:
+            raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
     return True
 
 
