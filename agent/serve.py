@@ -356,29 +356,22 @@ def delivery_loop(home: Path, config: Config, stop: threading.Event, every: floa
 
 
 def run_serve(app, host: str, port: int, echo: Callable[[str], None] = print) -> None:
-    """`agent serve`: the server in the foreground plus the delivery thread, until SIGTERM/SIGINT."""
-    import signal
+    """`agent serve`: the server and the delivery thread until SIGTERM/SIGINT (``agent.shutdown``'s handling)."""
+    from agent.shutdown import STOP, graceful_stop
 
+    app.require_home()
     app.ledger  # noqa: B018 - creates or migrates the ledger before the threads open theirs
     config = app.config
     server = Server(HookApp(app.home, config), host, port)
     stop = threading.Event()
-
-    def on_signal(signum, frame):
-        echo(f"serve: {signal.Signals(signum).name} received; stopping")
-        stop.set()
-        server.server.close()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    delivery_loop(app.home, config, stop, echo=echo)
-    echo(f"serve: listening on {server.url} (status /, /metrics, /healthz, /hooks/events|sentry|alertmanager)")
-    try:
-        server.serve_forever()
-    except OSError:  # the socket closed under the loop by the signal handler
-        if not stop.is_set():
-            raise
-    finally:
-        stop.set()
-        for s, h in old.items():
-            signal.signal(s, h)
+    with graceful_stop(echo, who="serve"):
+        server.start()
+        delivery_loop(app.home, config, stop, echo=echo)
+        echo(f"serve: listening on {server.url} (status /, /metrics, /healthz, /hooks/events|sentry|alertmanager)")
+        try:
+            while not STOP.wait(0.5):
+                pass
+        finally:
+            stop.set()
+            server.close()
     echo("serve: stopped")

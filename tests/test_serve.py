@@ -287,6 +287,7 @@ def _listening(proc, timeout=30) -> str:
                                                                    "--interval", "0.2")])
 def test_agent_serve_and_daemon_serve_as_real_processes(home, command):
     env = {**os.environ, "AGENT_HOME": str(home), **ENV}
+    subprocess.run([*agent_bin(), "init"], env=env, check=True, capture_output=True)
     p = subprocess.Popen([*agent_bin(), *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     try:
