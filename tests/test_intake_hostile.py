@@ -4,7 +4,7 @@ never costs the others, one bug is one error, positions are never redacted.
 Linearity is proven without clocks: every pattern is checked to be unable to backtrack over an unbounded
 span (``intake_hostile.unbounded_backtracking``), patterns that must find something after a run can only
 start where the run starts, and 1 MB inputs built against each old pattern go through (they took minutes to
-hours before).  Timings live in bench/RESULTS.md (scripts/bench-ingest --hostile).
+hours before).  Timings live in bench/RESULTS.md (scripts/bench-ingest --only hostile).
 """
 
 import json

@@ -37,7 +37,7 @@ _RULES: list[tuple[str, re.Pattern, Any]] = [
     ("bearer", re.compile(r"(?i)(bearer)\s{1,64}+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
     ("token", re.compile(r"(?i)(?<![A-Za-z0-9])(basic|token|digest)\s{1,64}+(?!\[redacted)"
-                         r"(?=[A-Za-z._~]*+[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,}+)"),
+                         r"(?=[A-Za-z.~]*+[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
     ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*+):([^/\s@\"'<>]++)@"),
      lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
@@ -146,7 +146,10 @@ _MAYBE_RE = re.compile(r"gh[pousr]_|(?<![0-9a-fA-F])[0-9a-fA-F]{32}")
 
 def _maybe(text: str) -> bool:
     low = text.lower()
-    return any(lit in low for lit in _LITERALS) or _MAYBE_RE.search(text) is not None
+    for lit in _LITERALS:
+        if lit in low:
+            return True
+    return _MAYBE_RE.search(text) is not None
 
 
 # Per rule, literals (lowercased) at least one of which every match contains: a rule whose literals are all
