@@ -288,6 +288,15 @@ def test_secret_keys_are_still_redacted_next_to_positions():
                    "password=[redacted:secret]")
 
 
+@pytest.mark.parametrize("text", ["spring.datasource.password:1234", "db.pin: 1234", "token:1234", "auth.token=abc"])
+def test_dotted_keys_that_name_a_secret_are_still_keys(text):
+    assert redact(text).endswith("[redacted:secret]")
+
+
+def test_a_file_name_is_not_a_key():
+    assert redact('{"session.py": "changed", "tokens.js": 3}') == '{"session.py": "changed", "tokens.js": 3}'
+
+
 def test_events_with_positions_in_messages_keep_them(tmp_path):
     ledger = Ledger.open(tmp_path / "ledger.db")
     ingest(ledger, parse(json.dumps({"level": "error", "class": "KeyError",

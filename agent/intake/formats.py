@@ -554,16 +554,19 @@ def _stack_text_event(stack: str) -> Event | None:
         if best.frames:
             return best
     frames = []
+    python = False
     for line in stack.split("\n"):
         if len(frames) >= MAX_FRAMES_KEPT * 4:
             break
         line = cap(line.rstrip("\r"), MAX_LINE)
-        if line.lstrip().startswith("File ") or line.lstrip().startswith("at "):
+        head = line.lstrip()
+        if head.startswith("File ") or head.startswith("at "):
             f = _frame_from_text(line if line[:1].isspace() else "  " + line)
             if f is not None:
                 frames.append(f)
+                python = python or head.startswith("File ")
     if frames:
-        if not any(f.lineno is not None and not f.module and f.file.endswith(".py") for f in frames):
+        if not python:
             frames.reverse()        # Java/Node print innermost first, Python outermost first
         return Event(frames=frames)
     return parsed.events[0] if parsed.events else None

@@ -106,6 +106,14 @@ _FILE_EXT = re.compile(
 _POSITION = re.compile(r"\d{1,9}(?::\d{1,9})?(?![A-Za-z0-9_.-])")
 
 
+def _looks_like_file(run: str) -> bool:
+    """``name.ext`` whose extension is short and is not itself the secret word (``db.password`` is a key)."""
+    if "." not in run:
+        return False
+    ext = run.rsplit(".", 1)[1]
+    return 0 < len(ext) <= 6 and ext.isalnum() and _SECRET_WORD.search(ext) is None
+
+
 def _sub_key_values(text: str) -> str:
     out: list[str] = []
     done = pos = 0
@@ -117,7 +125,7 @@ def _sub_key_values(text: str) -> str:
         run = m.group("run")
         if not _SECRET_WORD.search(run) or _FILE_EXT.search(run):
             continue
-        if m.group("s").strip() == ":" and "." in run and _POSITION.match(text, vpos):
+        if m.group("s").strip() == ":" and _POSITION.match(text, vpos) and _looks_like_file(run):
             continue                   # file.ext:line without a known extension
         v = _VALUE.match(text, vpos)
         if v is None or v.end() == vpos:
