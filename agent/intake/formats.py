@@ -485,15 +485,18 @@ def _log_block(lines: list[str], i: int, has_context: bool) -> tuple[Event | Non
         if status == "incomplete":
             return None, j, "Python traceback ends before its exception line"
         return event, j, ""
+    if line.lstrip().startswith("{"):
+        obj, bad = loads(line)
+        if not bad:                       # a JSON line is a record, even when `at` lines follow it
+            try:
+                return _json_line_event(obj, True), i + 1, ""
+            except (ValueError, TypeError, AttributeError) as exc:
+                return None, i + 1, str(exc) or type(exc).__name__
     if _is_at_header(lines, i):
         event, j = _parse_at(lines, i)
         return event, j, ""
     if line.lstrip().startswith("{"):
-        obj, _bad = loads(line)
-        try:
-            return _json_line_event(obj, True), i + 1, ""
-        except (ValueError, TypeError, AttributeError) as exc:
-            return None, i + 1, str(exc) or type(exc).__name__
+        return None, i + 1, ""
     msg = _error_line(line)
     if msg is None:
         return None, i + 1, ""

@@ -98,11 +98,17 @@ def _sub_jwt(text: str) -> str:
 _KEY_SEP = re.compile(r"[\"']?(?<![A-Za-z0-9_.-])(?P<run>[A-Za-z0-9_.-]++)[\"']?(?P<s>\s{0,16}+(?:=>|=|:)\s{0,16}+)")
 _VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.){0,4096}+\"?|'(?:[^'\\\n]|\\.){0,4096}+'?|[^\s,;&\"'}\])<>]++")
 # File names are not keys: ``web/sessions.py:321`` is a position, ``tokens.js: 12`` too.
-_FILE_EXT = re.compile(
-    r"(?i)\.(?:py|pyc|pyx|pyi|js|mjs|cjs|jsx|ts|tsx|java|kt|kts|scala|groovy|clj|cljs|rb|erb|go|rs|php|c|cc|cpp|cxx|h|"
-    r"hh|hpp|cs|fs|vb|swift|m|mm|dart|ex|exs|erl|hrl|lua|pl|pm|sh|bash|zsh|ps1|r|jl|elm|hs|ml|vue|svelte|html|htm|"
-    r"jsp|aspx|cshtml|css|scss|sass|less|json|ya?ml|toml|ini|cfg|conf|xml|properties|sql|proto|tf|txt|log|md|rst|"
-    r"lock|gradle|map|wasm|so|dll|jar|class|egg|whl)$")
+_FILE_EXTS = frozenset(
+    "py pyc pyx pyi js mjs cjs jsx ts tsx java kt kts scala groovy clj cljs rb erb go rs php c cc cpp cxx h hh hpp cs "
+    "fs vb swift m mm dart ex exs erl hrl lua pl pm sh bash zsh ps1 r jl elm hs ml vue svelte html htm jsp aspx cshtml "
+    "css scss sass less json yaml yml toml ini cfg conf xml properties sql proto tf txt log md rst lock gradle map wasm "
+    "so dll jar class egg whl".split())
+
+
+def _is_file_name(run: str) -> bool:
+    return "." in run and run.rsplit(".", 1)[1].lower() in _FILE_EXTS
+
+
 _POSITION = re.compile(r"\d{1,9}(?::\d{1,9})?(?![A-Za-z0-9_.-])")
 
 
@@ -123,7 +129,7 @@ def _sub_key_values(text: str) -> str:
             break
         pos = vpos = m.end()
         run = m.group("run")
-        if not _SECRET_WORD.search(run) or _FILE_EXT.search(run):
+        if not _SECRET_WORD.search(run) or _is_file_name(run):
             continue
         if m.group("s").strip() == ":" and _POSITION.match(text, vpos) and _looks_like_file(run):
             continue                   # file.ext:line without a known extension
