@@ -120,6 +120,7 @@ class Config:
     git: GitConfig = GitConfig()
     github: GithubConfig = GithubConfig()
     sources: tuple[SourceConfig, ...] = ()
+    prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
         for repo in self.repos.values():
@@ -236,7 +237,8 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
-    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources"))
+    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources",
+                               "prices"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -335,8 +337,19 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
+    prices = {}
+    for name, raw in v.mapping(top.get("prices"), "prices").items():
+        from agent.lanes.prices import Price
+
+        p = f"prices.{name}"
+        d = v.mapping(raw, p, ("input", "output"))
+        for k in ("input", "output"):
+            if k not in d:
+                v.fail(f"{p}.{k}", "a number >= 0 (USD per million tokens)", None)
+        prices[str(name)] = Price(input=v.number(d["input"], f"{p}.input"), output=v.number(d["output"], f"{p}.output"))
+
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, sources=tuple(sources))
+                  git=git, github=github, sources=tuple(sources), prices=prices)
 
 
 def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
@@ -409,6 +422,9 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+
+# prices:                             # USD per million tokens, for vendors that report tokens only
+#   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}
