@@ -624,8 +624,11 @@ def _finish(ctx: Ctx) -> None:
 
     try:  # the PR body gets the PR reviewers' verdicts too
         _publish(ctx)
-    except ForgeError as exc:
-        ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); the next round or scan retries")
+    except ForgeError as exc:  # owed to the forge: `watch pr-merged` retries it on later scans until it lands
+        from agent.followup import owe_pr_text
+
+        owe_pr_text(ctx.ledger, ctx.task_id, str(exc))
+        ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
     with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "

@@ -56,7 +56,16 @@ class PR:
 
 
 class ForgeRateLimited(ForgeError):
-    """GitHub's rate limit would need a longer wait than allowed; try again later."""
+    """GitHub's rate limit would need a longer wait than allowed; try again later.
+
+    ``until`` is the epoch time the forge allows calls again (when known); it is remembered in the ledger
+    (``forge_pending``) and no call to that forge is made before it on later scans.
+    """
+
+    def __init__(self, message: str, until: float | None = None, remembered: bool = False):
+        super().__init__(message)
+        self.until = until
+        self.remembered = remembered      # raised from the ledger's record, without calling the forge
 
 
 class ForgeTransient(ForgeError):

@@ -78,7 +78,7 @@ class GithubForge:
                  token: str | Callable[[], str] | None = None, session=None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
-                 backoff: float = 1.0):
+                 backoff: float = 1.0, holds=None):
         if repo.count("/") != 1:
             raise ForgeError(f"github: repository {repo!r} is not OWNER/NAME")
         self.repo = repo
@@ -93,6 +93,8 @@ class GithubForge:
         self.retries = retries
         self.max_wait = max_wait
         self.backoff = backoff
+        self.holds = holds            # a Ledger: rate-limit resets are remembered across scans (forge_pending)
+        self.hold_key = f"rate_limit:github {self.api_url}"
 
     def __repr__(self) -> str:  # never shows the token
         return f"GithubForge(repo={self.repo!r}, api_url={self.api_url!r})"
@@ -101,7 +103,7 @@ class GithubForge:
     def from_config(cls, repo_config, config, home, ledger=None) -> "GithubForge":
         gh = config.github
         return cls(repo_config.name, api_url=gh.api_url,
-                   token=lambda: resolve_token(gh.token_env, gh.token_command))
+                   token=lambda: resolve_token(gh.token_env, gh.token_command), holds=ledger)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -142,14 +144,36 @@ class GithubForge:
             return 60.0  # secondary limit without headers: GitHub asks for at least a minute
         return None
 
+    def _held(self, what: str) -> None:
+        """Raise ForgeRateLimited, without calling, while a remembered rate-limit reset is still ahead."""
+        if self.holds is None:
+            return
+        hold = self.holds.pending(self.hold_key)
+        if hold and hold["until"] and hold["until"] > self.clock():
+            at = time.strftime("%H:%M:%S UTC", time.gmtime(hold["until"]))
+            raise ForgeRateLimited(f"github {self.repo}: rate limited until {at} (remembered from an earlier "
+                                   f"call); no call before then, {what} waits for a later scan", until=hold["until"],
+                                   remembered=True)
+
+    def _hold(self, until: float, what: str) -> None:
+        """Remember that GitHub allows no call before ``until`` (epoch seconds)."""
+        if self.holds is None:
+            return
+        reason = f"rate limited on {what}"
+        with self.holds.tx() as c:
+            self.holds.set_pending(c, self.hold_key, "rate_limit", reason, until=until)
+            self.holds.event(c, "forge.rate_limited", "script", {"forge": "github", "api_url": self.api_url,
+                                                                 "until": until, "reason": reason})
+
     def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                  idempotent: bool = True, what: str = "") -> Any:
         from agent.http import transport_failure
 
+        what = what or f"{method} {path}"
+        self._held(what)
         url = self._url(path)
         headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
                    "User-Agent": f"agent-fixer/{__version__}", "Authorization": self._auth_header()}
-        what = what or f"{method} {path}"
         attempt = 0
         while True:
             attempt += 1
@@ -168,9 +192,11 @@ class GithubForge:
             wait = self._rate_limit_wait(resp)
             if wait is not None:
                 if attempt > self.retries or wait > self.max_wait:
-                    at = time.strftime("%H:%M:%S", time.localtime(self.clock() + wait))
+                    until = self.clock() + wait
+                    at = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+                    self._hold(until, what)
                     raise ForgeRateLimited(f"github {self.repo}: rate limited on {what}; GitHub allows the next "
-                                           f"call in {wait:.0f}s (at {at}); the next scan retries")
+                                           f"call in {wait:.0f}s (at {at}); no call before then", until=until)
                 self.sleep(wait)
                 continue
             if resp.status_code >= 500:
