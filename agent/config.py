@@ -66,6 +66,7 @@ class Limits:
     open_drafts_per_repo: int = 3
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
+    worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                        "limits.open_drafts_per_repo", 1),
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+        worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
     )
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
@@ -422,6 +424,7 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+#   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in

@@ -169,6 +169,44 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
     return items
 
 
+def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[dict]:
+    """Remove the worktree and local branch of every task that is over (failed, or its PR merged or closed) for
+    longer than ``grace_s``, under the task's claim; a failed task's head is kept in the mirror for a reset."""
+    from datetime import datetime, timedelta, timezone
+
+    from agent.fence import claim, release
+    from agent.workspace import remove_task_workspace
+
+    cutoff = (datetime.now(timezone.utc) - timedelta(seconds=grace_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    items = []
+    for t in ledger.finished_worktrees(cutoff):
+        token = claim(ledger, t["id"])
+        if token is None:
+            continue  # someone works on it (a reset): not finished after all
+        try:
+            now_state = ledger.scalar("SELECT state FROM tasks WHERE id = ?", (t["id"],))
+            if now_state != t["state"]:
+                continue
+            keep = t["head_sha"] if t["state"] != chain.DONE else None
+            why = f"task {t['state']}" + (f", PR {t['pr_state']}" if t["pr_state"] in ("merged", "closed") else "")
+            try:
+                remove_task_workspace(home, t["repo"], t["id"], Path(t["worktree"]), t["branch"], keep_sha=keep)
+            except Exception as exc:  # noqa: BLE001 - one task's leftovers never stop the scan; retried next time
+                items.append({"task_id": t["id"], "error": str(exc),
+                              "line": f"task {t['id']}: worktree not removed ({type(exc).__name__}: {exc})"})
+                continue
+            with ledger.tx() as c:
+                ledger.update(c, "tasks", {"id": t["id"]}, {"worktree": None})
+                ledger.event(c, "workspace.removed", "script", {"path": t["worktree"], "branch": t["branch"],
+                                                                "why": why, "kept_head": keep}, task_id=t["id"])
+            items.append({"task_id": t["id"], "worktree_removed": t["worktree"], "changed": True,
+                          "line": f"task {t['id']}: worktree and branch {t['branch']} removed ({why})"})
+        finally:
+            release(ledger, t["id"], token)
+    return items
+
+
 def scan_pr_merged(app, jobs: int = 1) -> list[dict]:
-    """The `agent watch pr-merged` scan: PR states, then PR text updates still owed."""
-    return follow_prs(app.ledger, app.config, app.home) + retry_pr_texts(app.ledger, app.config, app.home)
+    """The `agent watch pr-merged` scan: PR states, PR text updates still owed, finished tasks' worktrees."""
+    return (follow_prs(app.ledger, app.config, app.home) + retry_pr_texts(app.ledger, app.config, app.home)
+            + remove_finished_worktrees(app.ledger, app.home, app.config.limits.worktree_grace))
