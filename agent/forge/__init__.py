@@ -1,4 +1,4 @@
-"""Forges: where draft pull requests live.  One interface, two implementations, one publish path.
+"""Forges: where draft pull requests live.  One interface, four implementations, one publish path.
 
 - ``Forge`` is the interface every forge implements (a ``typing.Protocol``).
 - ``FORGES`` maps a repo's ``forge:`` config value to its class (``module:Class``, imported lazily).
@@ -8,7 +8,8 @@
   point: a PR created just before a crash is found again by its head branch, never created twice.
 
 Rules every forge keeps: PRs are always drafts; a forge never marks one ready and never merges.
-All HTTP lives in ``agent.forge.github``.
+All HTTP goes through ``agent.http.ApiClient`` (retries, backoff, rate limits, pagination); each hosted
+forge's module (``github``, ``gitlab``, ``gitea``) holds only that forge's quirks.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def ci_state(status: str | None, conclusion: str | None = None) -> str:
 
 
 class ForgeRateLimited(ForgeError):
-    """GitHub's rate limit would need a longer wait than allowed; try again later.
+    """The forge's rate limit would need a longer wait than allowed; try again later.
 
     ``until`` is the epoch time the forge allows calls again (when known); it is remembered in the ledger
     (``forge_pending``) and no call to that forge is made before it on later scans.
@@ -171,13 +172,17 @@ class ForgeRateLimited(ForgeError):
         self.remembered = remembered      # raised from the ledger's record, without calling the forge
 
 
+class ForgeConflict(ForgeError):
+    """The forge says a PR for this head (and base) already exists (GitHub 422, GitLab 409, Gitea 409)."""
+
+
 class ForgeTransient(ForgeError):
     """A timeout, a dropped connection or a 5xx that was not (or could not safely be) retried."""
 
 
 @runtime_checkable
 class Forge(Protocol):
-    name: str                 # "github" | "local"
+    name: str                 # "github" | "gitlab" | "gitea" | "local"
     repo: str                 # OWNER/NAME
 
     def find_pr_by_head(self, branch: str) -> PR | None:
@@ -220,6 +225,8 @@ class Forge(Protocol):
 
 FORGES: dict[str, str] = {
     "github": "agent.forge.github:GithubForge",
+    "gitlab": "agent.forge.gitlab:GitlabForge",
+    "gitea": "agent.forge.gitea:GiteaForge",
     "local": "agent.forge.local:LocalForge",
 }
 
@@ -234,7 +241,40 @@ def forge_class(name: str):
 def get_forge(repo_config: "RepoConfig", config: "Config", home: Path | str, ledger: "Ledger | None" = None) -> Forge:
     """The forge for ``repo_config`` (its ``forge:`` key).  ``ledger`` is used by the local forge;
     when omitted it opens ``home/ledger.db``."""
-    return forge_class(repo_config.forge).from_config(repo_config, config, Path(home), ledger)
+    forge = forge_class(repo_config.forge).from_config(repo_config, config, Path(home), ledger)
+    api = getattr(forge, "api", None)       # a hosted forge's ApiClient
+    if ledger is not None and api is not None:
+        api.hold = RateLimitHold(ledger, forge.name, forge.api_url, api.clock)
+    return forge
+
+
+class RateLimitHold:
+    """A forge's rate-limit reset remembered in the ledger (``forge_pending`` row ``rate_limit:<forge> <api url>``),
+    so no call to that forge is made before it, by any scan or repository."""
+
+    def __init__(self, ledger: "Ledger", forge: str, api_url: str, clock):
+        self.ledger = ledger
+        self.forge = forge
+        self.api_url = api_url
+        self.key = f"rate_limit:{forge} {api_url}"
+        self.clock = clock
+
+    def check(self, what: str) -> None:
+        import time
+
+        hold = self.ledger.pending(self.key)
+        if hold and hold["until"] and hold["until"] > self.clock():
+            at = time.strftime("%H:%M:%S UTC", time.gmtime(hold["until"]))
+            raise ForgeRateLimited(f"{self.forge} {self.api_url}: rate limited until {at} (remembered from an "
+                                   f"earlier call); no call before then, {what} waits for a later scan",
+                                   until=hold["until"], remembered=True)
+
+    def remember(self, until: float, what: str) -> None:
+        reason = f"rate limited on {what}"
+        with self.ledger.tx() as c:
+            self.ledger.set_pending(c, self.key, "rate_limit", reason, until=until)
+            self.ledger.event(c, "forge.rate_limited", "script", {"forge": self.forge, "api_url": self.api_url,
+                                                                  "until": until, "reason": reason})
 
 
 def adoption_refusal(pr: PR, branch: str) -> str | None:
