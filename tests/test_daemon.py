@@ -63,7 +63,10 @@ def test_second_signal_kills_the_lane_group_and_the_next_scan_resumes(tmp_path):
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
     d = watcher(p["home"], command=("daemon", "--interval", "0.2"), log=tmp_path / "d.log")
     assert _wait_for(lambda: read_log(log)), (tmp_path / "d.log").read_text()
-    lane_pid = read_log(log)[0]["pid"]
+    # the lane's host pid (its sandbox's pid as the ledger records it; inside, the lane sees its own namespace)
+    con = sqlite3.connect(p["home"] / "ledger.db")
+    lane_pid = con.execute("SELECT pid FROM lane_runs").fetchone()[0]
+    con.close()
     d.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert pid_alive(lane_pid)  # the first signal waits for the step

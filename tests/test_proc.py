@@ -168,7 +168,9 @@ def test_config_denylist_names_forge_and_source_tokens():
     cfg = parse_config({"github": {"token_env": "MY_GH"},
                         "sources": [{"kind": "loki", "url": "http://127.0.0.1:1", "query": "{a=\"b\"}",
                                      "auth_env": "LOKI_TOKEN"}]})
-    assert set(config_denylist(cfg)) == {"MY_GH", "LOKI_TOKEN"}
+    names = set(config_denylist(cfg))
+    assert {"MY_GH", "LOKI_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"} <= names
+    assert "ANTHROPIC_API_KEY" not in names
 
 
 def test_missing_cwd_is_reported(tmp_path):

@@ -155,3 +155,10 @@ def m002_forge_local_prs(db) -> None:
     }, pk="id", not_null={"repo", "number", "head", "base", "state"}, defaults={"state": "open", "draft": 1})
     db["local_prs"].create_index(["repo", "number"], unique=True)
     db["local_prs"].create_index(["repo", "head"])
+
+
+@migration
+def m003_lane_pid_start(db) -> None:
+    """A lane's process identity is its pid AND its start time (/proc/PID/stat field 22): the orphan killer
+    signals a recorded lane only while both match, never a process that merely reuses the pid."""
+    db["lane_runs"].add_column("pid_start", int)
