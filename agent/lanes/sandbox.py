@@ -174,6 +174,16 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     return wrap(bwrap, argv, plan, env)
 
 
+LANE_UID = 1000
+
+
+def _uid_args() -> list[str]:
+    """Inside its own user namespace the lane is not root even when the agent is: a vendor CLI that sandboxes
+    its own tool calls with bwrap (codex) may then map its uid into a nested namespace, which root without
+    capabilities may not (mapping uid 0 needs CAP_SETFCAP).  Outside, its files still belong to the agent's user."""
+    return ["--uid", str(LANE_UID), "--gid", str(LANE_UID)] if os.getuid() == 0 else []
+
+
 def _depth(p: Path) -> int:
     return len(Path(p).parts)
 
@@ -182,8 +192,9 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
     """The bwrap argv running ``argv`` under ``plan``, and the environment to give it (TMPDIR is the private
     /tmp).  Mounts are ordered by depth, so a deeper path (the worktree's ``.git``) overrides a shallower one (the
     worktree), and a hidden tree (the home) is emptied before what the lane may see is bound back into it."""
-    args = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--new-session",
-            "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev",
+            "--proc", "/proc", "--tmpfs", "/tmp"]
     mounts: list[tuple[int, int, list[str]]] = []
     order = 0
 
@@ -200,9 +211,15 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
         add(p, ["--ro-bind", str(p), str(p)])
     for src, dest in plan.over:
         add(dest, ["--ro-bind", str(src), str(dest)])
+    env = dict(env)
+    tmpdir = env.get("TMPDIR") or "/tmp"
+    if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:
+        # a configured TMPDIR stays where the vendor expects it (codex refuses helper binaries under it), as a
+        # private tmpfs of its own
+        add(Path(tmpdir), ["--tmpfs", tmpdir])
+    else:
+        env["TMPDIR"] = "/tmp"
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
         args += op
     args += ["--chdir", str(plan.cwd), "--"]
-    env = dict(env)
-    env["TMPDIR"] = "/tmp"
     return args + list(argv), env
