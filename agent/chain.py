@@ -51,7 +51,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     WORKING: (WORKING, DONE, FAILED, BLOCKED),      # WORKING -> WORKING is a new round
     BLOCKED: (WORKING, FAILED),                     # back to work only through a human reset
     FAILED: (WORKING,),                             # a human reset
-    DONE: (),
+    DONE: (FAILED,),                                # its PR was closed without merge (watch pr-merged)
 }
 HUMAN_ONLY_TRANSITIONS = {(BLOCKED, WORKING), (FAILED, WORKING)}
 

@@ -15,7 +15,7 @@ from typing import Callable
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
                echo: Callable[[str], None] = print) -> int:
     from agent import AgentError, fixer
-    from agent.commands.watch import SCANS, run_scan
+    from agent.commands.watch import SCANS, news, run_scan
     from agent.config import load_config
 
     signals = {"count": 0}
@@ -45,8 +45,8 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                 if fixer.STOP.is_set():
                     break
                 try:
-                    for item in run_scan(app, name, jobs=jobs):
-                        echo(item.get("line") or str(item))
+                    for line in news(run_scan(app, name, jobs=jobs)):
+                        echo(line)
                 except Exception as exc:  # a broken scan must not stop the daemon
                     echo(f"daemon: scan {name} failed: {type(exc).__name__}: {exc}")
             ticks += 1

@@ -45,6 +45,7 @@ class Ctx:
     token: str | None = None
     lines: list[str] = field(default_factory=list)
     progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
+    waiting: str | None = None           # why this pass stopped to wait (recorded as tasks.wait_reason)
 
     @property
     def task(self) -> dict:
@@ -77,6 +78,16 @@ def _block(ctx: Ctx, reason: str) -> None:
 def _fail(ctx: Ctx, reason: str) -> None:
     transition(ctx.ledger, ctx.task_id, chain.FAILED, "script", reason, claim_token=ctx.token)
     ctx.say(f"failed: {reason}")
+    raise Stop()
+
+
+def _wait(ctx: Ctx, line: str) -> None:
+    """The task waits (a limit, a busy forge, a lane still running): record why, say it only when it changed."""
+    from agent.tasks import note_wait
+
+    ctx.waiting = line
+    if note_wait(ctx.ledger, ctx.task_id, line, ctx.token):
+        ctx.say(line)
     raise Stop()
 
 
@@ -189,8 +200,7 @@ def _check_budgets(ctx: Ctx) -> None:
         _block(ctx, f"task wall time {limits.task_wall_time}s exceeded")
     daily = _daily_cost(ctx.ledger)
     if daily >= limits.daily_budget_usd:
-        ctx.say(f"waiting: daily budget spent ({_usd(daily)} of {_usd(limits.daily_budget_usd)})")
-        raise Stop()
+        _wait(ctx, f"waiting: daily budget spent ({_usd(daily)} of {_usd(limits.daily_budget_usd)})")
 
 
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
@@ -213,8 +223,7 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
         timeout = _lane_settings(ctx.config, role, settings.lanes if settings else None, None)[2]
         started = datetime.strptime(inflight["started_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
         if (datetime.now(timezone.utc) - started).total_seconds() <= timeout + 30:
-            ctx.say(f"{role} lane still running (pid {inflight['pid']}); waiting")
-            raise Stop()
+            _wait(ctx, f"{role} lane still running (pid {inflight['pid']}); waiting")
         kill_group_if_same(inflight["pid"], inflight["pid_start"])
         with ctx.ledger.tx() as c:
             ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
@@ -538,15 +547,13 @@ def step_pr_opened(ctx: Ctx) -> None:
     if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
         why = _pr_limits_reached(ctx, t["repo"])
         if why:
-            ctx.say(f"waiting to open a PR: {why}")
-            raise Stop()
+            _wait(ctx, f"waiting to open a PR: {why}")
     try:
         pr, action = _publish(ctx)
     except ForgeAuthError as exc:
         _block(ctx, f"forge refused: {exc}")
     except (ForgeRateLimited, ForgeTransient) as exc:
-        ctx.say(f"forge busy, will retry next scan: {exc}")
-        raise Stop()
+        _wait(ctx, f"forge busy, will retry next scan: {exc}")
     except ForgeError as exc:  # e.g. a PR on our branch that we may not adopt: a human decides
         _block(ctx, f"forge: {exc}")
     _close(ctx, "pr_opened", f"draft PR {pr.url} at {t['head_sha'][:12]} ({action})")
@@ -564,6 +571,7 @@ def step_pr_reviews(ctx: Ctx) -> None:
     specs = {d: _review_spec(ctx, d) for d in todo}
     results: dict[str, object] = {}
     stopped_dims: set[str] = set()
+    raised: dict[str, BaseException] = {}
 
     def one(dimension: str) -> None:
         led = Ledger.open(ledger_path(ctx.home), create=False)
@@ -573,6 +581,9 @@ def step_pr_reviews(ctx: Ctx) -> None:
         except Stop:  # waiting for an orphan, or interrupted by shutdown: this scan stops, the next goes on
             stopped_dims.add(dimension)
             ctx.lines.extend(sub.lines)
+            ctx.waiting = ctx.waiting or sub.waiting
+        except BaseException as exc:  # e.g. no vendor for the role: handed to this thread, never a "crash"
+            raised[dimension] = exc
         finally:
             led.close()
 
@@ -585,8 +596,8 @@ def step_pr_reviews(ctx: Ctx) -> None:
     stopped = False
     for d in todo:
         result = results.get(d)
-        if d in stopped_dims:
-            stopped = True
+        if d in stopped_dims or d in raised:
+            stopped = stopped or d in stopped_dims
             continue
         if result is None:
             _fail(ctx, f"pr-{d} lane crashed; see the lane logs")
@@ -603,6 +614,14 @@ def step_pr_reviews(ctx: Ctx) -> None:
                             f"{_redact(result.findings_text or result.summary or '')}")
     if stopped:
         raise Stop()
+    if raised:
+        # what went wrong in a reviewer thread is handled here, on the task's own thread: a one-line AgentError
+        # (a config error: unknown vendor, no lane for the role; no lane ran) gate-blocks the task with that
+        # reason for a human; anything else goes the way of any unexpected error in a step
+        d = next(d for d in todo if d in raised)
+        if isinstance(raised[d], AgentError) and not isinstance(raised[d], (ClaimLost, Refused)):
+            _block(ctx, f"pr-{d} lane not started: {raised[d]}")
+        raise raised[d]
     if rejected:
         n = len(rejected)
         _reject_round(ctx, f"PR review rejected ({n} reviewer{'s' if n > 1 else ''})", "\n\n".join(rejected))
@@ -747,6 +766,14 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
         except Exception:
             pass
     finally:
+        if token and ctx.waiting is None:
+            try:  # it moved (or stopped for another reason): it no longer waits
+                if ledger.scalar("SELECT wait_reason FROM tasks WHERE id = ?", (task_id,)) is not None:
+                    from agent.tasks import note_wait
+
+                    note_wait(ledger, task_id, None, token)
+            except Exception:
+                pass
         if token:
             try:
                 release(ledger, task_id, token)
@@ -768,8 +795,10 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
             return {"task_id": task_id, "line": f"task {task_id}: not started: shutting down"}
         lines = advance(app.home, config, task_id, progress=jobs <= 1)
         t = app_task_state(app.home, task_id)
+        # nothing to say (no progress, the same wait as last time): quiet, so a cron tick mails only news
         return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
-                "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now"}
+                "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now",
+                **({} if lines else {"quiet": True})}
 
     if jobs <= 1 or len(ids) == 1:
         return [one(i) for i in ids]

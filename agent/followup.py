@@ -98,7 +98,7 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
                     forges[row["repo"]] = forge_factory(repo_cfg, config, home, ledger)
                 pr = forges[row["repo"]].state(int(row["number"]))
                 if pr.state == "open":
-                    item["line"] = f"task {row['task_id']}: {ref} still open"
+                    item.update(line=f"task {row['task_id']}: {ref} still open", quiet=True)   # no news
                     items.append(item)
                     continue
                 new = _apply(ledger, row, pr)

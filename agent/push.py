@@ -118,14 +118,20 @@ def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -
     from agent.workspace import GitError, git
 
     check_branch(branch, base, prefix)
+    import tempfile
+
     sha = remote_branch_sha(remote_url, branch)
     if sha is None:
         return False
-    try:
-        git("push", "--no-verify", f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete", "--", remote_url,
-            f"refs/heads/{branch}", push=True, timeout=GIT_TIMEOUT)
-    except GitError as exc:
-        raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
+    # `git push` needs a repository to run in, even to delete: an empty throwaway one, so pruning works from
+    # any directory (cron's cwd is $HOME, not a git folder) and never depends on the caller's cwd
+    with tempfile.TemporaryDirectory(prefix="agent-prune-") as scratch:
+        try:
+            git("init", "--bare", "-q", scratch, cwd=scratch)
+            git("push", "--no-verify", f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete", "--",
+                remote_url, f"refs/heads/{branch}", git_dir=scratch, cwd=scratch, push=True, timeout=GIT_TIMEOUT)
+        except GitError as exc:
+            raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
     return True
 
 

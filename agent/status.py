@@ -18,6 +18,12 @@ def _counts(ledger: Ledger, table: str, states: tuple[str, ...]) -> dict[str, in
     return {s: found.get(s, 0) for s in states} | {k: v for k, v in found.items() if k not in states}
 
 
+def one_line(text: str | None, limit: int | None = None) -> str:
+    """A reason or title on one line (a multi-line lane excerpt never breaks a row), cut to ``limit``."""
+    flat = " ".join((text or "").split())
+    return flat if limit is None or len(flat) <= limit else flat[:limit - 3].rstrip() + "..."
+
+
 def gather(ledger: Ledger) -> dict:
     blocked = []
     for t in ledger.all("SELECT id, repo, title, round, round_cap, blocked_reason, updated_at FROM tasks "
@@ -34,6 +40,8 @@ def gather(ledger: Ledger) -> dict:
         "prs": _counts(ledger, "prs", PR_STATES),
         "gate_blocked": blocked,
         "failed": failed,
+        "waiting": ledger.all("SELECT id, repo, title, state, round, wait_reason, updated_at FROM tasks "
+                              "WHERE state IN ('open', 'working') AND wait_reason IS NOT NULL ORDER BY id"),
         "open_prs": ledger.all("SELECT task_id, repo, number, url, head_sha AS head FROM prs WHERE state = 'open' "
                                "ORDER BY task_id"),
         "cost_usd": round(ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs") or 0.0, 4),
@@ -49,12 +57,17 @@ def render_text(data: dict) -> str:
     if data["gate_blocked"]:
         lines.append("\nneeds a human (gate-blocked):")
         for t in data["gate_blocked"]:
-            lines.append(f"  task {t['id']} {t['repo']}: {t['blocked_reason']}\n    then: {t['reset_command']}")
+            lines.append(f"  task {t['id']} {t['repo']}: {one_line(t['blocked_reason'], 300)}\n"
+                         f"    then: {t['reset_command']}")
     if data["failed"]:
         lines.append("\nfailed:")
         for t in data["failed"]:
-            lines.append(f"  task {t['id']} {t['repo']}: {(t['failed_reason'] or '')[:200]}\n"
+            lines.append(f"  task {t['id']} {t['repo']}: {one_line(t['failed_reason'], 200)}\n"
                          f"    to retry: {t['reset_command']}")
+    if data.get("waiting"):
+        lines.append("\nworking, but waiting:")
+        for t in data["waiting"]:
+            lines.append(f"  task {t['id']} {t['repo']}: {one_line(t['wait_reason'], 300)}")
     if data["open_prs"]:
         lines.append("\ndraft PRs waiting for review:")
         for p in data["open_prs"]:
@@ -82,24 +95,33 @@ def render_html(ledger: Ledger, data: dict) -> str:
     out.append("<table><tr><th>errors</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["errors"].items())
                + "</tr><tr><th>PRs</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["prs"].items())
                + f"</tr><tr><th>cost</th><td colspan='4'>${data['cost_usd']:.2f}</td></tr></table>")
-    if data["gate_blocked"]:
-        out.append("<h2>Needs a human</h2><table id='blocked'><tr><th>task</th><th>reason</th><th>then run</th></tr>")
-        for t in data["gate_blocked"]:
-            out.append(f"<tr class='blocked'><td>{t['id']}</td><td>{e(t['blocked_reason'] or '')}</td>"
-                       f"<td><code>{e(t['reset_command'])}</code></td></tr>")
+    for key, title, cls, reason, then in (("gate_blocked", "Needs a human", "blocked", "blocked_reason", "then run"),
+                                          ("failed", "Failed", "failed", "failed_reason", "to retry"),
+                                          ("waiting", "Working, but waiting", "waiting", "wait_reason", None)):
+        if not data.get(key):
+            continue
+        out.append(f"<h2>{title}</h2><table id='{cls}'><tr><th>task</th><th>reason</th>"
+                   + (f"<th>{then}</th>" if then else "") + "</tr>")
+        for t in data[key]:
+            out.append(f"<tr class='{cls}'><td>{t['id']}</td><td>{e(one_line(t[reason], 500))}</td>"
+                       + (f"<td><code>{e(t['reset_command'])}</code></td>" if then else "") + "</tr>")
         out.append("</table>")
     out.append("<h2>Tasks</h2>")
     tasks = ledger.all("SELECT t.id, t.repo, t.title, t.state, t.round, t.round_cap, t.blocked_reason, "
-                       "t.failed_reason, p.url AS pr_url FROM tasks t LEFT JOIN prs p ON p.task_id = t.id "
-                       "ORDER BY t.id DESC LIMIT 200")
+                       "t.failed_reason, t.wait_reason, p.url AS pr_url FROM tasks t "
+                       "LEFT JOIN prs p ON p.task_id = t.id ORDER BY t.id DESC LIMIT 200")
+    resets = {t["id"]: t["reset_command"] for t in data["gate_blocked"] + data["failed"]}
     for t in tasks:
         cls = {"gate-blocked": "blocked", "failed": "failed", "done": "done"}.get(t["state"], "")
-        why = t["blocked_reason"] or t["failed_reason"] or ""
+        why = t["blocked_reason"] or t["failed_reason"] or (t["wait_reason"] if t["state"] in ("open", "working")
+                                                            else None) or ""
         pr = f" — <a href='{e(t['pr_url'])}'>{e(t['pr_url'])}</a>" if t["pr_url"] else ""
         out.append(f"<details class='task {cls}' id='task-{t['id']}'><summary>task {t['id']} · {e(t['state'])} · "
                    f"round {t['round']}/{t['round_cap']} · {e(t['repo'])} · {e(t['title'])}{pr}</summary>")
         if why:
             out.append(f"<p>{e(why[:500])}</p>")
+        if t["id"] in resets:
+            out.append(f"<p>then run: <code>{e(resets[t['id']])}</code></p>")
         out.append("<table class='ev'><tr><th>time</th><th>actor</th><th>event</th><th>details</th></tr>")
         for ev in ledger.events(task_id=t["id"], limit=500):
             out.append(f"<tr><td>{e(ev['ts'][:19])}</td><td>{e(ev['actor'])}</td><td>{e(ev['kind'])}</td>"

@@ -181,6 +181,23 @@ def transition(ledger: Ledger, task_id: int, target: str, actor: str, reason: st
         transition_in(ledger, c, task_id, t["state"], target, actor, reason, **fields)
 
 
+def note_wait(ledger: Ledger, task_id: int, reason: str | None, claim_token: str | None = None) -> bool:
+    """Record why a working task waits (None: it moves again), with an event when the reason changes.
+
+    Returns True when it changed: a scan prints a wait only then, so a cron tick that changed nothing is silent.
+    """
+    reason = " ".join(reason.split())[:500] if reason else None
+    with ledger.tx() as c:
+        _check_claim(c, task_id, claim_token)
+        row = c.execute("SELECT wait_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        if row is None or row[0] == reason:
+            return False
+        ledger.update(c, "tasks", {"id": task_id}, {"wait_reason": reason})
+        ledger.event(c, "task.waiting" if reason else "task.moving", "script",
+                     {"reason": reason} if reason else {"waited_for": row[0]}, task_id=task_id)
+        return True
+
+
 def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "script",
                      claim_token: str | None = None) -> tuple[bool, int]:
     """A rejected round: reopen the round steps and count up, or fail the task at the round cap.
@@ -232,7 +249,7 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
 
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
     sql = ("SELECT t.id, t.error_id, t.repo, t.branch, t.state, t.round, t.round_cap, t.title, "
-           "t.blocked_reason, t.failed_reason, t.head_sha, t.updated_at, p.url AS pr_url, "
+           "t.blocked_reason, t.failed_reason, t.wait_reason, t.head_sha, t.updated_at, p.url AS pr_url, "
            "(SELECT coalesce(sum(cost_usd), 0) FROM lane_runs r WHERE r.task_id = t.id) AS cost_usd "
            "FROM tasks t LEFT JOIN prs p ON p.task_id = t.id")
     params: tuple = ()

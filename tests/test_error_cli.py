@@ -86,7 +86,10 @@ def test_watch_errors_and_error_decide_scans_are_registered(tmp_path):
     assert p.returncode == 0, p.stderr
     (item,) = json.loads(p.stdout)
     assert item["scan"] == "errors" and item["new"] == 1
-    p = run(home, "watch", "errors")
-    assert p.returncode == 0 and "0 new, 0 deduplicated, 0 rejected" in p.stdout
+    p = run(home, "watch", "errors")   # nothing new: no news, so nothing printed (cron mails only news)
+    assert p.returncode == 0 and p.stdout == ""
+    p = run(home, "watch", "errors", "--json")
+    (item,) = json.loads(p.stdout)
+    assert item["quiet"] is True and "0 new, 0 deduplicated, 0 rejected" in item["line"]
     p = run(home, "watch", "error-decide", "--json")   # decide.auto is false: nothing to do
     assert p.returncode == 0 and json.loads(p.stdout) == []

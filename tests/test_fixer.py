@@ -446,3 +446,25 @@ def test_task_budget_gate_blocks_and_daily_budget_waits(world):
     led = ledger(world)
     assert led.one("SELECT state FROM tasks WHERE id = 2")["state"] in ("open", "working")
     led.close()
+
+
+def test_config_error_in_a_pr_review_thread_blocks_with_its_reason_not_a_lane_crash(world):
+    """Issue 13 case 10: the repository's own .agent/config.yaml names a vendor nobody defined for pr-logic.
+    The error happens inside the parallel PR-review thread before any lane starts: the task is gate-blocked
+    with that reason (old: failed with "pr-logic lane crashed; see the lane logs")."""
+    project = world["project"]
+    (project / ".agent" / "config.yaml").write_text('blocked_paths: [".github/"]\n'
+                                                    "lanes: {pr-logic: {vendor: in-house}}\n")
+    git(project, "commit", "-qam", "review logic with the in-house agent")
+    git(project, "push", "-q", str(world["remote"]), "main")
+    ingest_and_decide(world)
+    scan(world, "error-fix")
+    run_until_settled(world)
+    led = ledger(world)
+    t = led.one("SELECT state, blocked_reason, failed_reason FROM tasks WHERE id = 1")
+    roles = [r["role"] for r in led.all("SELECT role FROM lane_runs WHERE task_id = 1")]
+    led.close()
+    assert t["state"] == "gate-blocked", t
+    assert t["blocked_reason"].startswith("pr-logic lane not started: unknown vendor 'in-house'"), t
+    assert "crashed" not in (t["failed_reason"] or "") + t["blocked_reason"]
+    assert "pr-quality" in roles and "pr-logic" not in roles   # no pr-logic lane ran; the other one did

@@ -122,3 +122,27 @@ def test_watch_pr_merged_cli(setup, agent, ledger):
     assert agent.json("pr", "list")[0]["state"] == "closed"
     again = agent("watch", "pr-merged")
     assert again.exit_code == 0 and again.stdout == ""
+
+
+def test_closed_pr_of_a_done_task_fails_it_and_prunes_from_any_directory(setup, ledger, home, tmp_path,
+                                                                         monkeypatch, agent):
+    """Issue 13 case 4: all reviewers approved (task done), then a human closes the PR without merging.
+    The task ends failed with the reason (old: it stayed done), status counts it, and the branch is pruned
+    though the scan runs outside any git folder (old: `git push --delete` needed a repository in the cwd)."""
+    tid = setup["task_id"]
+    transition(ledger, tid, chain.DONE, "script", "all reviewers approved")
+    setup["forge"].mark(1, "closed")
+    elsewhere = tmp_path / "cron-cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))   # git may not find a repository above it
+    items = follow_prs(ledger, setup["config"], home)
+    assert "error" not in items[0], items
+    assert f"branch {BRANCH} pruned" in items[0]["line"]
+    assert remote_branch_sha(str(setup["remote"]), BRANCH) is None
+    assert states(ledger, tid) == ("closed", "skipped", "failed")
+    assert ledger.scalar("SELECT failed_reason FROM tasks WHERE id = ?", (tid,)) == \
+        "PR acme/widgets#1 closed without merge"
+    status = agent.json("status")
+    assert status["tasks"]["failed"] == 1 and status["tasks"]["done"] == 0
+    assert [t["id"] for t in status["failed"]] == [tid]

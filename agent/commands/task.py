@@ -50,15 +50,16 @@ def task_list(state, as_json):
     Example:
       agent task list --state gate-blocked --json
     """
+    from agent.status import one_line
     from agent.tasks import list_tasks
 
     rows = list_tasks(get_app().ledger, state)
 
     def human(rows):
-        for r in rows:
-            why = r["blocked_reason"] or r["failed_reason"] or ""
+        for r in rows:  # one line per task, whatever a reason or title holds
+            why = one_line(r["blocked_reason"] or r["failed_reason"] or r["wait_reason"], 200)
             click.echo(f"{r['id']:>5}  {r['state']:<12} round {r['round']}/{r['round_cap']}  {r['repo']}  "
-                       f"{r['title']}{'  -- ' + why if why else ''}")
+                       f"{one_line(r['title'], 100)}{'  -- ' + why if why else ''}")
         if not rows:
             click.echo("no tasks")
 
@@ -167,7 +168,7 @@ def checklist_set(task_id, key, status, evidence, source, as_json):
 @click.command()
 @click.option("--task", "task_id", type=int, help="Only events of this task.")
 @click.option("--follow", is_flag=True, help="Keep printing new events (Ctrl-C stops).")
-@click.option("--limit", type=int, help="At most N events.")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the newest N events (still oldest first).")
 @json_option
 def events(task_id, follow, limit, as_json):
     """The append-only event log.
@@ -180,7 +181,7 @@ def events(task_id, follow, limit, as_json):
       agent events --follow
     """
     app = get_app()
-    rows = app.ledger.events(task_id=task_id, limit=limit)
+    rows = app.ledger.events(task_id=task_id, limit=limit, newest=True)
 
     def line(e):
         who = f"task {e['task_id']}" if e["task_id"] else (f"error {e['error_id'][:8]}" if e["error_id"] else "-")

@@ -38,9 +38,15 @@ def run_scan(app, name: str, jobs: int = 1) -> list[dict]:
     return items
 
 
+def news(items) -> list[str]:
+    """The lines to print for ``items``: a ``quiet`` item (nothing changed: a PR still open, a task waiting for
+    the same reason as last time, a source with nothing new) prints nothing, so a cron tick mails only news."""
+    return [item.get("line") or str(item) for item in items if not item.get("quiet")]
+
+
 def _print(items):
-    for item in items:
-        click.echo(item.get("line") or str(item))
+    for line in news(items):
+        click.echo(line)
 
 
 class WatchGroup(click.Group):

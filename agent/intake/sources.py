@@ -241,9 +241,10 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
     except (AgentError, OSError, ValueError) as exc:   # one broken source must not stop the others
         return {"source": label, "kind": src.kind, "ok": False, "error": str(exc),
                 "line": f"errors: {label}: failed: {exc}"}
+    news = result.new or result.deduplicated or result.rejected
     return {"source": label, "kind": src.kind, "ok": True, **result.to_json(),
             "line": f"errors: {label}: {result.new} new, {result.deduplicated} deduplicated, "
-                    f"{result.rejected} rejected"}
+                    f"{result.rejected} rejected", **({} if news else {"quiet": True})}
 
 
 def scan(app, jobs: int = 1) -> list[dict]:

@@ -41,7 +41,7 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class Ledger:
@@ -178,19 +178,43 @@ class Ledger:
         row = self.conn.execute(sql, params).fetchone()
         return row[0] if row is not None else None
 
-    def events(self, task_id: int | None = None, after_id: int = 0, limit: int | None = None) -> list[dict]:
+    def events(self, task_id: int | None = None, after_id: int = 0, limit: int | None = None,
+               newest: bool = False) -> list[dict]:
+        """Events in id order; ``limit`` keeps the first N, or with ``newest`` the last N (still oldest first)."""
         sql = "SELECT * FROM events WHERE id > ?"
         params: list[Any] = [after_id]
         if task_id is not None:
             sql += " AND task_id = ?"
             params.append(task_id)
-        sql += " ORDER BY id"
+        sql += " ORDER BY id DESC" if limit and newest else " ORDER BY id"
         if limit:
             sql += f" LIMIT {int(limit)}"
         rows = self.all(sql, tuple(params))
+        if limit and newest:
+            rows.reverse()
         for r in rows:
             r["payload"] = json.loads(r["payload"] or "{}")
         return rows
+
+    # ------------------------------------------------------------------ forge calls owed (forge_pending)
+
+    def pending(self, key: str) -> dict | None:
+        """The ``forge_pending`` row for ``key`` (``pr_text:<task>`` | ``rate_limit:<forge>``), or None."""
+        return self.one("SELECT * FROM forge_pending WHERE key = ?", (key,))
+
+    def pending_of(self, kind: str) -> list[dict]:
+        return self.all("SELECT * FROM forge_pending WHERE kind = ? ORDER BY key", (kind,))
+
+    def set_pending(self, conn: sqlite3.Connection, key: str, kind: str, reason: str, task_id: int | None = None,
+                    until: float | None = None) -> None:
+        """Record (or count again) a forge call owed; call inside ``tx()`` with its event."""
+        conn.execute("INSERT INTO forge_pending (key, kind, task_id, until, reason, attempts, updated_at) "
+                     "VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT(key) DO UPDATE SET until = excluded.until, "
+                     "reason = excluded.reason, attempts = attempts + 1, updated_at = excluded.updated_at",
+                     (key, kind, task_id, until, reason, now()))
+
+    def clear_pending(self, conn: sqlite3.Connection, key: str) -> bool:
+        return conn.execute("DELETE FROM forge_pending WHERE key = ?", (key,)).rowcount > 0
 
     def integrity(self) -> str:
         return self.scalar("PRAGMA integrity_check")

@@ -158,7 +158,30 @@ def m002_forge_local_prs(db) -> None:
 
 
 @migration
-def m003_lane_pid_start(db) -> None:
+def m003_task_waits_and_forge_pending(db) -> None:
+    """Why a working task waits, and forge calls that failed for now (retried on later scans).
+
+    - ``tasks.wait_reason``: set when a task waits (PR limits, daily budget, a rate-limited forge, a lane still
+      running) and cleared when it moves again; `agent status` shows it, and a scan prints a wait only when
+      the reason changed (so cron mails only news).
+    - ``forge_pending``: one row per thing owed to a forge: ``pr_text`` (a PR text update that failed all its
+      in-pass retries; retried by `watch pr-merged` until it lands) and ``rate_limit`` (the time a forge's rate
+      limit resets; no call to that forge is made before it).
+    """
+    db["tasks"].add_column("wait_reason", str)
+    db["forge_pending"].create({
+        "key": str,               # "pr_text:<task_id>" | "rate_limit:<forge> <api url>"
+        "kind": str,              # pr_text | rate_limit
+        "task_id": int,
+        "until": float,           # epoch seconds: no call before (rate_limit)
+        "reason": str,
+        "attempts": int,
+        "updated_at": str,
+    }, pk="key", not_null={"kind"}, defaults={"attempts": 0})
+
+
+@migration
+def m004_lane_pid_start(db) -> None:
     """A lane's process identity is its pid AND its start time (/proc/PID/stat field 22): the orphan killer
     signals a recorded lane only while both match, never a process that merely reuses the pid."""
     db["lane_runs"].add_column("pid_start", int)

@@ -71,6 +71,15 @@ table events
   actor TEXT NOT NULL
   payload TEXT
   index (task_id, id) c
+table forge_pending
+  key TEXT PK1
+  kind TEXT NOT NULL
+  task_id INTEGER
+  until REAL
+  reason TEXT
+  attempts INTEGER DEFAULT 0
+  updated_at TEXT
+  index unique (key) pk
 table gates
   id INTEGER PK1
   task_id INTEGER NOT NULL
@@ -194,6 +203,7 @@ table tasks
   lease_until REAL
   created_at TEXT
   updated_at TEXT
+  wait_reason TEXT
   fk conclusion_id -> conclusions.id
   fk error_id -> errors.id
   index (state) c

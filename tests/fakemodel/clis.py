@@ -65,7 +65,12 @@ def setup_env(name: str, url: str, tmp: Path) -> dict[str, str]:
             'wire_api = "responses"\n'
             "request_max_retries = 0\n"
             "stream_max_retries = 0\n")
-        return {"CODEX_HOME": str(home), "FAKE_API_KEY": "dummy"}
+        # codex refuses to install its sandbox helper (codex-linux-sandbox, which it runs under
+        # bubblewrap when /usr/bin/bwrap exists) inside the temp dir; test homes live under /tmp,
+        # so the lane gets its own TMPDIR, as a real user's CODEX_HOME (~/.codex) is not in /tmp.
+        tmpdir = tmp / "codex-tmp"
+        tmpdir.mkdir(exist_ok=True)
+        return {"CODEX_HOME": str(home), "FAKE_API_KEY": "dummy", "TMPDIR": str(tmpdir)}
     if name == "claude":
         return {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "dummy",
                 "CLAUDE_CONFIG_DIR": str(tmp / "claude-config"), "CLAUDE_CODE_MAX_RETRIES": "0",
