@@ -386,7 +386,7 @@ class _Run:
         env = lane_env(self.vendor_env, inv.env, deny=self.deny)
         argv = list(inv.argv)
         if self.bwrap is not None:
-            argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv), env)
+            argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv, env), env)
 
         def on_start(pid: int) -> None:
             self.record({"pid": pid, "pid_start": proc.start_time(pid)})

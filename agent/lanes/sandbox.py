@@ -78,7 +78,15 @@ def sanitized_git_config(common: Path, out: Path) -> Path:
     except OSError:
         text = ""
     version = re.search(r"^\s*repositoryformatversion\s*=\s*(\d+)", text, re.M | re.I)
-    lines = ["[core]", f"\trepositoryformatversion = {version.group(1) if version else 0}", "\tbare = true"]
+    bare = re.search(r"^\s*bare\s*=\s*(\w+)", text, re.M | re.I)
+    lines = ["[core]", f"\trepositoryformatversion = {version.group(1) if version else 0}"]
+    if bare:
+        lines.append(f"\tbare = {'true' if bare.group(1).lower() in ('true', 'yes', 'on', '1') else 'false'}")
+    # an identity, so a CLI that checks for one (aider writes it into the config when missing) finds one
+    name = re.search(r"^\s*name\s*=\s*(.+)$", _section(text, "user"), re.M | re.I)
+    email = re.search(r"^\s*email\s*=\s*(.+)$", _section(text, "user"), re.M | re.I)
+    lines += ["[user]", f"\tname = {_plain(name.group(1)) if name else 'agent'}",
+              f"\temail = {_plain(email.group(1)) if email else 'agent@localhost'}"]
     ext = re.search(r"^\s*\[extensions\]\s*$(.*?)(?=^\s*\[|\Z)", text, re.M | re.S | re.I)
     if ext:
         keep = [ln.strip() for ln in ext.group(1).splitlines()
@@ -88,6 +96,16 @@ def sanitized_git_config(common: Path, out: Path) -> Path:
             lines += ["[extensions]"] + [f"\t{k}" for k in keep]
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def _section(text: str, name: str) -> str:
+    m = re.search(r"^\s*\[" + name + r"\]\s*$(.*?)(?=^\s*\[|\Z)", text, re.M | re.S | re.I)
+    return m.group(1) if m else ""
+
+
+def _plain(value: str) -> str:
+    """A config value reduced to characters that cannot start another key or section."""
+    return re.sub(r"[^\w .@+-]", "", value.strip().strip('"'))[:100] or "agent"
 
 
 def git_paths(cwd: Path) -> tuple[Path | None, Path | None]:
@@ -142,12 +160,20 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
     return plan
 
 
-def with_argv_files(plan: Plan, argv: list[str]) -> Plan:
+_ENV_NOT_PATHS = ("HOME", "PATH", "TMPDIR", "PWD", "OLDPWD", "SHELL")
+
+
+def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None) -> Plan:
     """The plan plus, read-only, every existing file an absolute argv element names (a command vendor's script
-    and its arguments, from the trusted config): the private /tmp would otherwise hide a script kept there."""
+    and its arguments, from the trusted config) and every existing path a variable of the lane's environment
+    names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``): the private /tmp would otherwise hide them."""
     extra = []
-    for a in argv:
-        if a.startswith("/") and os.path.isfile(a):
+    candidates = [a for a in argv if a.startswith("/") and os.path.isfile(a)]
+    candidates += [v for k, v in (env or {}).items()
+                   if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v and os.path.exists(v)
+                   and len(Path(v).parts) >= 3]
+    for a in candidates:
+        if a:
             p = Path(a).resolve()
             inside_rw = any(p == w or w in p.parents for w in plan.rw)
             if not inside_rw and p not in plan.ro:
