@@ -69,13 +69,17 @@ def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix:
     if it never pushed.  Returns what happened; raises PushError with a one-line reason when refused.
     """
     from agent import AgentError
-    from agent.workspace import GitError, TaskGit, git
+    from agent.workspace import GitError, TaskGit, audit_config, git
 
     check_branch(branch, base, prefix)
     try:
         repo = TaskGit(worktree)
     except AgentError:
         raise PushError(f"{worktree}: not a git worktree; recreate the task's workspace") from None
+    bad = audit_config(repo.mirror)
+    if bad:   # e.g. url.<x>.pushInsteadOf would send the push elsewhere; credential.helper would see the token
+        raise PushError(f"refusing to push {branch}: the repository config holds {', '.join(bad[:5])}, which agent "
+                        "never writes; restore it, then `agent task reset`")
     try:
         local = repo("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}")
     except GitError:

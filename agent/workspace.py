@@ -125,6 +125,38 @@ def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = 
     return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
 
 
+# Config keys that make git run a command, rewrite where it talks to, or read more config: agent never writes them
+# into a mirror, so finding one means something (a lane, without the sandbox) did. Git is refused there until the
+# mirror is restored (the lane guard does it after every lane).
+_EXEC_KEYS = re.compile(
+    r"^(core\.(hookspath|fsmonitor|sshcommand|gitproxy|pager|editor|askpass|alternaterefscommand|attributesfile|"
+    r"worktree)|filter\..*|diff\..*\.(textconv|command)|diff\.external|merge\..*\.driver|url\..*|credential\..*|"
+    r"include\..*|includeif\..*|remote\..*\.(uploadpack|receivepack|vcs|proxy)|gpg\..*program|sequence\.editor|"
+    r"uploadpack\..*|receive\..*|alias\..*|pager\..*|http\..*proxy.*|interactive\..*)$", re.I)
+_AUDIT_CACHE: dict[tuple, list[str]] = {}
+
+
+def audit_config(common: Path) -> list[str]:
+    """The keys in a repository's own config that could make git execute something or go elsewhere."""
+    path = Path(common) / "config"
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    if key not in _AUDIT_CACHE:
+        names = git("config", "--file", str(path), "--list", "--name-only", cwd=common, check=False)
+        _AUDIT_CACHE[key] = sorted({n for n in names.splitlines() if _EXEC_KEYS.match(n.strip())})
+    return _AUDIT_CACHE[key]
+
+
+def require_clean_config(common: Path) -> None:
+    bad = audit_config(common)
+    if bad:
+        raise GitError(f"{common}/config holds keys agent never writes ({', '.join(bad[:5])}); something changed "
+                       "the mirror: restore its config (or re-clone it) before agent runs git there")
+
+
 def worktree_git_dir(mirror: Path, worktree: Path) -> Path:
     """The worktree's git dir inside the mirror (``worktrees/<name>``), found from the mirror's own records
     (each ``worktrees/*/gitdir`` names its worktree's ``.git``), never from the worktree's ``.git`` file."""
@@ -155,6 +187,8 @@ class TaskGit:
             self.git_dir = worktree_git_dir(self.mirror, self.worktree)
 
     def __call__(self, *args: str, **kw) -> str:
+        if self.git_dir != self.mirror or not (self.worktree / ".git").is_dir():
+            require_clean_config(self.mirror)        # a task worktree's mirror: only what agent wrote
         return git(*args, git_dir=self.git_dir, work_tree=self.worktree, cwd=self.worktree, **kw)
 
     def head(self) -> str:

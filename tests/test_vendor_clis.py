@@ -346,3 +346,30 @@ def test_codex_resume_keeps_write_sandbox(tmp_path):
         assert argv[:3] == ["codex", "exec", "resume"]
         assert argv[argv.index("-c") + 1] == f'sandbox_mode="{mode}"'
         assert argv[-2:] == ["0199-thread", "-"]
+
+
+@pytest.mark.parametrize("cli", ["claude", "opencode"])
+def test_read_only_lane_cannot_write_through_git_diff_output(cli, lane, repo, tmp_path):
+    """Issue 11 case 5: read-only claude and opencode lanes may run `git diff` (their allowlists permit it), and
+    `git diff --output=PATH` writes a file.  Inside the sandbox the worktree is read-only and the agent home is
+    not even there, so neither the worktree nor the home (ledger, other tasks) gets the file."""
+    home_target = tmp_path / "agent-home" / "pwned-home.txt"
+    tree_target = repo / "pwned-tree.txt"
+
+    def script(req: ModelRequest) -> Reply:
+        if not req.tool_names:
+            return Reply(text="Review")
+        done = len(req.tool_results)
+        if done == 0:
+            return Reply(shell=f"git diff --output={home_target}", text=REVIEW_REPORT)
+        if done == 1:
+            return Reply(shell=f"git diff --output={tree_target}", text=REVIEW_REPORT)
+        return Reply(text=REVIEW_REPORT)
+
+    result, server = lane(cli, "reviewer", script)
+    why = explain(result, server)
+    ran = [r for req in server.requests for r in req.tool_results]
+    assert ran, why                                        # the CLI did run the allowed git diff
+    assert not home_target.exists() and not tree_target.exists(), why
+    assert git_status(repo) == "", why
+    assert result.status == "complete", why

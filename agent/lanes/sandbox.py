@@ -176,7 +176,8 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
         if a:
             p = Path(a).resolve()
             inside_rw = any(p == w or w in p.parents for w in plan.rw)
-            if not inside_rw and p not in plan.ro:
+            hidden = any(p == h or h in p.parents for h in plan.hide)     # never the ledger, even if named
+            if not inside_rw and not hidden and p not in plan.ro:
                 extra.append(p)
     if not extra:
         return plan
