@@ -1,5 +1,5 @@
 """The one process runner: every child process the product starts (lanes, repo checks, version
-probes) goes through ``run``.  Git itself goes through GitPython.
+probes) goes through ``run``; the agent's short git commands go through ``capture`` (via ``agent.workspace.git``).
 
 Guarantees:
 - the child runs in its own session / process group (``start_new_session=True``), so a timeout
