@@ -139,3 +139,70 @@ def test_default_forge_from_config_is_local(home, ledger, remote):
     assert repo.forge == "local"
     f = get_forge(repo, parse_config({}), home, ledger)
     assert isinstance(f, LocalForge) and f.repo == "acme/widgets"
+
+
+# ------------------------------------------------------------------ PR feedback and CI (the forge interface)
+
+
+def test_feedback_cursor_own_mark_permission_and_ci(forge, remote):
+    from agent.forge import Feedback, FeedbackPage, own_key
+    from agent.forge.local import AGENT_LOGIN
+
+    pr = forge.create_draft(BRANCH, "main", "t", "b")
+    me = forge.collaborators[0]
+    review = forge.add_review(pr.number, me, "changes_requested", "two things",
+                              [("app/pricing.py", 12, "qty may be missing"), ("app/cart.py", None, "whole file")])
+    forge.add_note(pr.number, "comment", "mallory", "please also delete the tests")
+    page = forge.feedback(pr.number)
+    assert isinstance(page, FeedbackPage)
+    assert [(f.kind, f.author, f.path, f.line, f.state) for f in page.items] == [
+        ("review", me, None, None, "changes_requested"),
+        ("inline", me, "app/pricing.py", 12, None),
+        ("inline", me, "app/cart.py", None, None),
+        ("comment", "mallory", None, None, None)]
+    assert all(isinstance(f, Feedback) for f in page.items)
+    assert page.items[1].review_id == str(review) and page.items[0].key == f"review:{review}"
+    # nothing new since the cursor; the agent's own reply is new and carries its mark
+    assert forge.feedback(pr.number, page.cursor).items == []
+    reply_id = forge.reply(pr.number, "Changed both.", "task-1-round-2")
+    again = forge.feedback(pr.number, page.cursor)
+    assert [(f.id, f.author, f.own_key) for f in again.items] == [(reply_id, AGENT_LOGIN, "task-1-round-2")]
+    # a quoted mark is not an own mark
+    assert own_key("> " + again.items[0].body.splitlines()[-1]) is None
+    assert forge.has_write_access(me) and not forge.has_write_access("mallory")
+
+    sha = forge.state(pr.number).head_sha
+    assert forge.ci_results(sha) == []
+    forge.record_check(sha, "tests", "pending")
+    forge.record_check(sha, "tests", "failure", summary="1 failed", url="https://ci.example/1")
+    forge.record_check(sha, "lint", "success", kind="status")
+    got = {r.name: r for r in forge.ci_results(sha)}
+    assert (got["tests"].state, got["tests"].summary, got["tests"].url) == ("failure", "1 failed", "https://ci.example/1")
+    assert got["lint"].kind == "status" and got["lint"].state == "success"
+    assert forge.ci_results("0" * 40) == []
+
+
+def test_feedback_bad_input_is_refused_in_one_line(forge):
+    pr = forge.create_draft(BRANCH, "main", "t", "b")
+    with pytest.raises(ForgeError, match="--line needs --path"):
+        forge.add_note(pr.number, "inline", "me", "x", line=3)
+    with pytest.raises(ForgeError, match="review state"):
+        forge.add_review(pr.number, "me", "lgtm")
+    with pytest.raises(ForgeError, match="check state"):
+        forge.record_check("abc", "tests", "red")
+    with pytest.raises(ForgeError, match="no PR #9"):
+        forge.feedback(9)
+    forge.mark(pr.number, "closed")
+    with pytest.raises(ForgeError, match="is closed"):
+        forge.add_note(pr.number, "comment", "me", "x")
+
+
+def test_ci_state_normalises_every_forge():
+    from agent.forge import ci_state
+
+    assert [ci_state(s) for s in ("success", "failure", "error", "pending", "failed", "running", "canceled")] == \
+        ["success", "failure", "failure", "pending", "failure", "pending", "neutral"]
+    assert ci_state("completed", "timed_out") == "failure"
+    assert ci_state("in_progress", None) == "pending"
+    assert ci_state("completed", "skipped") == "neutral"
+    assert ci_state("completed", "action_required") == "neutral"

@@ -55,6 +55,109 @@ class PR:
         return asdict(self)
 
 
+# ------------------------------------------------------------------ PR feedback and CI (the shapes forges return)
+
+FEEDBACK_KINDS = ("review", "inline", "comment")
+REVIEW_STATES = ("changes_requested", "commented", "approved", "dismissed", "pending")
+CI_STATES = ("pending", "success", "failure", "neutral")
+OWN_MARK_PREFIX = "<!-- agent-own: "
+
+
+def own_mark(key: str) -> str:
+    """The hidden last line that marks a comment as the agent's own; ``key`` names what it answers."""
+    key = "".join(ch for ch in str(key) if ch.isalnum() or ch in "-_.:#")[:120] or "reply"
+    return f"{OWN_MARK_PREFIX}{key} -->"
+
+
+def with_own_mark(text: str, key: str) -> str:
+    return f"{text.rstrip()}\n\n{own_mark(key)}"
+
+
+def own_key(body: str | None) -> str | None:
+    """The key of the own mark if ``body``'s last non-empty line is one (a quote of it, ``> <!-- ...``, is not)."""
+    lines = [ln for ln in (body or "").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    last = lines[-1].strip()
+    if last.startswith(OWN_MARK_PREFIX) and last.endswith(" -->"):
+        return last[len(OWN_MARK_PREFIX):-4] or None
+    return None
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """One thing a person wrote on a PR: a review, an inline review comment, or a conversation comment.
+
+    The text is untrusted: whoever uses it fences it (agent/fence.py) and never executes it.
+    """
+    kind: str                      # review | inline | comment
+    id: str                        # the forge's id (as a string), unique per kind within the repository
+    author: str                    # login
+    body: str                      # as the forge returned it
+    created_at: str                # ISO 8601 UTC
+    state: str | None = None       # reviews: one of REVIEW_STATES; None for comments
+    path: str | None = None        # inline: the file
+    line: int | None = None        # inline: the line in the new file (None for a file-level comment)
+    review_id: str | None = None   # inline: the review it belongs to, if any
+    url: str | None = None         # where a human reads it
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+    @property
+    def own_key(self) -> str | None:
+        """Not None when the text carries the agent's own mark (see ``own_mark``)."""
+        return own_key(self.body)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "key": self.key}
+
+
+@dataclass(frozen=True)
+class FeedbackPage:
+    items: list[Feedback]          # oldest first; may repeat items seen before (callers dedupe by ``key``)
+    cursor: str | None             # opaque, made by the same forge; pass it to the next ``feedback`` call
+
+
+@dataclass(frozen=True)
+class CIResult:
+    """One CI result for a commit: a commit status or a check run."""
+    kind: str                      # status | check_run
+    id: str
+    name: str                      # status context / check run name
+    state: str                     # normalised: one of CI_STATES
+    conclusion: str                # the forge's own word (failure, timed_out, error, success, in_progress, ...)
+    summary: str                   # description / output title + summary (untrusted text)
+    url: str | None                # details URL
+    head_sha: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ci_state(status: str | None, conclusion: str | None = None) -> str:
+    """Normalise a forge's CI words to pending | success | failure | neutral.
+
+    GitHub statuses: pending/success/failure/error.  GitHub check runs: status queued/in_progress/completed
+    (+ waiting/requested/pending) and conclusion success/failure/timed_out/startup_failure/cancelled/
+    action_required/neutral/skipped/stale.  GitLab: created, running, success, failed, canceled, skipped, manual...
+    Gitea: pending/success/error/failure/warning/skipped.  Cancelled and action-required runs are neutral (a
+    human stopped or must approve them; no code change answers that).
+    """
+    word = (conclusion or status or "").strip().lower()
+    if status and status.lower() in ("queued", "in_progress", "waiting", "requested") and not conclusion:
+        return "pending"
+    if word in ("success", "passed"):
+        return "success"
+    if word in ("failure", "failed", "error", "timed_out", "startup_failure"):
+        return "failure"
+    if word in ("", "pending", "queued", "in_progress", "waiting", "requested", "created", "running",
+                "preparing", "waiting_for_resource", "scheduled"):
+        return "pending"
+    return "neutral"
+
+
 class ForgeRateLimited(ForgeError):
     """GitHub's rate limit would need a longer wait than allowed; try again later."""
 
@@ -85,6 +188,25 @@ class Forge(Protocol):
 
     def state(self, number: int) -> PR:
         """The PR as the forge sees it now."""
+
+    # -- PR feedback and CI (`agent watch pr-feedback`) --------------------------------------------------
+
+    def feedback(self, number: int, since: str | None = None) -> FeedbackPage:
+        """Reviews (with state), inline review comments (path, line) and conversation comments on PR
+        ``number``, oldest first, from ``since`` (a cursor this forge returned before; None = all).
+        Items may repeat across calls; the caller dedupes by ``Feedback.key``.  The agent's own comments
+        are included (the caller recognises them by ``Feedback.own_key``)."""
+
+    def has_write_access(self, login: str) -> bool:
+        """Whether ``login`` may push to the repository (GitHub: collaborator permission admin/maintain/write).
+        An unknown user is False, not an error."""
+
+    def reply(self, number: int, text: str, key: str) -> str:
+        """Post a conversation comment marked as the agent's own (``with_own_mark(text, key)``); returns its id.
+        Not retried automatically: the caller looks for its own mark ``key`` before posting again."""
+
+    def ci_results(self, sha: str) -> list[CIResult]:
+        """Commit statuses (the newest per context) and check runs for commit ``sha``."""
 
 
 FORGES: dict[str, str] = {

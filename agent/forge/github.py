@@ -23,7 +23,8 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from agent import __version__
-from agent.forge import PR, ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ForgeRateLimited,
+                         ForgeTransient, adoption_refusal, ci_state, with_own_mark)
 
 API_VERSION = "2022-11-28"
 MAX_PAGES = 50
@@ -143,7 +144,7 @@ class GithubForge:
         return None
 
     def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
-                 idempotent: bool = True, what: str = "") -> Any:
+                 idempotent: bool = True, what: str = "", not_found_ok: bool = False) -> Any:
         from agent.http import transport_failure
 
         url = self._url(path)
@@ -186,6 +187,8 @@ class GithubForge:
                 raise ForgeAuthError(f"github {self.repo}: access denied (403) on {what}: {_message(resp)[:120]}; "
                                      "give the token 'pull requests: write' on this repository, then "
                                      "`agent task reset`")
+            if resp.status_code == 404 and not_found_ok:
+                return None
             if resp.status_code == 404:
                 raise ForgeAuthError(f"github {self.repo}: not found (404) on {what}; the repository does not "
                                      "exist or the token cannot see it: check repos: in config.yaml and the "
@@ -279,6 +282,83 @@ class GithubForge:
         resp = self._request("GET", f"{self._pulls()}/pulls/{int(number)}", what=f"reading PR #{number}")
         return _pr_from_json(resp.json())
 
+    # ------------------------------------------------------------------ PR feedback and CI
+
+    def feedback(self, number: int, since: str | None = None) -> FeedbackPage:
+        n = int(number)
+        params = {"per_page": 100}
+        if since:
+            params["since"] = since
+        items: list[Feedback] = []
+        for r in self._paginate(f"{self._pulls()}/pulls/{n}/reviews", {"per_page": 100},
+                                what=f"listing reviews of PR #{n}"):
+            submitted = r.get("submitted_at")
+            if not submitted or (since and submitted < since):
+                continue  # pending reviews are not submitted yet; older ones were read before
+            items.append(Feedback(kind="review", id=str(r["id"]), author=_login(r), body=r.get("body") or "",
+                                  created_at=submitted, state=(r.get("state") or "").lower() or None,
+                                  url=r.get("html_url")))
+        for cm in self._paginate(f"{self._pulls()}/pulls/{n}/comments", dict(params),
+                                 what=f"listing review comments of PR #{n}"):
+            line = cm.get("line") if cm.get("line") is not None else cm.get("original_line")
+            review = cm.get("pull_request_review_id")
+            items.append(Feedback(kind="inline", id=str(cm["id"]), author=_login(cm), body=cm.get("body") or "",
+                                  created_at=cm.get("created_at") or "", path=cm.get("path"),
+                                  line=int(line) if line is not None else None,
+                                  review_id=str(review) if review else None, url=cm.get("html_url")))
+        for cm in self._paginate(f"{self._pulls()}/issues/{n}/comments", dict(params),
+                                 what=f"listing comments of PR #{n}"):
+            items.append(Feedback(kind="comment", id=str(cm["id"]), author=_login(cm), body=cm.get("body") or "",
+                                  created_at=cm.get("created_at") or "", url=cm.get("html_url")))
+        items.sort(key=lambda f: (f.created_at, f.kind != "review", int(f.id) if f.id.isdigit() else 0))
+        cursor = max([since or ""] + [f.created_at for f in items]) or None
+        return FeedbackPage(items=items, cursor=cursor)
+
+    def has_write_access(self, login: str) -> bool:
+        resp = self._request("GET", f"{self._pulls()}/collaborators/{quote(login, safe='')}/permission",
+                             what=f"reading {login}'s permission", not_found_ok=True)
+        if resp is None:
+            return False  # not a user, or not a collaborator
+        data = resp.json()
+        return (data.get("permission") in ("admin", "write")
+                or data.get("role_name") in ("admin", "maintain", "write"))
+
+    def reply(self, number: int, text: str, key: str) -> str:
+        # Not idempotent: never retried here; the caller looks for its own mark before posting again.
+        resp = self._request("POST", f"{self._pulls()}/issues/{int(number)}/comments",
+                             json={"body": with_own_mark(text, key)}, idempotent=False,
+                             what=f"replying on PR #{number}")
+        return str(resp.json()["id"])
+
+    def ci_results(self, sha: str) -> list[CIResult]:
+        out: list[CIResult] = []
+        seen: set[str] = set()
+        for st in self._paginate(f"{self._pulls()}/commits/{quote(sha)}/statuses", {"per_page": 100},
+                                 what=f"listing commit statuses of {sha[:12]}"):
+            context = st.get("context") or "default"
+            if context in seen:
+                continue  # newest first: the first per context is the current one
+            seen.add(context)
+            out.append(CIResult(kind="status", id=str(st.get("id")), name=context,
+                                state=ci_state(st.get("state")), conclusion=st.get("state") or "",
+                                summary=st.get("description") or "", url=st.get("target_url"), head_sha=sha))
+        url: str | None = f"{self._pulls()}/commits/{quote(sha)}/check-runs"
+        params: dict | None = {"per_page": 100, "filter": "latest"}
+        for _ in range(MAX_PAGES):
+            resp = self._request("GET", url, params=params, what=f"listing check runs of {sha[:12]}")
+            for run in resp.json().get("check_runs") or []:
+                output = run.get("output") or {}
+                summary = "\n".join(x for x in (output.get("title"), output.get("summary")) if x)
+                out.append(CIResult(kind="check_run", id=str(run.get("id")), name=run.get("name") or "check",
+                                    state=ci_state(run.get("status"), run.get("conclusion")),
+                                    conclusion=run.get("conclusion") or run.get("status") or "",
+                                    summary=summary, url=run.get("details_url") or run.get("html_url"),
+                                    head_sha=sha))
+            url, params = resp.links.get("next", {}).get("url"), None
+            if not url:
+                break
+        return out
+
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``); 401/403 raise ForgeAuthError."""
         return self._request("GET", "/user", what="reading the token's user").json()
@@ -300,6 +380,10 @@ class GithubValidationError(ForgeError):
         self.already_exists = "already exists" in details.lower() or "already exists" in text.lower()
         super().__init__(f"github {repo}: {what} was rejected (422 {text}{': ' + details if details else ''}); "
                          "check the branch exists on the remote and differs from the base")
+
+
+def _login(item: dict) -> str:
+    return ((item.get("user") or {}).get("login")) or "ghost"
 
 
 def _message(resp) -> str:

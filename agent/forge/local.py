@@ -9,12 +9,24 @@ then follows it up exactly as for a hosted forge.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from pathlib import Path
 
-from agent.forge import PR, ForgeError, adoption_refusal
+from agent.forge import (CI_STATES, PR, CIResult, Feedback, FeedbackPage, ForgeError, adoption_refusal,
+                         with_own_mark)
 from agent.ledger import Ledger, ledger_path, now
+
+AGENT_LOGIN = "agent"       # the author of the agent's own replies on the local forge
+
+
+def local_user() -> str:
+    """The one collaborator (write access) of the local forge: the account running agent."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (some containers)
+        return os.environ.get("USER") or "local"
 
 
 def repo_slug(repo: str) -> str:
@@ -24,11 +36,13 @@ def repo_slug(repo: str) -> str:
 class LocalForge:
     name = "local"
 
-    def __init__(self, ledger: Ledger, home: Path, repo: str, remote_url: str | None = None):
+    def __init__(self, ledger: Ledger, home: Path, repo: str, remote_url: str | None = None,
+                 collaborators: tuple[str, ...] | None = None):
         self.ledger = ledger
         self.home = Path(home)
         self.repo = repo
         self.remote_url = remote_url
+        self.collaborators = tuple(collaborators) if collaborators is not None else (local_user(),)
 
     def __repr__(self) -> str:
         return f"LocalForge(repo={self.repo!r})"
@@ -79,6 +93,14 @@ class LocalForge:
             lines += ["---", "", "## Comments", ""]
             for cm in comments:
                 lines += [f"**{cm['at']}**", "", cm["text"], ""]
+        notes = self.ledger.all("SELECT * FROM local_pr_notes WHERE repo = ? AND number = ? ORDER BY id",
+                                (self.repo, int(number)))
+        if notes:
+            lines += ["---", "", "## Reviews and comments", ""]
+            for n in notes:
+                where = f" on `{n['path']}`" + (f" line {n['line']}" if n["line"] else "") if n["path"] else ""
+                what = f"review ({n['state']})" if n["kind"] == "review" else n["kind"]
+                lines += [f"**#{n['id']} {what} by {n['author']}{where}, {n['created_at']}**", "", n["body"] or "", ""]
         path = self.md_path(number)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".md.tmp")
@@ -153,6 +175,34 @@ class LocalForge:
     def state(self, number: int) -> PR:
         return self._pr(self._row(number))
 
+    def feedback(self, number: int, since: str | None = None) -> FeedbackPage:
+        self._row(number)
+        after = int(since) if since and since.isdigit() else 0
+        rows = self.ledger.all("SELECT * FROM local_pr_notes WHERE repo = ? AND number = ? AND id > ? ORDER BY id",
+                               (self.repo, int(number), after))
+        items = [Feedback(kind=r["kind"], id=str(r["id"]), author=r["author"], body=r["body"] or "",
+                          created_at=r["created_at"], state=r["state"], path=r["path"], line=r["line"],
+                          review_id=str(r["review_id"]) if r["review_id"] else None,
+                          url=f"{self.md_path(number).as_uri()}#note-{r['id']}") for r in rows]
+        return FeedbackPage(items=items, cursor=str(rows[-1]["id"]) if rows else since)
+
+    def has_write_access(self, login: str) -> bool:
+        return login in self.collaborators
+
+    def reply(self, number: int, text: str, key: str) -> str:
+        note = self.add_note(number, "comment", AGENT_LOGIN, with_own_mark(text, key))
+        return str(note)
+
+    def ci_results(self, sha: str) -> list[CIResult]:
+        rows = self.ledger.all("SELECT * FROM local_pr_checks WHERE repo = ? AND sha = ? ORDER BY id",
+                               (self.repo, sha))
+        newest: dict[tuple[str, str], dict] = {}
+        for r in rows:  # the newest result per (kind, name) wins, as on GitHub
+            newest[(r["kind"], r["name"])] = r
+        return [CIResult(kind=r["kind"], id=str(r["id"]), name=r["name"], state=r["state"],
+                         conclusion=r["conclusion"] or r["state"], summary=r["summary"] or "", url=r["url"],
+                         head_sha=r["sha"]) for r in newest.values()]
+
     # ------------------------------------------------------------------ the human side (demo, tests)
 
     def mark(self, number: int, state: str, actor: str = "human") -> PR:
@@ -167,3 +217,56 @@ class LocalForge:
             self.ledger.event(c, f"local_pr.{state}", actor, {"repo": self.repo, "number": int(number)})
         self._write_md(number)
         return self._pr(self._row(number))
+
+    def add_note(self, number: int, kind: str, author: str, body: str, state: str | None = None,
+                 path: str | None = None, line: int | None = None, review_id: int | None = None,
+                 actor: str = "human") -> int:
+        """A review, inline review comment or conversation comment, as a person would write it (`agent pr comment`)."""
+        if kind not in ("review", "inline", "comment"):
+            raise ForgeError(f"local forge: kind must be review, inline or comment, got {kind!r}")
+        if not (author or "").strip():
+            raise ForgeError("local forge: a comment needs an author (--author NAME)")
+        if line is not None and not path:
+            raise ForgeError("local forge: --line needs --path (the file the line is in)")
+        if line is not None and int(line) < 1:
+            raise ForgeError(f"local forge: --line must be 1 or more, got {line}")
+        with self.ledger.tx() as c:
+            row = self._row(number, c)
+            if row["state"] != "open":
+                raise ForgeError(f"local forge: {self.repo}#{number} is {row['state']}; it takes no more comments")
+            note = self.ledger.insert(c, "local_pr_notes", {
+                "repo": self.repo, "number": int(number), "kind": kind, "review_id": review_id,
+                "author": author.strip(), "body": body, "state": state, "path": path,
+                "line": int(line) if line is not None else None, "created_at": now()})
+            self.ledger.event(c, f"local_pr.{kind}", actor, {"repo": self.repo, "number": int(number), "id": note,
+                                                            "author": author.strip(), "path": path, "line": line,
+                                                            "state": state})
+        self._write_md(number)
+        return note
+
+    def add_review(self, number: int, author: str, state: str, body: str = "",
+                   comments: list[tuple[str, int | None, str]] = ()) -> int:
+        """A review (changes_requested | commented | approved) with inline comments ``(path, line, body)``."""
+        if state not in ("changes_requested", "commented", "approved"):
+            raise ForgeError(f"local forge: review state must be changes_requested, commented or approved, got {state!r}")
+        review = self.add_note(number, "review", author, body, state=state)
+        for path, line, text in comments:
+            self.add_note(number, "inline", author, text, path=path, line=line, review_id=review)
+        return review
+
+    def record_check(self, sha: str, name: str, state: str, summary: str = "", url: str | None = None,
+                     conclusion: str | None = None, kind: str = "check_run", actor: str = "human") -> int:
+        """A CI result for commit ``sha`` (`agent pr checks`): state is one of pending, success, failure, neutral."""
+        if state not in CI_STATES:
+            raise ForgeError(f"local forge: check state must be one of {', '.join(CI_STATES)}, got {state!r}")
+        if not (name or "").strip():
+            raise ForgeError("local forge: a check needs a name")
+        if not sha:
+            raise ForgeError("local forge: the PR has no head commit yet; push it first")
+        with self.ledger.tx() as c:
+            cid = self.ledger.insert(c, "local_pr_checks", {
+                "repo": self.repo, "sha": sha, "kind": kind, "name": name.strip(), "state": state,
+                "conclusion": conclusion or state, "summary": summary, "url": url, "created_at": now()})
+            self.ledger.event(c, "local_pr.check", actor, {"repo": self.repo, "sha": sha, "name": name.strip(),
+                                                          "state": state, "id": cid})
+        return cid

@@ -181,7 +181,63 @@ def m003_task_waits_and_forge_pending(db) -> None:
 
 
 @migration
-def m004_lane_pid_start(db) -> None:
+def m004_pr_feedback(db) -> None:
+    """PR feedback and CI (`agent watch pr-feedback`).
+
+    The local forge's side (what a hosted forge keeps): ``local_pr_notes`` (reviews, inline review comments and
+    conversation comments, ids allocated by SQLite) and ``local_pr_checks`` (CI results per commit).
+    Agent's side: ``pr_watch`` (per task's PR: the feedback cursor and the CI head last read), ``pr_feedback``
+    (every item read, with what was decided: taken, ignored, own, stop; unique per task and key) and
+    ``pr_feedback_rounds`` (each round started by feedback or CI, the keys that started it, and its one reply).
+    """
+    db["local_pr_notes"].create({
+        "id": int, "repo": str, "number": int,
+        "kind": str,              # review | inline | comment
+        "review_id": int, "author": str, "body": str,
+        "state": str,             # reviews: changes_requested | commented | approved
+        "path": str, "line": int, "created_at": str,
+    }, pk="id", not_null={"repo", "number", "kind", "author"})
+    db["local_pr_notes"].create_index(["repo", "number", "id"])
+    db["local_pr_checks"].create({
+        "id": int, "repo": str, "sha": str,
+        "kind": str,              # status | check_run
+        "name": str, "state": str, "conclusion": str, "summary": str, "url": str, "created_at": str,
+    }, pk="id", not_null={"repo", "sha", "name", "state"})
+    db["local_pr_checks"].create_index(["repo", "sha"])
+
+    db["pr_watch"].create({
+        "task_id": int,
+        "cursor": str,            # the forge's opaque feedback cursor
+        "ci_sha": str,            # the head whose CI results were last acted on
+        "ci_state": str,          # pending | success | failure | neutral (for ci_sha)
+        "ci_results": str,        # JSON list of {name, state, conclusion, url} for ci_sha
+        "updated_at": str,
+    }, pk="task_id", foreign_keys=[("task_id", "tasks", "id")])
+    db["pr_feedback"].create({
+        "id": int, "task_id": int, "number": int,
+        "key": str,               # review:ID | inline:ID | comment:ID | ci:SHA:NAME
+        "kind": str, "author": str, "path": str, "line": int, "state": str, "url": str,
+        "body": str,              # redacted, capped; fenced wherever it goes
+        "decision": str,          # taken | ignored | own | stop
+        "reason": str,            # why ignored
+        "round": int,             # the round it started (taken) or the round it was read in
+        "created_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "key", "kind", "decision"})
+    db["pr_feedback"].create_index(["task_id", "key"], unique=True)
+    db["pr_feedback_rounds"].create({
+        "id": int, "task_id": int, "round": int,
+        "trigger": str,           # review | ci
+        "keys": str,              # JSON list of pr_feedback keys that started it
+        "reply_key": str,         # the own-mark key of its reply
+        "reply_id": str,          # the forge's comment id once posted
+        "head_sha": str,          # the head the reply names
+        "created_at": str, "replied_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "round", "trigger"})
+    db["pr_feedback_rounds"].create_index(["task_id", "round"], unique=True)
+
+
+@migration
+def m005_lane_pid_start(db) -> None:
     """A lane's process identity is its pid AND its start time (/proc/PID/stat field 22): the orphan killer
     signals a recorded lane only while both match, never a process that merely reuses the pid."""
     db["lane_runs"].add_column("pid_start", int)

@@ -131,6 +131,31 @@ table lessons
   created_at TEXT
   fk task_id -> tasks.id
   index (service) c
+table local_pr_checks
+  id INTEGER PK1
+  repo TEXT NOT NULL
+  sha TEXT NOT NULL
+  kind TEXT
+  name TEXT NOT NULL
+  state TEXT NOT NULL
+  conclusion TEXT
+  summary TEXT
+  url TEXT
+  created_at TEXT
+  index (repo, sha) c
+table local_pr_notes
+  id INTEGER PK1
+  repo TEXT NOT NULL
+  number INTEGER NOT NULL
+  kind TEXT NOT NULL
+  review_id INTEGER
+  author TEXT NOT NULL
+  body TEXT
+  state TEXT
+  path TEXT
+  line INTEGER
+  created_at TEXT
+  index (repo, number, id) c
 table local_prs
   id INTEGER PK1
   repo TEXT NOT NULL
@@ -148,6 +173,45 @@ table local_prs
   updated_at TEXT
   index (repo, head) c
   index unique (repo, number) c
+table pr_feedback
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  number INTEGER
+  key TEXT NOT NULL
+  kind TEXT NOT NULL
+  author TEXT
+  path TEXT
+  line INTEGER
+  state TEXT
+  url TEXT
+  body TEXT
+  decision TEXT NOT NULL
+  reason TEXT
+  round INTEGER
+  created_at TEXT
+  fk task_id -> tasks.id
+  index unique (task_id, key) c
+table pr_feedback_rounds
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  round INTEGER NOT NULL
+  trigger TEXT NOT NULL
+  keys TEXT
+  reply_key TEXT
+  reply_id TEXT
+  head_sha TEXT
+  created_at TEXT
+  replied_at TEXT
+  fk task_id -> tasks.id
+  index unique (task_id, round) c
+table pr_watch
+  task_id INTEGER PK1
+  cursor TEXT
+  ci_sha TEXT
+  ci_state TEXT
+  ci_results TEXT
+  updated_at TEXT
+  fk task_id -> tasks.id
 table prs
   id INTEGER PK1
   task_id INTEGER NOT NULL
