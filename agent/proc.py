@@ -10,7 +10,8 @@ Guarantees:
   ``max_bytes``, a one-line truncation marker and its last ``tail_bytes`` (a lane's final report is at the end);
   a file growing past ``hard_cap`` while it runs gets the child killed;
 - it never raises for a failing child: a missing or non-executable binary gives
-  ``missing=True, exit_code=127`` (status "unavailable"), a timeout ``timed_out=True``.
+  ``missing=True, exit_code=127`` (status "unavailable"), a timeout ``timed_out=True``. It raises the ``OSError``
+  only when our own disk refuses the output (full, read-only): that is no verdict on the child.
 """
 
 from __future__ import annotations
@@ -144,6 +145,22 @@ class _Follower(threading.Thread):
                 break
 
 
+MIN_FREE_BYTES = 256 * 1024
+
+
+def require_room(folder: Path) -> None:
+    """Raise OSError(ENOSPC) when the file system holding ``folder`` is (nearly) full: a child's output written
+    there could be lost without anyone seeing an error, and that is no verdict on the child."""
+    import errno
+
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+
+
 def _compact(path: Path, max_bytes: int, tail_bytes: int) -> bool:
     """Cut a finished output file to its first ``max_bytes``, a marker, and its last ``tail_bytes``."""
     try:
@@ -267,12 +284,14 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
                           stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
                           error="not started: shutting down")
-    stdin = out_fh = err_fh = None
+    # the child writes its output files itself: nothing here waits on a pipe a grandchild could hold open.  Our own
+    # disk refusing them (read-only, full) is raised: no verdict on the child.
+    require_room(stdout_path.parent)
+    out_fh = open(stdout_path, "wb")
+    err_fh = open(stderr_path, "wb")
+    stdin = None
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
-        # the child writes its output files itself: nothing here waits on a pipe a grandchild could hold open
-        out_fh = open(stdout_path, "wb")
-        err_fh = open(stderr_path, "wb")
         proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=out_fh,
                                 stderr=err_fh, start_new_session=True, close_fds=True, pass_fds=pass_fds)
     except FileNotFoundError as exc:
@@ -344,6 +363,7 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
         f.join(5)
         f.poll()          # the last lines written before the exit
     truncated = [_compact(p, max_bytes, tail_bytes) for p in (stdout_path, stderr_path)]
+    require_room(stdout_path.parent)     # a disk that filled up while it ran may have cut its output short
     return ProcResult(exit_code=proc.returncode, timed_out=timed_out, missing=False,
                       duration_s=time.monotonic() - started, pid=proc.pid, stdout_path=stdout_path,
                       stderr_path=stderr_path, truncated=any(truncated) or any(f.over_cap for f in followers))
