@@ -542,7 +542,7 @@ def _tamper_setup(tmp_path, sandbox):
 
 
 @needs_bwrap
-def test_case10_sandboxed_lane_cannot_reach_the_ledger(tmp_path, agent):
+def test_case10_sandboxed_lane_cannot_reach_the_ledger(tmp_path):
     home, res = _tamper_setup(tmp_path, "bwrap")
     assert "tampered" not in (res.log_dir / "01-turn.stdout").read_text()
     con = sqlite3.connect(home / "ledger.db")
