@@ -237,7 +237,14 @@ def m004_pr_feedback(db) -> None:
 
 
 @migration
-def m005_notify_outbox(db) -> None:
+def m005_lane_pid_start(db) -> None:
+    """A lane's process identity is its pid AND its start time (/proc/PID/stat field 22): the orphan killer
+    signals a recorded lane only while both match, never a process that merely reuses the pid."""
+    db["lane_runs"].add_column("pid_start", int)
+
+
+@migration
+def m006_notify_outbox(db) -> None:
     """Notifications and pushed intake.
 
     ``outbox``: one row per event a human may want to hear about, written by ``Ledger.event`` in the same
