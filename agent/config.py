@@ -66,6 +66,7 @@ class Limits:
     open_drafts_per_repo: int = 3
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
+    feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+
+
+@dataclass(frozen=True)
+class ReviewConfig:
+    allowed_users: tuple[str, ...] = ()      # may steer a PR besides people with write access
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ class Config:
     git: GitConfig = GitConfig()
     github: GithubConfig = GithubConfig()
     sources: tuple[SourceConfig, ...] = ()
+    review: ReviewConfig = ReviewConfig()
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
         for repo in self.repos.values():
@@ -236,7 +243,8 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
-    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources"))
+    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources",
+                                         "review"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -292,7 +300,10 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                        "limits.open_drafts_per_repo", 1),
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+        feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
     )
+    rd = v.mapping(top.get("review"), "review", ("allowed_users",))
+    review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
     decide = DecideConfig(
@@ -336,7 +347,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         sources.append(src)
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, sources=tuple(sources))
+                  git=git, github=github, sources=tuple(sources), review=review)
 
 
 def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
@@ -409,6 +420,10 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+#   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
+
+# review:
+#   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}

@@ -55,8 +55,16 @@ PLAYBOOK = {
         {"summary": "Remove the leftover debug print from line_total",
          "lesson": "widgets-api: order lines may omit qty; it means one unit",
          "edits": [{"path": "widgets/pricing.py", "find": '    print("debug: pricing", item)\n', "replace": ""}]},
+        # only when a reviewer asks for it on the PR (the spec quotes their comment): the demo's third round
+        {"summary": "Name the default quantity DEFAULT_QTY, as the PR review asked",
+         "when": "DEFAULT_QTY",
+         "edits": [{"path": "widgets/pricing.py", "find": 'item.get("qty", 1)', "replace": 'item.get("qty", DEFAULT_QTY)'},
+                   {"path": "widgets/pricing.py", "find": '\n\ndef line_total',
+                    "replace": '\n\nDEFAULT_QTY = 1  # an order line without "qty" is one unit\n\n\ndef line_total'}]},
     ],
 }
+
+REVIEW_COMMENT = "Please name the default quantity: a DEFAULT_QTY constant instead of the bare 1."
 
 BRIEF = ("order_total raises KeyError 'qty' when an order line has no qty. The docstring says a missing qty means "
          "one unit. Look at line_total in widgets/pricing.py.")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agent import AgentError
+from agent.ledger.feedback import FeedbackQueries
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
@@ -41,10 +42,10 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
-class Ledger:
+class Ledger(FeedbackQueries):
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.path = path
         self.conn = conn
