@@ -2,7 +2,9 @@
 
 It makes a small real project with a real bug and a failing test, a local bare remote and a config; ingests an
 error event; decides it; and runs the fixer with scripted stand-in lanes (``agent/demo_lanes``). The scripted
-reviewer rejects round 1 (a leftover debug print) so a second round shows. The tests use the same builder.
+reviewer rejects round 1 (a leftover debug print) so a second round shows; then a reviewer asks for a change on the
+draft PR and `watch pr-feedback` starts a third round on the same PR, which replies there. The tests use the same
+builder.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ PLAYBOOK = {
         # only when a reviewer asks for it on the PR (the spec quotes their comment): the demo's third round
         {"summary": "Name the default quantity DEFAULT_QTY, as the PR review asked",
          "when": "DEFAULT_QTY",
-         "edits": [{"path": "widgets/pricing.py", "find": 'item.get("qty", 1)', "replace": 'item.get("qty", DEFAULT_QTY)'},
+         "edits": [{"path": "widgets/pricing.py", "find": 'item.get("qty", 1)',
+                    "replace": 'item.get("qty", DEFAULT_QTY)'},
                    {"path": "widgets/pricing.py", "find": '\n\ndef line_total',
                     "replace": '\n\nDEFAULT_QTY = 1  # an order line without "qty" is one unit\n\n\ndef line_total'}]},
     ],
@@ -182,6 +185,25 @@ def setup(root: Path) -> dict:
     return {"root": root, "project": project, "remote": remote, "home": home, "playbook": playbook}
 
 
+def _review_round(app, task: dict, pr: dict, echo, max_passes: int) -> None:
+    """A reviewer asks for a change on the draft PR; `watch pr-feedback` starts round 3 on the same PR."""
+    from agent.commands.watch import run_scan
+    from agent.forge.local import LocalForge, local_user
+
+    forge = LocalForge(app.ledger, app.home, REPO)
+    forge.add_review(int(pr["number"]), local_user(), "changes_requested", "",
+                     [("widgets/pricing.py", 5, REVIEW_COMMENT)])
+    echo(f"a reviewer ({local_user()}) requests a change on PR #{pr['number']}, widgets/pricing.py line 5: "
+         f"{REVIEW_COMMENT}")
+    for item in run_scan(app, "pr-feedback"):
+        echo(item["line"])
+    for _ in range(max_passes):
+        for item in run_scan(app, "error-fix-work"):
+            echo(item["line"])
+        if not app.ledger.one("SELECT id FROM tasks WHERE state IN ('open', 'working')"):
+            break
+
+
 def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     from agent.app import App
     from agent.commands.watch import run_scan
@@ -210,6 +232,11 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
                 break
         task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
         pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?", (task["id"],))
+        if pr and task["state"] == "done":
+            _review_round(app, task, pr, echo, max_passes)
+            task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
+            pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?",
+                                (task["id"],))
     finally:
         app.close()
     h = shlex.quote(str(home))

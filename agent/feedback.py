@@ -260,6 +260,8 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
 
 def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) -> str:
     """What the round changed for which comment, the new head, the check (plain data, redacted)."""
+    from agent.pr import _code as code
+
     rnd = int(reply["round"])
     if reply["kind"] == "cap":
         return (f"agent stops here: {reply['text']}.\n\nA human must take over this PR: push to the branch, or "
@@ -268,10 +270,10 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     lines = [f"Round {rnd} addressed this feedback:"]
     for r in items:
         if r["kind"] == "ci":
-            lines.append(f"- CI `{_one_line(r['author'], 80)}` ({r['state']})")
+            lines.append(f"- CI {code(_one_line(r['author'], 80))} ({_one_line(r['state'], 30)})")
         else:
             kind = {"review": "review", "inline": "review comment", "comment": "comment"}[r["kind"]]
-            where = f" on `{_one_line(r['path'], 120)}`" + (f" line {r['line']}" if r["line"] else "") \
+            where = f" on {code(_one_line(r['path'], 120))}" + (f" line {r['line']}" if r["line"] else "") \
                 if r["path"] else ""
             lines.append(f"- {kind} {r['key'].split(':', 1)[1]} by @{_one_line(r['author'], 60)}{where}")
     summaries = ledger.all("SELECT round, summary FROM lane_runs WHERE task_id = ? AND role = 'implementer' "
@@ -286,14 +288,14 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
 
             files = git.Repo(repo_path).git.diff("--name-only", fr["base_head"], task["head_sha"]).split()
             if files:
-                lines.append("- files: " + ", ".join(f"`{_one_line(f, 120)}`" for f in files[:20]))
+                lines.append("- files: " + ", ".join(code(_one_line(f, 120)) for f in files[:20]))
         except Exception:  # the worktree is gone or the old head unknown: the list is a nicety
             pass
     lines += ["", f"New head: `{task['head_sha'][:12]}` on `{task['branch']}` (this PR, updated)."]
     check = ledger.one("SELECT command, passed, duration_s FROM checks WHERE task_id = ? AND head_sha = ? "
                        "ORDER BY id DESC LIMIT 1", (task["id"], task["head_sha"]))
     if check:
-        lines.append(f"Check: `{_one_line(_redact(check['command']), 200)}` "
+        lines.append(f"Check: {code(_one_line(_redact(check['command']), 200))} "
                      f"{'passed' if check['passed'] else 'failed'} at `{task['head_sha'][:12]}`.")
     lines.append("Reviewers (code, PR quality, PR logic) approved this head.")
     return _redact("\n".join(lines))
@@ -327,9 +329,9 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
             reply_id = forge.reply(number, text, r["key"])
             crashpoint("feedback.replied")  # fault injection (tests): posted, not recorded yet
         if ledger.record_reply(task_id, r["key"], reply_id, task["head_sha"], found):
-            lines.append(f"task {task_id}: replied on PR #{number} ({r['kind']}"
-                         + (f" round {r['round']}" if r["kind"] == "round" else "") + ")"
-                         + (" (found after a crash)" if found else ""))
+            what = f"round {r['round']}" if r["kind"] == "round" else "a human must take over"
+            lines.append(f"task {task_id}: replied on PR #{number} ({what})"
+                         + (" (found on the PR after a crash, not posted again)" if found else ""))
     return lines
 
 
@@ -392,7 +394,7 @@ def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None 
 
 
 def scan_pr_feedback(app, jobs: int = 1, forge_factory: Callable | None = None) -> list[dict]:
-    """`agent watch pr-feedback`: every open agent PR, one task at a time (one task's trouble never stops the others)."""
+    """`agent watch pr-feedback`: every open agent PR, one task at a time (one task's trouble stops no other)."""
     ids = [r["task_id"] for r in app.ledger.feedback_tasks()]
     ids += [i for i in app.ledger.tasks_with_owed_replies() if i not in ids]
     if not ids:

@@ -320,7 +320,8 @@ def _round_spec(ctx: Ctx) -> Path:
     from agent.feedback import spec_findings
 
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
-                            _feedback(ctx), _lessons(ctx, error), pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
+                            _feedback(ctx), _lessons(ctx, error),
+                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
     with ctx.ledger.tx() as c:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})

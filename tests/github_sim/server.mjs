@@ -279,14 +279,15 @@ const handlers = () => ({
       const cid = nextId++;
       Object.assign(comment, {
         id: cid, node_id: `PRRC_${cid}`, pull_request_review_id: id, user: userOf(request), body: c.body,
-        path: c.path, line: c.line ?? null, original_line: c.line ?? null, side: "RIGHT", start_line: null,
-        original_start_line: null, start_side: null, position: c.position ?? 1, original_position: 1,
-        subject_type: c.line ? "line" : "file", in_reply_to_id: undefined,
+        path: c.path, line: c.line, original_line: c.line, side: "RIGHT", position: c.position ?? 1,
+        original_position: 1, subject_type: c.line ? "line" : "file",
         commit_id: review.commit_id, original_commit_id: review.commit_id, created_at: now(), updated_at: now(),
         url: `${hostOf(request)}/repos/${owner}/${repo}/pulls/comments/${cid}`,
         html_url: `${pr.html_url}#discussion_r${cid}`, pull_request_url: pr.url,
       });
-      delete comment.in_reply_to_id;
+      // absent, not null: the description's enums and integers do not admit null here
+      for (const f of ["in_reply_to_id", "start_line", "original_start_line", "start_side"]) delete comment[f];
+      if (!c.line) { delete comment.line; delete comment.original_line; }
       comment._links.self.href = comment.url;
       comment._links.html.href = comment.html_url;
       comment._links.pull_request.href = pr.url;
@@ -310,7 +311,7 @@ const handlers = () => ({
     const body = clone(examples["repository-collaborator-permission-response-if-user-has-admin-permissions"].value);
     body.permission = permission;
     body.role_name = permission;
-    body.user = { ...body.user, login: username };
+    body.user = { ...body.user, login: username, role_name: permission };
     return { status: 200, json: body };
   },
   "repos/create-commit-status": async (context, request) => {
