@@ -60,10 +60,19 @@ PLAYBOOK = {
         # only when a reviewer asks for it on the PR (the spec quotes their comment): the demo's third round
         {"summary": "Name the default quantity DEFAULT_QTY, as the PR review asked",
          "when": "DEFAULT_QTY",
-         "edits": [{"path": "widgets/pricing.py", "find": 'item.get("qty", 1)',
-                    "replace": 'item.get("qty", DEFAULT_QTY)'},
-                   {"path": "widgets/pricing.py", "find": '\n\ndef line_total',
-                    "replace": '\n\nDEFAULT_QTY = 1  # an order line without "qty" is one unit\n\n\ndef line_total'}]},
+         "edits": [{"path": "widgets/pricing.py",
+                    "find": '\n\ndef line_total(item):\n    return item["price"] * item.get("qty", 1)',
+                    "replace": '\nDEFAULT_QTY = 1  # an order line without "qty" is one unit\n\n\n'
+                               'def line_total(item):\n    return item["price"] * item.get("qty", DEFAULT_QTY)'}]},
+        # only when the PR's CI reports a failing ci/tests: a test that pins the constant
+        {"summary": "Pin DEFAULT_QTY with a test, as the failing ci/tests check asked",
+         "when": "ci/tests",
+         "edits": [{"path": "tests/test_pricing.py",
+                    "find": '        self.assertEqual(order_total([{"price": 5}]), 5)\n\n\n',
+                    "replace": '        self.assertEqual(order_total([{"price": 5}]), 5)\n\n'
+                               '    def test_default_qty_is_one(self):\n'
+                               '        from widgets.pricing import DEFAULT_QTY\n\n'
+                               '        self.assertEqual(DEFAULT_QTY, 1)\n\n\n'}]},
     ],
 }
 

@@ -371,6 +371,8 @@ def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None 
             return [f"task {task_id}: repository {task['repo']} is not configured; PR feedback not read"]
         forge = (forge_factory or get_forge)(repo_cfg, config, home, ledger=ledger)
         lines = post_owed_replies(ledger, forge, task_id)
+        if task["state"] not in (chain.OPEN, chain.WORKING, chain.DONE):
+            return lines  # gate-blocked or failed: a human decides; only the comment it owes is posted
         lines += read_feedback(ledger, forge, config, task_id, token)
         ci_lines, refresh = read_ci(ledger, forge, config, task_id, token)
         lines += ci_lines

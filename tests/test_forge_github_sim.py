@@ -371,6 +371,8 @@ def test_pr_feedback_end_to_end_on_the_simulator(sim, tmp_path):
     assert "CI failed at" in out and "round 4 started by CI failed" in out, out
     run_to_end(home, env=env, log=tmp_path / "r4.log")
     t4 = check_invariants(home, remote, tasks=1, sim=sim)[0]
+    assert t4["round"] == 4 and remote_sha(remote, t["branch"]) == t4["head_sha"]
+    assert [x["number"] for x in sim.pulls(t["branch"])] == [number]
     spec4 = (home / "specs" / f"task-{t['id']}" / "round-4.md").read_text()
     assert "ci/tests" in spec4 and "https://ci.example/run/9" in spec4 and "DEFAULT_QTY undefined" in spec4
     sim.check_run(t4["head_sha"], "ci/tests", "success", "all passed")
