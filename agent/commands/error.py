@@ -47,7 +47,8 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     result, used = ingest_text(get_app().ledger, text, fmt, service=service, environment=environment, repo=repo,
                                actor="human")
     for r in result.rejections:
-        click.echo(f"{file if file != '-' else 'stdin'}: line {r.line}: rejected: {r.reason}", err=True)
+        reason = " ".join(str(r.reason).split())[:300]
+        click.echo(f"{file if file != '-' else 'stdin'}: line {r.line}: rejected: {reason}", err=True)
     emit({**result.to_json(), "format": used}, as_json,
          lambda d: click.echo(f"new {d['new']}, deduplicated {d['deduplicated']}, rejected {d['rejected']}"))
     if result.rejected:

@@ -19,40 +19,44 @@ _SECRET_KEYS = (
     r"client[_-]?secret|credentials?|session(?:[_-]?id)?|sessid|cookie|signature|auth(?![a-z0-9])|"
     r"authorization|bearer|jwt|dsn|otp(?![a-z0-9])|pin(?![a-z0-9])"
 )
+_SECRET_WORD = re.compile(r"(?i)" + _SECRET_KEYS)
 
+# Every pattern below is linear on any input: repetitions are possessive (``*+``, ``++``: no backtracking into
+# them) or bounded, and a pattern that must find something after a run (a dot, an ``@``, a separator) may only
+# start where that run starts (a lookbehind), so a long run is scanned once, not once per position in it.
+# tests/test_intake_hostile.py feeds each one inputs built to hurt and counts the work.
 _RULES: list[tuple[str, re.Pattern, Any]] = [
-    ("private-key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
-                               re.S), "[redacted:private-key]"),
+    # to the END line, or to the end of the text when there is none
+    ("private-key", re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----(?:[^-]++|-(?!----END [A-Z ]{0,40}PRIVATE KEY-----))*+"
+                               r"(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"), "[redacted:private-key]"),
     # Whole header lines whose value is a credential, to the end of the line.
     ("header", re.compile(r"(?im)\b((?:set-)?cookie|authorization|proxy-authorization|x-api-key|x-auth-token)"
-                          r"([ \t]*:[ \t]*)(?!\[redacted)([^\s\"'][^\r\n\"']*)"),
+                          r"([ \t]{0,64}:[ \t]{0,64})(?!\[redacted)([^\s\"'][^\r\n\"']*+)"),
      lambda m: f"{m.group(1)}{m.group(2)}[redacted:{_kind(m.group(1))}]"),
     # "Bearer X" anywhere; "Basic/Token/Digest X" as words, when X looks like a credential (has a digit or symbol)
-    ("bearer", re.compile(r"(?i)(bearer)\s+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,})"),
+    ("bearer", re.compile(r"(?i)(bearer)\s{1,64}+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
-    ("token", re.compile(r"(?i)(?<![A-Za-z0-9])(basic|token|digest)\s+(?!\[redacted)"
-                         r"(?=[A-Za-z._~]*[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,})"),
+    ("token", re.compile(r"(?i)(?<![A-Za-z0-9])(basic|token|digest)\s{1,64}+(?!\[redacted)"
+                         r"(?=[A-Za-z._~]*+[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
-    ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*):([^/\s@\"'<>]+)@"),
+    ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*+):([^/\s@\"'<>]++)@"),
      lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
-    ("jwt", re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[redacted:jwt]"),
-    ("github-token", re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+    ("jwt", None, None),   # _sub_jwt: a hand-written scan (see there)
+    ("github-token", re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}+|github_pat_[A-Za-z0-9_]{22,}+)"),
      "[redacted:github-token]"),
     ("aws-key", re.compile(r"(?<![0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
      "[redacted:aws-key]"),
-    ("slack-token", re.compile(r"xox[abprs]-[A-Za-z0-9-]{10,}"), "[redacted:token]"),
-    ("stripe-key", re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"), "[redacted:token]"),
-    ("model-api-key", re.compile(r"(?<![A-Za-z0-9])sk-(?:ant-|proj-|or-)?[A-Za-z0-9_-]{20,}"), "[redacted:token]"),
+    ("slack-token", re.compile(r"xox[abprs]-[A-Za-z0-9-]{10,}+"), "[redacted:token]"),
+    ("stripe-key", re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}+"), "[redacted:token]"),
+    ("model-api-key", re.compile(r"(?<![A-Za-z0-9])sk-(?:ant-|proj-|or-)?[A-Za-z0-9_-]{20,}+"), "[redacted:token]"),
     ("google-key", re.compile(r"AIza[0-9A-Za-z_-]{35}\b"), "[redacted:token]"),
-    # key=value, key: value, "key": "value", 'key': 'value' where the key names a secret.
-    ("key-value", re.compile(
-        r"(?i)(?P<k>[\"']?[A-Za-z0-9_.-]*?(?:" + _SECRET_KEYS + r")[A-Za-z0-9_.-]*[\"']?)"
-        r"(?P<s>\s*(?:=|:|=>)\s*)"
-        r"(?P<v>\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|[^\s,;&\"'}\])<>]+)"),
-     lambda m: _kv(m)),
-    ("email", re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
-     "[redacted:email]"),
-    ("hex", re.compile(r"(?:0x)?[0-9a-fA-F]{32,}"), "[redacted:hex]"),
+    # key=value, key: value, "key": "value", 'key': 'value' where the key names a secret: _sub_key_values.
+    ("key-value", None, None),
+    # an address starts where its run of local-part characters starts (leading punctuation stays)
+    ("email", re.compile(r"(?<![A-Za-z0-9._%+-])([._%+-]*+)[A-Za-z0-9][A-Za-z0-9._%+-]*+@[A-Za-z0-9-]{1,63}"
+                         r"(?:\.[A-Za-z0-9-]{1,63}){0,8}\.[A-Za-z]{2,63}"),
+     lambda m: f"{m.group(1)}[redacted:email]"),
+    ("hex", re.compile(r"(?<![0-9a-fA-F])(?:0x)?[0-9a-fA-F]{32,}+"), "[redacted:hex]"),
 ]
 
 
@@ -61,12 +65,72 @@ def _kind(header: str) -> str:
     return "cookie" if "cookie" in h else "authorization" if "auth" in h else "token"
 
 
-def _kv(m: re.Match) -> str:
-    v = m.group("v")
-    if v.strip("\"'").startswith("[redacted") or not v.strip("\"'"):
-        return m.group(0)
-    q = v[0] if v[0] in "\"'" and len(v) >= 2 and v[-1] == v[0] else ""
-    return f"{m.group('k')}{m.group('s')}{q}[redacted:secret]{q}"
+# ---- JSON web tokens: eyJ<5+ chars>.<5+ chars>.<chars>, from the alphabet [A-Za-z0-9_-].
+_B64_RUN = re.compile(r"[A-Za-z0-9_-]*+")
+
+
+def _sub_jwt(text: str) -> str:
+    """Replace every JWT.  A failed candidate skips to the end of its run: every later ``eyJ`` in the same run
+    would fail the same way, so each character is looked at a bounded number of times."""
+    out: list[str] = []
+    pos = done = 0
+    while True:
+        p = text.find("eyJ", pos)
+        if p < 0:
+            break
+        r1 = _B64_RUN.match(text, p + 3).end()
+        end = -1
+        if r1 - (p + 3) >= 5 and text.startswith(".", r1):
+            r2 = _B64_RUN.match(text, r1 + 1).end()
+            if r2 - (r1 + 1) >= 5 and text.startswith(".", r2):
+                end = _B64_RUN.match(text, r2 + 1).end()
+        if end < 0:
+            pos = max(r1, p + 3)
+            continue
+        out += [text[done:p], "[redacted:jwt]"]
+        pos = done = end
+    return "".join(out) + text[done:] if out else text
+
+
+# ---- key=value secrets
+# A key is a whole run of key characters (it can only start where such a run starts), optionally quoted,
+# followed by = : or => ; the value is matched only for keys that name a secret.
+_KEY_SEP = re.compile(r"[\"']?(?<![A-Za-z0-9_.-])(?P<run>[A-Za-z0-9_.-]++)[\"']?(?P<s>\s{0,16}+(?:=>|=|:)\s{0,16}+)")
+_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.){0,4096}+\"?|'(?:[^'\\\n]|\\.){0,4096}+'?|[^\s,;&\"'}\])<>]++")
+# File names are not keys: ``web/sessions.py:321`` is a position, ``tokens.js: 12`` too.
+_FILE_EXT = re.compile(
+    r"(?i)\.(?:py|pyc|pyx|pyi|js|mjs|cjs|jsx|ts|tsx|java|kt|kts|scala|groovy|clj|cljs|rb|erb|go|rs|php|c|cc|cpp|cxx|h|"
+    r"hh|hpp|cs|fs|vb|swift|m|mm|dart|ex|exs|erl|hrl|lua|pl|pm|sh|bash|zsh|ps1|r|jl|elm|hs|ml|vue|svelte|html|htm|"
+    r"jsp|aspx|cshtml|css|scss|sass|less|json|ya?ml|toml|ini|cfg|conf|xml|properties|sql|proto|tf|txt|log|md|rst|"
+    r"lock|gradle|map|wasm|so|dll|jar|class|egg|whl)$")
+_POSITION = re.compile(r"\d{1,9}(?::\d{1,9})?(?![A-Za-z0-9_.-])")
+
+
+def _sub_key_values(text: str) -> str:
+    out: list[str] = []
+    done = pos = 0
+    while True:
+        m = _KEY_SEP.search(text, pos)    # each search starts where the last match or value ended: one pass
+        if m is None:
+            break
+        pos = vpos = m.end()
+        run = m.group("run")
+        if not _SECRET_WORD.search(run) or _FILE_EXT.search(run):
+            continue
+        if m.group("s").strip() == ":" and "." in run and _POSITION.match(text, vpos):
+            continue                   # file.ext:line without a known extension
+        v = _VALUE.match(text, vpos)
+        if v is None or v.end() == vpos:
+            continue
+        pos = v.end()
+        value = v.group(0)
+        inner = value.strip("\"'")
+        if inner.startswith("[redacted") or not inner:
+            continue
+        q = value[0] if value[0] in "\"'" and len(value) >= 2 and value[-1] == value[0] else ""
+        out += [text[done:vpos], f"{q}[redacted:secret]{q}"]
+        done = v.end()
+    return "".join(out) + text[done:] if out else text
 
 
 # A superset of every rule's necessary literal (lowercased): text holding none of them, and no
@@ -77,7 +141,7 @@ _LITERALS = ("private key", "privatekey", "private_key", "private-key", "apikey"
              "github_pat_", "akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa", "abia", "acca",
              "xox", "_live_", "_test_", "aiza", "sk-", "@", "pass", "pwd", "secret", "credential", "session", "sessid",
              "signature", "auth", "jwt", "dsn", "otp", "pin")
-_MAYBE_RE = re.compile(r"gh[pousr]_|[0-9a-fA-F]{32}")
+_MAYBE_RE = re.compile(r"gh[pousr]_|(?<![0-9a-fA-F])[0-9a-fA-F]{32}")
 
 
 def _maybe(text: str) -> bool:
@@ -85,14 +149,50 @@ def _maybe(text: str) -> bool:
     return any(lit in low for lit in _LITERALS) or _MAYBE_RE.search(text) is not None
 
 
+# Per rule, literals (lowercased) at least one of which every match contains: a rule whose literals are all
+# absent from the text is skipped.  A marker a rule writes never creates a match for a later rule, so checking
+# the original text is enough; test_prefilter_never_changes_the_result holds this equal to _apply_rules.
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "private-key": ("private key",),
+    "header": ("cookie", "authorization", "x-api-key", "x-auth-token"),
+    "bearer": ("bearer",),
+    "token": ("basic", "token", "digest"),
+    "url-password": ("://",),
+    "jwt": ("eyj",),
+    "github-token": ("gh", "github_pat_"),
+    "aws-key": ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa", "abia", "acca"),
+    "slack-token": ("xox",),
+    "stripe-key": ("_live_", "_test_"),
+    "model-api-key": ("sk-",),
+    "google-key": ("aiza",),
+    "key-value": ("pass", "pwd", "secret", "token", "key", "credential", "session", "sessid", "cookie",
+                  "signature", "auth", "bearer", "jwt", "dsn", "otp", "pin"),
+    "email": ("@",),
+}
+
+
+def _apply(name: str, pattern: re.Pattern | None, repl: Any, text: str) -> str:
+    if pattern is not None:
+        return pattern.sub(repl, text)
+    return _sub_jwt(text) if name == "jwt" else _sub_key_values(text)
+
+
 def _apply_rules(text: str) -> str:
-    for _name, pattern, repl in _RULES:
-        text = pattern.sub(repl, text)
+    """Every rule, unfiltered (the reference the filtered path is tested against)."""
+    for name, pattern, repl in _RULES:
+        text = _apply(name, pattern, repl, text)
     return text
 
 
 def _redact(text: str) -> str:
-    return _apply_rules(text) if _maybe(text) else text
+    if not _maybe(text):
+        return text
+    low = text.lower()
+    for name, pattern, repl in _RULES:
+        needs = _NEEDS.get(name)
+        if needs is None or any(lit in low for lit in needs):
+            text = _apply(name, pattern, repl, text)
+    return text
 
 
 _cached = functools.lru_cache(maxsize=8192)(_redact)

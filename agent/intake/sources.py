@@ -66,6 +66,7 @@ def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | No
     start = int(cursor) + 1 if cursor else end - LOKI_LOOKBACK_S * 1_000_000_000
     streams: dict[str, tuple[dict, list[tuple[int, str]]]] = {}
     max_ts = int(cursor) if cursor else None
+    bad_entries = 0
     for _page in range(LOKI_MAX_PAGES):
         doc, _ = http.get_json(url, params={"query": src.query, "start": str(start), "end": str(end),
                                             "limit": str(limit), "direction": "forward"},
@@ -73,18 +74,24 @@ def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | No
         if not isinstance(doc, dict) or doc.get("status") != "success":
             raise AgentError(f"loki {redact(base)}: unexpected answer (status {doc.get('status')!r})"
                              if isinstance(doc, dict) else f"loki {redact(base)}: unexpected answer")
-        data = doc.get("data") or {}
+        data = doc.get("data") if isinstance(doc.get("data"), dict) else {}
         if data.get("resultType") != "streams":
             raise AgentError(f"loki {redact(base)}: query returned {data.get('resultType')!r}, not log streams; "
                              "use a log query such as {app=\"widgets\"}")
         count = 0
         page_max = None
-        for stream in data.get("result") or []:
-            labels = stream.get("stream") or {}
-            key = json.dumps(labels, sort_keys=True)
+        for stream in data.get("result") if isinstance(data.get("result"), list) else []:
+            if not isinstance(stream, dict):
+                continue
+            labels = stream.get("stream") if isinstance(stream.get("stream"), dict) else {}
+            key = json.dumps(labels, sort_keys=True, default=str)
             entries = streams.setdefault(key, (labels, []))[1]
-            for ts, line in stream.get("values") or []:
-                ts = int(ts)
+            for value in stream.get("values") if isinstance(stream.get("values"), list) else []:
+                entry = _loki_entry(value)
+                if entry is None:
+                    bad_entries += 1
+                    continue
+                ts, line = entry
                 entries.append((ts, line))
                 count += 1
                 page_max = ts if page_max is None or ts > page_max else page_max
@@ -103,7 +110,20 @@ def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | No
             ev.environment = ev.environment or src.environment or labels.get("env") or labels.get("environment")
             events.append(ev)
         rejected.extend(result.rejected)
+    if bad_entries:
+        rejected.append(Rejected(0, f"{bad_entries} loki entr{'y' if bad_entries == 1 else 'ies'} not a "
+                                    "[nanosecond timestamp, line] pair"))
     return Pull(events, rejected, str(max_ts) if max_ts is not None else cursor)
+
+
+def _loki_entry(value: Any) -> tuple[int, str] | None:
+    """A Loki stream value ``["<ns timestamp>", "<line>", {structured metadata}?]`` -> (ts, line), or None."""
+    if not isinstance(value, list) or len(value) < 2 or not isinstance(value[1], str):
+        return None
+    ts = value[0]
+    if not (isinstance(ts, str) and 0 < len(ts) <= 20 and ts.isascii() and ts.isdigit()):
+        return None
+    return int(ts), value[1]
 
 
 # --------------------------------------------------------------------------- files
@@ -197,7 +217,11 @@ def pull_sentry(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | 
             try:
                 ev = event_from_sentry(raw)
             except (ValueError, TypeError, AttributeError) as exc:
-                rejected.append(Rejected(index + 1, f"page {pages} event {eid or index + 1}: {exc}"))
+                rejected.append(Rejected(index + 1, f"page {pages} event {eid[:64] or index + 1}: {exc}"))
+                continue
+            except Exception as exc:  # noqa: BLE001 - one event never costs the others
+                rejected.append(Rejected(index + 1, f"page {pages} event {eid[:64] or index + 1}: "
+                                                    f"could not be read ({type(exc).__name__})"))
                 continue
             ev.service = ev.service or src.service or src.project
             ev.environment = ev.environment or src.environment
@@ -241,6 +265,9 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
     except (AgentError, OSError, ValueError) as exc:   # one broken source must not stop the others
         return {"source": label, "kind": src.kind, "ok": False, "error": str(exc),
                 "line": f"errors: {label}: failed: {exc}"}
+    except Exception as exc:  # noqa: BLE001 - an answer of an unexpected shape: this source fails, not the scan
+        why = f"unexpected answer ({type(exc).__name__})"
+        return {"source": label, "kind": src.kind, "ok": False, "error": why, "line": f"errors: {label}: failed: {why}"}
     news = result.new or result.deduplicated or result.rejected
     return {"source": label, "kind": src.kind, "ok": True, **result.to_json(),
             "line": f"errors: {label}: {result.new} new, {result.deduplicated} deduplicated, "

@@ -5,7 +5,10 @@ While an error is open, fixing or skipped, a new occurrence with its fingerprint
 excerpt and message.  A resolved error that recurs opens a new error row: the fix did not hold,
 and the old row's history (conclusion, task, PR) stays as it was.  Events: one ``error.ingested``
 per new row and one ``error.seen`` per existing row per batch (with the batch's count), in the
-same transaction as the rows.  Every string field is redacted before it is fingerprinted or stored.
+same transaction as the rows.  Every string field is capped, made valid UTF-8 and redacted before it
+is fingerprinted or stored; all of that (and the fingerprint) happens before the write transaction
+starts, so a slow event never holds the ledger's write lock.  An event that cannot be prepared is
+rejected on its own (naming its line); the others are stored.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from agent.intake.fingerprint import fingerprint, signature
-from agent.intake.formats import Event, Rejected
+from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
 from agent.intake.redact import redact
 from agent.ledger import Ledger, now
 
@@ -79,21 +82,38 @@ def new_error_id() -> str:
     return secrets.token_hex(8)
 
 
+MAX_FRAMES_STORED = 256
+# Before redaction a field may be longer than what is stored, so a secret is not cut in half first.
+PRE_MESSAGE = 4 * MAX_MESSAGE
+PRE_EXCERPT = 2 * MAX_EXCERPT
+
+
+def clean(value: object, limit: int) -> str:
+    """Any value as valid, capped, redacted text (None -> "")."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    return redact(valid_text(cap(text, limit)))
+
+
 def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
-    """Redact every field of an event, then fingerprint the redacted values."""
-    service = redact((ev.service or "").strip()) or "unknown"
-    environment = redact((ev.environment or "").strip()) or "unknown"
-    cls = redact(ev.cls or "")
-    message = redact(ev.message or "")[:MAX_MESSAGE]
-    frames = [type(f)(file=redact(f.file), function=redact(f.function), lineno=f.lineno, module=redact(f.module),
-                      in_app=f.in_app) for f in ev.frames]
-    causes = [redact(c) for c in ev.causes]
+    """Cap, clean and redact every field of an event, then fingerprint the redacted values."""
+    service = clean((ev.service or "").strip(), MAX_SHORT) or "unknown"
+    environment = clean((ev.environment or "").strip(), MAX_SHORT) or "unknown"
+    cls = clean(ev.cls, MAX_NAME)
+    message = cap(clean(ev.message, PRE_MESSAGE), MAX_MESSAGE)
+    frames = [type(f)(file=clean(f.file, MAX_NAME), function=clean(f.function, MAX_NAME),
+                      lineno=f.lineno if isinstance(f.lineno, int) else None, module=clean(f.module, MAX_NAME),
+                      in_app=f.in_app) for f in ev.frames[-MAX_FRAMES_STORED:]]
+    causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
     sig = signature(frames, causes, message)
+    ts = ev.timestamp if isinstance(ev.timestamp, str) and len(ev.timestamp) <= 64 else None
     return Prepared(
         fingerprint=fingerprint(service, cls, sig, environment), service=service, environment=environment,
         cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
-        repo=redact(ev.repo) or None, level=redact(ev.level or "error"), release=redact(ev.release) or None,
-        timestamp=ev.timestamp or default_ts or now(), raw_excerpt=ev.excerpt or message)
+        repo=clean(ev.repo, MAX_SHORT) or None, level=clean(ev.level or "error", MAX_SHORT),
+        release=clean(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),
+        raw_excerpt=valid_text(cap(ev.excerpt or message, PRE_EXCERPT)))
 
 
 def _chunks(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
@@ -114,13 +134,15 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
 
     With ``cursor=(source_key, value)`` everything goes in ONE transaction together with the
     cursor, so a crash either keeps both or neither (no double counting on the next pull).
+    Redaction and fingerprinting happen before each transaction starts.
     """
     result = result or IngestResult()
     size = None if cursor is not None else batch
     chunks = [list(events)] if size is None else _chunks(events, size)
     wrote_cursor = False
     for chunk in chunks:
-        _ingest_batch(ledger, chunk, actor, source, cursor, result)
+        touched = _prepare_batch(chunk, result)
+        _write_batch(ledger, touched, actor, source, cursor, result)
         wrote_cursor = True
     if cursor is not None and not wrote_cursor:
         with ledger.tx() as c:
@@ -128,32 +150,46 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
     return result
 
 
-def _ingest_batch(ledger: Ledger, events: list[Event], actor: str, source: str | None,
-                  cursor: tuple[str, str] | None, result: IngestResult) -> None:
+def _prepare_batch(events: list[Event], result: IngestResult) -> dict[str, dict]:
+    """Outside any transaction: prepare every event (one that fails is rejected alone) and group them by
+    fingerprint; the latest occurrence's excerpt is redacted here too."""
     ts_default = now()
-    with ledger.tx() as c:
-        # fingerprint -> accumulated change for this batch
-        touched: dict[str, dict] = {}
-        for ev in events:
+    touched: dict[str, dict] = {}
+    for ev in events:
+        try:
             p = prepare(ev, ts_default)
-            t = touched.get(p.fingerprint)
-            if t is None:
-                row = c.execute(_FIND, (p.fingerprint,)).fetchone()
-                t = {"p": p, "id": row[0] if row else new_error_id(), "new": row is None, "count": 0,
-                     "first": p.timestamp, "last": p.timestamp, "latest": p}
-                touched[p.fingerprint] = t
-                result.error_ids.append(t["id"])
-            t["count"] += 1
-            if p.timestamp < t["first"]:
-                t["first"] = p.timestamp
-            if p.timestamp >= t["last"]:
-                t["last"] = p.timestamp
-                t["latest"] = p
+        except Exception as exc:  # noqa: BLE001 - one event never costs the others
+            result.add_rejected([Rejected(getattr(ev, "line", 0), f"could not be stored ({type(exc).__name__})")])
+            continue
+        t = touched.get(p.fingerprint)
+        if t is None:
+            t = {"p": p, "count": 0, "first": p.timestamp, "last": p.timestamp, "latest": p}
+            touched[p.fingerprint] = t
+        t["count"] += 1
+        if p.timestamp < t["first"]:
+            t["first"] = p.timestamp
+        if p.timestamp >= t["last"]:
+            t["last"] = p.timestamp
+            t["latest"] = p
+    for t in touched.values():
+        t["excerpt"] = cap(redact(t["latest"].raw_excerpt), MAX_EXCERPT)
+    return touched
+
+
+def _write_batch(ledger: Ledger, touched: dict[str, dict], actor: str, source: str | None,
+                 cursor: tuple[str, str] | None, result: IngestResult) -> None:
+    if not touched and cursor is None:
+        return
+    with ledger.tx() as c:
+        for fp, t in touched.items():
+            row = c.execute(_FIND, (fp,)).fetchone()
+            t["id"], t["new"] = (row[0], False) if row else (new_error_id(), True)
+            result.error_ids.append(t["id"])
         inserts, updates = [], []
         created = now()
         for fp, t in touched.items():
             p: Prepared = t["latest"]
-            excerpt = redact(p.raw_excerpt)[:MAX_EXCERPT]
+            excerpt = t["excerpt"]
             if t["new"]:
                 first = t["p"]
                 inserts.append((t["id"], fp, first.service, first.environment, first.cls, p.message, excerpt,
