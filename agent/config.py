@@ -16,7 +16,7 @@ from agent import AgentError
 
 ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
 BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
-FORGES = ("github", "local")
+FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
 
 
@@ -95,6 +95,19 @@ class GithubConfig:
 
 
 @dataclass(frozen=True)
+class GitlabConfig:
+    api_url: str = "https://gitlab.com/api/v4"      # self-managed: https://HOST/api/v4
+    token_env: str = "GITLAB_TOKEN"                 # sent as PRIVATE-TOKEN
+
+
+@dataclass(frozen=True)
+class GiteaConfig:
+    api_url: str = "https://gitea.com/api/v1"       # Gitea or Forgejo: https://HOST[/sub]/api/v1
+    token_env: str = "GITEA_TOKEN"                  # sent as Authorization: token
+    wip_prefix: str = "WIP: "                       # one of the instance's WORK_IN_PROGRESS_PREFIXES
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     kind: str
     service: str | None = None
@@ -125,6 +138,8 @@ class Config:
     decide: DecideConfig = DecideConfig()
     git: GitConfig = GitConfig()
     github: GithubConfig = GithubConfig()
+    gitlab: GitlabConfig = GitlabConfig()
+    gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
 
@@ -243,15 +258,18 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
-    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "sources",
-                                         "review"))
+    top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
+                              "sources", "review"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
-        if not isinstance(name, str) or name.count("/") != 1 or not all(name.split("/")):
-            raise ConfigError(f"{filename}: {p}: expected a repository name OWNER/NAME")
         d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
+        if (not isinstance(name, str) or not all(name.split("/"))
+                or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
+            raise ConfigError(f"{filename}: {p}: expected a repository name OWNER/NAME"
+                              + (" (GitLab: GROUP[/SUBGROUP...]/NAME)" if nested_ok else ""))
         repos[name] = RepoConfig(
             name=name,
             url=v.string(d.get("url"), f"{p}.url"),
@@ -325,6 +343,18 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         token_command=v.argv(hd.get("token_command"), "github.token_command"),
     )
 
+    gl = v.mapping(top.get("gitlab"), "gitlab", ("api_url", "token_env"))
+    gitlab = GitlabConfig(
+        api_url=_api_url(v, gl.get("api_url", GitlabConfig.api_url), "gitlab.api_url"),
+        token_env=v.string(gl.get("token_env", GitlabConfig.token_env), "gitlab.token_env"),
+    )
+    td = v.mapping(top.get("gitea"), "gitea", ("api_url", "token_env", "wip_prefix"))
+    gitea = GiteaConfig(
+        api_url=_api_url(v, td.get("api_url", GiteaConfig.api_url), "gitea.api_url"),
+        token_env=v.string(td.get("token_env", GiteaConfig.token_env), "gitea.token_env"),
+        wip_prefix=v.string(td.get("wip_prefix", GiteaConfig.wip_prefix), "gitea.wip_prefix"),
+    )
+
     sources = []
     raw_sources = top.get("sources") or []
     if not isinstance(raw_sources, list):
@@ -347,7 +377,17 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         sources.append(src)
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, sources=tuple(sources), review=review)
+                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), review=review)
+
+
+def _api_url(v: _V, value: Any, path: str) -> str:
+    url = v.string(value, path).rstrip("/")
+    if not url.startswith(("https://", "http://")):
+        v.fail(path, "an http(s) URL of the API root (e.g. https://HOST/api/v4)", value)
+    if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+        raise ConfigError(f"{v.filename}: {path}: secrets never go in config; put the token in the variable "
+                          "named by token_env")
+    return url
 
 
 def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
@@ -399,7 +439,7 @@ DEFAULT_CONFIG = """\
 #   acme/widgets:
 #     url: https://github.com/acme/widgets.git   # any git URL or local path
 #     base: main
-#     forge: local                               # github | local
+#     forge: local                               # github | gitlab | gitea | local
 #     services: [widgets-api]
 #     check: "python -m pytest -q"
 #     branch_prefix: "agent/fix-"
@@ -428,6 +468,8 @@ DEFAULT_CONFIG = """\
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
+# gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
+# gitea:  {api_url: https://git.example.com/api/v1, token_env: GITEA_TOKEN}       # also Forgejo
 # sources:
 #   - {kind: file, path: /var/log/widgets/*.log, service: widgets-api}
 """

@@ -150,9 +150,10 @@ def check_command() -> str:
 
 def write_config(home: Path, remote: Path, playbook: Path, implementer_status: str | None = None,
                  lane_args: tuple[str, ...] = (), limits: dict | None = None, forge: str = "local",
-                 github_api_url: str | None = None) -> Path:
+                 github_api_url: str | None = None, api_url: str | None = None) -> Path:
     """The demo config. ``lane_args`` are appended to both scripted lanes (e.g. ``--sleep 0.1:0.4 --log F``),
-    ``limits`` are merged over the demo's, ``forge``/``github_api_url`` point the repo at another forge."""
+    ``limits`` are merged over the demo's, ``forge`` with ``api_url`` (or ``github_api_url``) point the repo at
+    another forge (github, gitlab or gitea)."""
     py = sys.executable
     impl = [py, "-m", "agent.demo_lanes.implementer", "--spec", "{spec}", "--playbook", str(playbook),
             "--cwd", "{cwd}", *lane_args]
@@ -170,6 +171,8 @@ def write_config(home: Path, remote: Path, playbook: Path, implementer_status: s
     }
     if github_api_url:
         config["github"] = {"api_url": github_api_url}
+    if api_url and forge in ("github", "gitlab", "gitea"):
+        config[forge] = {"api_url": api_url}
     import yaml
 
     home.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -2,8 +2,9 @@
 
 Checks: git (>= 2.25), the ledger (opens read-only, is an agent ledger, schema, ``PRAGMA integrity_check``, WAL),
 the config (parses and validates), every vendor a configured lane role uses (binary on the lane's PATH, its version,
-an auth probe), every configured repository's forge (local: ``git ls-remote`` of the URL; github: a token resolves,
-and with ``online`` GET /user), and free disk in the home.
+an auth probe), every configured repository's forge (local: ``git ls-remote`` of the URL; github, gitlab, gitea: a
+token resolves, and with ``online`` GET /user, the token user's access to the project on GitLab/Gitea, and
+``git ls-remote``), and free disk in the home.
 
 Doctor only looks: it never creates the home, never migrates the ledger and never runs a lane. The auth probe can
 only see whether a key variable or the vendor's own credential file is *present*; whether the key is valid is known
@@ -308,11 +309,56 @@ def check_github(config, repo, online: bool = False, environ: dict | None = None
                  "is checked when the first PR opens)")
 
 
+def check_hosted(config, repo, online: bool = False, environ: dict | None = None) -> Check:
+    """GitLab or Gitea/Forgejo: the token variable is set; with ``online``, GET /user through the forge and the
+    token user's own access to the project (GitLab: effective access level >= 30; Gitea: write or more)."""
+    from agent.forge import ForgeError, forge_class
+
+    fc = getattr(config, repo.forge)                      # config.gitlab / config.gitea
+    label = f"forge {repo.name} ({repo.forge})"
+    env = os.environ if environ is None else environ
+    token = (env.get(fc.token_env) or "").strip()
+    display = {"gitlab": "GitLab", "gitea": "Gitea"}[repo.forge]
+    scopes = {"gitlab": "an access token with the api scope, user at least Developer on the project",
+              "gitea": "an access token with write:repository and write:issue"}[repo.forge]
+    if not token:
+        return Check(label, False, f"{fc.token_env} is not set (the {display} token)",
+                     f"export {fc.token_env}=<{scopes}> where agent runs, or change {repo.forge}.token_env")
+    if not online:
+        return Check(label, True, f"{fc.token_env} is set; not sent anywhere: `agent doctor --online` asks "
+                     f"{fc.api_url} who it belongs to")
+    kwargs = {"wip_prefix": config.gitea.wip_prefix} if repo.forge == "gitea" else {}
+    forge = forge_class(repo.forge)(repo.name, api_url=fc.api_url, token=token, base=repo.base, retries=0,
+                                    timeout=(5.0, 10.0), token_env=fc.token_env, **kwargs)
+    try:
+        me = forge.user()
+        login = me.get("username") or me.get("login") or "?"
+        if repo.forge == "gitlab":
+            level = forge.access_level(int(me["id"]))
+            ok, what = level >= 30, f"access level {level} on {repo.name}"
+        else:
+            perm = forge.permission(login)
+            ok, what = perm in ("write", "admin", "owner"), f"permission {perm} on {repo.name}"
+    except ForgeError as exc:
+        return Check(label, False, str(exc).replace(", then `agent task reset`", ""),
+                     f"set a valid token in {fc.token_env}; check {repo.forge}.api_url ({fc.api_url}) and "
+                     f"repos.{repo.name}")
+    if not ok:
+        need = "the Developer role (30)" if repo.forge == "gitlab" else "write access"
+        return Check(label, False, f"{fc.api_url}: token belongs to {login}, {what}: too little to open a draft",
+                     f"give {login} at least {need} on {repo.name}")
+    return Check(label, True, f"{fc.api_url}: token belongs to {login}, {what}")
+
+
 def check_forges(config, online: bool = False, environ: dict | None = None) -> list[Check]:
     checks = []
     for repo in config.repos.values():
         if repo.forge == "github":
             checks.append(check_github(config, repo, online, environ))
+            if online:
+                checks.append(check_remote(repo))
+        elif repo.forge in ("gitlab", "gitea"):
+            checks.append(check_hosted(config, repo, online, environ))
             if online:
                 checks.append(check_remote(repo))
         else:

@@ -26,7 +26,7 @@ def agent_bin() -> list[str]:
 
 
 def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: str = "local",
-          github_api_url: str | None = None, limits: dict | None = None) -> dict:
+          github_api_url: str | None = None, limits: dict | None = None, api_url: str | None = None) -> dict:
     """Demo project + remote + config + ``tasks`` distinct errors decided fix + `watch error-fix` run once."""
     from agent.app import App
     from agent.commands.watch import run_scan
@@ -40,7 +40,7 @@ def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: st
     playbook.write_text(json.dumps(PLAYBOOK))
     home = root / "home"
     write_config(home, remote, playbook, lane_args=lane_args, forge=forge, github_api_url=github_api_url,
-                 limits={"prs_per_hour": 1000, "open_drafts_per_repo": 1000, **(limits or {})})
+                 api_url=api_url, limits={"prs_per_hour": 1000, "open_drafts_per_repo": 1000, **(limits or {})})
     app = App(home=home)
     try:
         ingest_text(app.ledger, error_events(tasks, distinct=True), "auto", actor="script", source="test")

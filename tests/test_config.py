@@ -58,13 +58,31 @@ def test_contract_example_in_shared_docs_parses():
     assert "acme/widgets" in cfg.repos and "in-house" in cfg.vendors
 
 
+def test_gitlab_and_gitea_sections():
+    cfg = parse_config({"repos": {"grp/sub/widgets": {"url": "git@gl.example:grp/sub/widgets.git", "forge": "gitlab"},
+                                  "acme/api": {"url": "https://git.example/acme/api.git", "forge": "gitea"}},
+                        "gitlab": {"api_url": "https://gl.example/api/v4/", "token_env": "GL"},
+                        "gitea": {"api_url": "https://git.example/sub/api/v1"}})
+    assert cfg.repos["grp/sub/widgets"].forge == "gitlab" and cfg.gitlab.api_url == "https://gl.example/api/v4"
+    assert (cfg.gitlab.token_env, cfg.gitea.token_env, cfg.gitea.wip_prefix) == ("GL", "GITEA_TOKEN", "WIP: ")
+    defaults = parse_config({})
+    assert defaults.gitlab.api_url == "https://gitlab.com/api/v4" and defaults.gitlab.token_env == "GITLAB_TOKEN"
+
+
 @pytest.mark.parametrize("doc, message", [
     ({"limits": {"round_cap": "five"}}, 'config.yaml: limits.round_cap: expected an integer >= 1, got "five"'),
     ({"limits": {"repair": 4}}, "config.yaml: limits.repair: expected an integer from 0 to 3, got 4"),
     ({"limitz": {}}, "config.yaml: limitz: unknown key"),
     ({"repos": {"widgets": {"url": "x"}}}, "config.yaml: repos.widgets: expected a repository name OWNER/NAME"),
     ({"repos": {"a/b": {}}}, "config.yaml: repos.a/b.url: expected a non-empty string, got nothing"),
-    ({"repos": {"a/b": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.a/b.forge: expected one of github|local"),
+    ({"repos": {"a/b": {"url": "x", "forge": "bitbucket"}}},
+     "config.yaml: repos.a/b.forge: expected one of github|gitlab|gitea|local"),
+    ({"repos": {"a/b/c": {"url": "x", "forge": "gitea"}}}, "config.yaml: repos.a/b/c: expected a repository name"),
+    ({"repos": {"a//c": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.a//c: expected a repository name "
+                                                           "OWNER/NAME (GitLab: GROUP[/SUBGROUP...]/NAME)"),
+    ({"gitlab": {"api_url": "gitlab.example.com"}}, "config.yaml: gitlab.api_url: expected an http(s) URL"),
+    ({"gitea": {"api_url": "https://bot:hunter2@git.example/api/v1"}}, "config.yaml: gitea.api_url: secrets never"),
+    ({"gitea": {"token": "x"}}, "config.yaml: gitea.token: unknown key"),
     ({"lanes": {"implementer": {"vendor": "nope"}}}, "config.yaml: lanes.implementer.vendor: expected a built-in"),
     ({"lanes": {"tester": {"vendor": "codex"}}}, "config.yaml: lanes.tester: unknown role"),
     ({"vendors": {"mine": {"bin": "x"}}}, "config.yaml: vendors.mine.command: expected an argv list"),

@@ -284,3 +284,51 @@ def test_github_home_through_run_doctor(tmp_path, github_api):
     assert "forge acme/widgets (github)" in bad
     assert "lanes" in bad                       # a repo but no lanes: the fixer roles are named
     assert by_name(result)["remote acme/widgets"]["ok"]
+
+
+# ---------------------------------------------------------------------------------------------- gitlab, gitea
+
+
+@pytest.mark.parametrize("forge", ["gitlab", "gitea"])
+def test_gitlab_and_gitea_credentials_access_and_remote(tmp_path, forge):
+    """Offline: the token variable is named and set.  Online: GET /user, the token user's own access to the
+    project (GitLab effective access level >= 30, Gitea write or more) and `git ls-remote`, against the forge
+    simulators (tests/forge_sim), which check each call against the forge's API schema."""
+    from forge_sim.gitea import GiteaSim
+    from forge_sim.gitlab import GitlabSim
+
+    _, remote = make_project(tmp_path)
+    sim = GitlabSim(token="tok-doctor") if forge == "gitlab" else GiteaSim(token="tok-doctor")
+    with sim:
+        if forge == "gitlab":
+            sim.add_project("acme/widgets", bot_access=30)
+            sim.add_project("acme/readonly", bot_access=20)
+        else:
+            sim.add_repo("acme/widgets", bot_permission="write")
+            sim.add_repo("acme/readonly", bot_permission="read")
+        cfg_path = tmp_path / "config.yaml"
+        cfg_path.write_text(yaml.safe_dump({
+            "repos": {"acme/widgets": {"url": str(remote), "forge": forge},
+                      "acme/readonly": {"url": str(remote), "forge": forge}},
+            forge: {"api_url": sim.url, "token_env": "ACME_FORGE_TOKEN"}}))
+        config = load_config(cfg_path)
+        from agent.doctor import check_forges
+
+        unset = check_forges(config, online=False, environ={})
+        assert [c.ok for c in unset] == [False, False]
+        assert "ACME_FORGE_TOKEN is not set" in unset[0].detail and unset[0].fix.startswith("export ACME_FORGE_TOKEN=")
+        offline = check_forges(config, online=False, environ={"ACME_FORGE_TOKEN": "tok-doctor"})
+        assert all(c.ok for c in offline) and sim.calls == []          # offline sends nothing
+
+        online = {c.name: c for c in check_forges(config, online=True, environ={"ACME_FORGE_TOKEN": "tok-doctor"})}
+        good, weak = online[f"forge acme/widgets ({forge})"], online[f"forge acme/readonly ({forge})"]
+        assert good.ok and "token belongs to agent-bot" in good.detail
+        assert not weak.ok and "too little to open a draft" in weak.detail and "agent-bot" in weak.fix
+        assert online["remote acme/widgets"].ok
+        assert all(c.headers.get("PRIVATE-TOKEN" if forge == "gitlab" else "Authorization", "").endswith("tok-doctor")
+                   for c in sim.calls)
+
+        refused = {c.name: c for c in check_forges(config, online=True, environ={"ACME_FORGE_TOKEN": "stale"})}
+        bad = refused[f"forge acme/widgets ({forge})"]
+        assert not bad.ok and "token was refused (401)" in bad.detail and "stale" not in bad.detail
+        sim.assert_clean()

@@ -358,6 +358,18 @@ def test_canary_secret_never_reaches_the_lane(env, monkeypatch):
         assert "canary-ghp-0123456789abcdef" not in text and "canary-loki-0123456789" not in text
 
 
+def test_gitlab_and_gitea_tokens_never_reach_the_lane_even_when_listed(env, monkeypatch):
+    monkeypatch.setenv("GITLAB_TOKEN", "canary-glpat-0123456789")
+    monkeypatch.setenv("MY_GITEA", "canary-gitea-0123456789")
+    env.agent.set({"print": report_impl()})
+    config = cfg(env, env=["GITLAB_TOKEN", "MY_GITEA"], gitea={"token_env": "MY_GITEA"})
+    res = lane(env, "implementer", config)
+    assert res.status == "complete"
+    seen = env.agent.calls[0]["env"]
+    assert "GITLAB_TOKEN" not in seen and "MY_GITEA" not in seen
+    assert not any("canary-" in v for v in seen.values())
+
+
 def test_secret_echoed_by_agent_is_redacted_in_ledger(env, monkeypatch):
     monkeypatch.setenv("FAKE_API_KEY", "sk-live-abcdefghijklmnopqrstuvwxyz")
     env.agent.set({"echo_env": ["FAKE_API_KEY"],

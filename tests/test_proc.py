@@ -165,10 +165,13 @@ def test_lane_env_allowlist_drops_canary_secret(tmp_path, monkeypatch):
 def test_config_denylist_names_forge_and_source_tokens():
     from agent.config import parse_config
 
-    cfg = parse_config({"github": {"token_env": "MY_GH"},
+    cfg = parse_config({"github": {"token_env": "MY_GH"}, "gitlab": {"token_env": "MY_GL"},
+                        "gitea": {"token_env": "MY_GT"},
                         "sources": [{"kind": "loki", "url": "http://127.0.0.1:1", "query": "{a=\"b\"}",
                                      "auth_env": "LOKI_TOKEN"}]})
-    assert set(config_denylist(cfg)) == {"MY_GH", "LOKI_TOKEN"}
+    # every forge's token variable (and GitHub's fallbacks, which the forge reads too) plus source tokens
+    assert set(config_denylist(cfg)) == {"MY_GH", "GITHUB_TOKEN", "GH_TOKEN", "MY_GL", "MY_GT", "LOKI_TOKEN"}
+    assert {"GITLAB_TOKEN", "GITEA_TOKEN"} <= set(config_denylist(parse_config({})))
 
 
 def test_missing_cwd_is_reported(tmp_path):

@@ -1,4 +1,4 @@
-"""Forges: where draft pull requests live.  One interface, two implementations, one publish path.
+"""Forges: where draft pull requests live.  One interface, four implementations, one publish path.
 
 - ``Forge`` is the interface every forge implements (a ``typing.Protocol``).
 - ``FORGES`` maps a repo's ``forge:`` config value to its class (``module:Class``, imported lazily).
@@ -8,7 +8,8 @@
   point: a PR created just before a crash is found again by its head branch, never created twice.
 
 Rules every forge keeps: PRs are always drafts; a forge never marks one ready and never merges.
-All HTTP lives in ``agent.forge.github``.
+All HTTP goes through ``agent.http.ApiClient`` (retries, backoff, rate limits, pagination); each hosted
+forge's module (``github``, ``gitlab``, ``gitea``) holds only that forge's quirks.
 """
 
 from __future__ import annotations
@@ -159,7 +160,11 @@ def ci_state(status: str | None, conclusion: str | None = None) -> str:
 
 
 class ForgeRateLimited(ForgeError):
-    """GitHub's rate limit would need a longer wait than allowed; try again later."""
+    """The forge's rate limit would need a longer wait than allowed; try again later."""
+
+
+class ForgeConflict(ForgeError):
+    """The forge says a PR for this head (and base) already exists (GitHub 422, GitLab 409, Gitea 409)."""
 
 
 class ForgeTransient(ForgeError):
@@ -168,7 +173,7 @@ class ForgeTransient(ForgeError):
 
 @runtime_checkable
 class Forge(Protocol):
-    name: str                 # "github" | "local"
+    name: str                 # "github" | "gitlab" | "gitea" | "local"
     repo: str                 # OWNER/NAME
 
     def find_pr_by_head(self, branch: str) -> PR | None:
@@ -211,6 +216,8 @@ class Forge(Protocol):
 
 FORGES: dict[str, str] = {
     "github": "agent.forge.github:GithubForge",
+    "gitlab": "agent.forge.gitlab:GitlabForge",
+    "gitea": "agent.forge.gitea:GiteaForge",
     "local": "agent.forge.local:LocalForge",
 }
 

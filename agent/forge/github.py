@@ -4,6 +4,8 @@
 - Token from ``github.token_env`` (default GITHUB_TOKEN), then GITHUB_TOKEN, then GH_TOKEN, then
   ``github.token_command`` (run with a timeout).  The token is held in memory only: never stored,
   logged, put in an exception message or in ``repr``.
+- Retries, backoff, rate limits and pagination are the shared ``agent.http.ApiClient``; this module keeps
+  only GitHub's own quirks (what 401/403/404/422 mean, the secondary limit without headers).
 - Pagination follows the ``Link: <...>; rel="next"`` header (bounded).
 - 401/403/404 raise ``ForgeAuthError`` with a one-line message saying what to fix.
 - Rate limits (429, or 403 with ``Retry-After`` / ``X-RateLimit-Remaining: 0``) are waited out
@@ -23,8 +25,10 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from agent import __version__
-from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ForgeRateLimited,
-                         ForgeTransient, adoption_refusal, ci_state, with_own_mark)
+from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError,
+                         ci_state, with_own_mark)
+from agent.forge import ForgeRateLimited, ForgeTransient  # noqa: F401  (re-exported: callers import them here)
+from agent.forge.hosted import HostedForge, pr_from_pulls_json
 
 API_VERSION = "2022-11-28"
 MAX_PAGES = 50
@@ -61,19 +65,12 @@ def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...
 
 
 def _pr_from_json(data: dict) -> PR:
-    state = data.get("state") or "open"
-    if data.get("merged") or data.get("merged_at"):
-        state = "merged"
-    head = data.get("head") or {}
-    base = data.get("base") or {}
-    return PR(number=int(data["number"]), url=data.get("html_url") or data.get("url") or "",
-              head=head.get("ref") or "", head_sha=head.get("sha"), base=base.get("ref") or "",
-              state=state, draft=bool(data.get("draft")), title=data.get("title") or "",
-              body=data.get("body") or "")
+    return pr_from_pulls_json(data)
 
 
-class GithubForge:
+class GithubForge(HostedForge):
     name = "github"
+    display = "GitHub"
 
     def __init__(self, repo: str, api_url: str = "https://api.github.com",
                  token: str | Callable[[], str] | None = None, session=None,
@@ -82,21 +79,12 @@ class GithubForge:
                  backoff: float = 1.0):
         if repo.count("/") != 1:
             raise ForgeError(f"github: repository {repo!r} is not OWNER/NAME")
-        self.repo = repo
+        super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
+                         retries=retries, max_wait=max_wait, backoff=backoff,
+                         headers={"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
+                                  "User-Agent": f"agent-fixer/{__version__}"},
+                         rate_limit_hint=_secondary_rate_limit)
         self.owner = repo.split("/")[0]
-        self.api_url = api_url.rstrip("/")
-        self._token_source = token
-        self._token: str | None = None
-        self._session = session
-        self.sleep = sleep
-        self.clock = clock
-        self.timeout = timeout
-        self.retries = retries
-        self.max_wait = max_wait
-        self.backoff = backoff
-
-    def __repr__(self) -> str:  # never shows the token
-        return f"GithubForge(repo={self.repo!r}, api_url={self.api_url!r})"
 
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GithubForge":
@@ -104,112 +92,35 @@ class GithubForge:
         return cls(repo_config.name, api_url=gh.api_url,
                    token=lambda: resolve_token(gh.token_env, gh.token_command))
 
-    # ------------------------------------------------------------------ HTTP
+    # ------------------------------------------------------------------ GitHub's quirks
 
-    @property
-    def session(self):
-        if self._session is None:
-            from agent.http import new_session
+    def resolve_token(self) -> str:
+        return resolve_token()
 
-            self._session = new_session()
-        return self._session
+    def auth_header(self, token: str) -> dict:
+        return {"Authorization": f"Bearer {token}"}
 
-    def _auth_header(self) -> str:
-        if self._token is None:
-            src = self._token_source
-            token = src() if callable(src) else src
-            self._token = token if token else resolve_token()
-        return f"Bearer {self._token}"
+    def token_fix(self) -> str:
+        return "set a valid GITHUB_TOKEN / GH_TOKEN or fix github.token_command"
 
-    def _url(self, path: str) -> str:
-        return path if path.startswith(("http://", "https://")) else f"{self.api_url}{path}"
+    def access_fix(self) -> str:
+        return "give the token 'pull requests: write' on this repository"
 
-    def _rate_limit_wait(self, resp) -> float | None:
-        """Seconds to wait if ``resp`` is a rate-limit answer, else None."""
-        if resp.status_code not in (403, 429):
-            return None
-        h = resp.headers
-        if h.get("Retry-After"):
-            try:
-                return max(float(h["Retry-After"]), 0.0)
-            except ValueError:
-                return 60.0
-        if h.get("X-RateLimit-Remaining") == "0" and h.get("X-RateLimit-Reset"):
-            try:
-                return max(float(h["X-RateLimit-Reset"]) - self.clock(), 0.0) + 1.0
-            except ValueError:
-                return 60.0
-        if resp.status_code == 429 or "rate limit" in _message(resp).lower():
-            return 60.0  # secondary limit without headers: GitHub asks for at least a minute
-        return None
+    def check_more(self, resp, what: str, msg: str) -> None:
+        if resp.status_code == 422:
+            err = GithubValidationError(self.repo, what, resp)
+            if err.already_exists:
+                raise ForgeConflict(str(err))
+            raise err
 
     def _request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                  idempotent: bool = True, what: str = "", not_found_ok: bool = False) -> Any:
-        from agent.http import transport_failure
-
-        url = self._url(path)
-        headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
-                   "User-Agent": f"agent-fixer/{__version__}", "Authorization": self._auth_header()}
-        what = what or f"{method} {path}"
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                resp = self.session.request(method, url, json=json, params=params, headers=headers,
-                                            timeout=self.timeout)
-            except Exception as exc:
-                kind = transport_failure(exc)
-                if kind is None:
-                    raise
-                if idempotent and attempt <= self.retries:
-                    self.sleep(self.backoff * 2 ** (attempt - 1))
-                    continue
-                raise ForgeTransient(f"github {self.repo}: {what} {kind} ({self.api_url}); "
-                                     "it will be retried on the next scan") from None
-            wait = self._rate_limit_wait(resp)
-            if wait is not None:
-                if attempt > self.retries or wait > self.max_wait:
-                    at = time.strftime("%H:%M:%S", time.localtime(self.clock() + wait))
-                    raise ForgeRateLimited(f"github {self.repo}: rate limited on {what}; GitHub allows the next "
-                                           f"call in {wait:.0f}s (at {at}); the next scan retries")
-                self.sleep(wait)
-                continue
-            if resp.status_code >= 500:
-                if idempotent and attempt <= self.retries:
-                    self.sleep(self.backoff * 2 ** (attempt - 1))
-                    continue
-                raise ForgeTransient(f"github {self.repo}: {what} failed with {resp.status_code} "
-                                     f"({_message(resp)[:120]}); it will be retried on the next scan")
-            if resp.status_code == 401:
-                raise ForgeAuthError(f"github {self.repo}: the token was refused (401) on {what}; set a valid "
-                                     "GITHUB_TOKEN / GH_TOKEN or fix github.token_command, then `agent task reset`")
-            if resp.status_code == 403:
-                raise ForgeAuthError(f"github {self.repo}: access denied (403) on {what}: {_message(resp)[:120]}; "
-                                     "give the token 'pull requests: write' on this repository, then "
-                                     "`agent task reset`")
-            if resp.status_code == 404 and not_found_ok:
-                return None
-            if resp.status_code == 404:
-                raise ForgeAuthError(f"github {self.repo}: not found (404) on {what}; the repository does not "
-                                     "exist or the token cannot see it: check repos: in config.yaml and the "
-                                     "token's repository access")
-            if resp.status_code == 422:
-                raise GithubValidationError(self.repo, what, resp)
-            if resp.status_code >= 400:
-                raise ForgeError(f"github {self.repo}: {what} failed with {resp.status_code}: {_message(resp)[:200]}")
-            return resp
+        resp = self.api.request(method, path, json=json, params=params, idempotent=idempotent, what=what,
+                                allow=(404,) if not_found_ok else ())
+        return None if not_found_ok and resp.status_code == 404 else resp
 
     def _paginate(self, path: str, params: dict, what: str) -> list:
-        items: list = []
-        url: str | None = path
-        for _ in range(MAX_PAGES):
-            resp = self._request("GET", url, params=params, what=what)
-            items.extend(resp.json())
-            nxt = resp.links.get("next", {}).get("url")
-            if not nxt:
-                return items
-            url, params = nxt, None  # the next URL carries the query
-        raise ForgeError(f"github {self.repo}: {what} has more than {MAX_PAGES} pages; narrow the query")
+        return self.api.paginate(path, params, what, max_pages=MAX_PAGES)
 
     def _pulls(self) -> str:
         owner, name = self.repo.split("/")
@@ -227,39 +138,15 @@ class GithubForge:
         prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
         return prs[0]
 
-    def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
+    def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"title": title, "head": head, "base": base, "body": body, "draft": True,
                    "maintainer_can_modify": False}
-        for attempt in range(1, self.retries + 2):
-            try:
-                resp = self._request("POST", f"{self._pulls()}/pulls", json=payload, idempotent=False,
-                                     what=f"creating the draft PR for {head}")
-                return _pr_from_json(resp.json())
-            except GithubValidationError as exc:
-                if not exc.already_exists:
-                    raise
-                return self._adopt(head, title, body, exc)
-            except ForgeTransient:
-                # The create may or may not have happened: look before creating again.
-                found = self.find_pr_by_head(head)
-                if found is not None:
-                    return self._adopt(head, title, body, None, found)
-                if attempt > self.retries:
-                    raise
-                self.sleep(self.backoff * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")  # pragma: no cover
+        resp = self._request("POST", f"{self._pulls()}/pulls", json=payload, idempotent=False,
+                             what=f"creating the draft PR for {head}")
+        return _pr_from_json(resp.json())
 
-    def _adopt(self, head: str, title: str, body: str, exc: Exception | None, found: PR | None = None) -> PR:
-        found = found or self.find_pr_by_head(head)
-        if found is None:
-            raise ForgeError(f"github {self.repo}: GitHub says a PR for {head} exists but none is listed; "
-                             "check the repository's pull requests") from exc
-        why = adoption_refusal(found, head)
-        if why:
-            raise ForgeError(f"github {self.repo}: {why}") from None
-        if found.title != title or found.body != body:
-            return self.update(found.number, title, body)
-        return found
+    def _find(self, head: str, base: str) -> PR | None:
+        return self.find_pr_by_head(head)
 
     def update(self, number: int, title: str, body: str) -> PR:
         resp = self._request("PATCH", f"{self._pulls()}/pulls/{int(number)}", json={"title": title, "body": body},
@@ -387,10 +274,11 @@ def _login(item: dict) -> str:
 
 
 def _message(resp) -> str:
-    try:
-        data = resp.json()
-        if isinstance(data, dict) and data.get("message"):
-            return str(data["message"])
-    except ValueError:
-        pass
-    return (resp.text or resp.reason or "").strip().replace("\n", " ")
+    from agent.http import response_message
+
+    return response_message(resp)
+
+
+def _secondary_rate_limit(resp) -> float | None:
+    """GitHub's secondary limit can come as a 403 without rate-limit headers: it asks for at least a minute."""
+    return 60.0 if "rate limit" in _message(resp).lower() else None

@@ -43,7 +43,7 @@ def lane_env(vendor_env_names: Iterable[str] = (), extra: Mapping[str, str] | No
 
 def config_denylist(config) -> tuple[str, ...]:
     """Secret-holding variable names the config itself mentions (forge and source tokens)."""
-    names = [config.github.token_env]
+    names = [config.github.token_env, "GITHUB_TOKEN", "GH_TOKEN", config.gitlab.token_env, config.gitea.token_env]
     for src in config.sources:
         names += [src.auth_env, src.token_env]
     return tuple(n for n in names if n)
