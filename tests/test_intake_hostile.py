@@ -165,6 +165,7 @@ def test_sentry_shaped_lines_inside_log_text_never_crash(tmp_path):
 
 def test_the_cli_names_each_bad_line_and_never_prints_a_traceback(tmp_path):
     home = tmp_path / "home"
+    home.mkdir()  # only `agent init` creates a home
     lines = [good(0)] + [v for v in CRASHERS.values()] + [good(99)]
     f = tmp_path / "hostile.jsonl"
     f.write_text("\n".join(lines) + "\n", encoding="utf-8")
