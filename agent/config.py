@@ -67,6 +67,7 @@ class Limits:
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
     feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
+    worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class Config:
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
+    prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
         for repo in self.repos.values():
@@ -259,7 +261,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                              "sources", "review"))
+                              "sources", "review", "prices"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -319,6 +321,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
         feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
+        worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
@@ -376,8 +379,20 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
+    prices = {}
+    for name, raw in v.mapping(top.get("prices"), "prices").items():
+        from agent.lanes.prices import Price
+
+        p = f"prices.{name}"
+        d = v.mapping(raw, p, ("input", "output"))
+        for k in ("input", "output"):
+            if k not in d:
+                v.fail(f"{p}.{k}", "a number >= 0 (USD per million tokens)", None)
+        prices[str(name)] = Price(input=v.number(d["input"], f"{p}.input"), output=v.number(d["output"], f"{p}.output"))
+
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), review=review)
+                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
+                  review=review)
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -464,6 +479,10 @@ DEFAULT_CONFIG = """\
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
+#   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+
+# prices:                             # USD per million tokens, for vendors that report tokens only
+#   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}

@@ -21,7 +21,7 @@ SCANS: dict[str, tuple[str, str]] = {
     "pr-feedback": ("agent.feedback:scan_pr_feedback",
                     "Read reviews, review comments and CI on open agent PRs; they start the next round."),
     "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
-    "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states: merged, closed, branch pruning."),
+    "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states (merged, closed, branch pruning); retry owed PR texts; remove finished worktrees."),
 }
 
 
