@@ -381,6 +381,8 @@ def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None 
         lines += post_owed_replies(ledger, forge, task_id)  # a cap comment owed by this pass
         return lines
     except (ForgeAuthError, ForgeError) as exc:
+        if getattr(exc, "remembered", False):
+            return []  # a rate limit remembered from an earlier call: said when it happened, no news now
         return [f"task {task_id}: PR feedback not read now: {exc}"]
     except (ClaimLost, Refused) as exc:
         return [f"task {task_id}: {exc}"]
