@@ -237,7 +237,14 @@ def m004_pr_feedback(db) -> None:
 
 
 @migration
-def m005_pr_replies(db) -> None:
+def m005_lane_pid_start(db) -> None:
+    """A lane's process identity is its pid AND its start time (/proc/PID/stat field 22): the orphan killer
+    signals a recorded lane only while both match, never a process that merely reuses the pid."""
+    db["lane_runs"].add_column("pid_start", int)
+
+
+@migration
+def m006_pr_replies(db) -> None:
     """Replies the agent owes on a PR, posted at most once, and what a feedback round started from.
 
     - ``pr_replies``: one row per comment the agent owes (``round``: what a feedback round changed, posted when the
