@@ -244,7 +244,14 @@ def m005_lane_pid_start(db) -> None:
 
 
 @migration
-def m006_pr_replies(db) -> None:
+def m006_tasks_with_worktrees(db) -> None:
+    """Tasks that still have a worktree, found without reading every finished task: `watch pr-merged` looks for
+    finished ones to remove on every tick (100,000 done tasks: 51 ms -> well under 1 ms)."""
+    db.execute("CREATE INDEX idx_tasks_with_worktree ON tasks (id) WHERE worktree IS NOT NULL")
+
+
+@migration
+def m007_pr_replies(db) -> None:
     """Replies the agent owes on a PR, posted at most once, and what a feedback round started from.
 
     - ``pr_replies``: one row per comment the agent owes (``round``: what a feedback round changed, posted when the
