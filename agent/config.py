@@ -66,6 +66,7 @@ class Limits:
     open_drafts_per_repo: int = 3
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
+    workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                        "limits.open_drafts_per_repo", 1),
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+        workspace_failures=v.integer(ld.get("workspace_failures", dflt.workspace_failures),
+                                     "limits.workspace_failures", 1),
     )
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
@@ -450,6 +453,7 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+#   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}

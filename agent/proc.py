@@ -340,3 +340,19 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
     return ProcResult(exit_code=proc.returncode, timed_out=timed_out, missing=False,
                       duration_s=time.monotonic() - started, pid=proc.pid, stdout_path=stdout_path,
                       stderr_path=stderr_path, truncated=any(p.dropped for p in pumps))
+
+
+# ---------------------------------------------------------------------------- process identity
+
+
+def start_time(pid: int | None) -> int | None:
+    """The start time of ``pid`` (clock ticks since boot, /proc/PID/stat field 22), or None if there is no
+    such process.  A pid plus its start time names one process for good: a reused pid has another start."""
+    if not pid or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])          # field 22 overall; fields[0] is field 3 (state)
+    except (OSError, IndexError, ValueError):
+        return None

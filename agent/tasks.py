@@ -199,26 +199,31 @@ def note_wait(ledger: Ledger, task_id: int, reason: str | None, claim_token: str
 
 
 def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "script",
-                     claim_token: str | None = None) -> tuple[bool, int]:
+                     claim_token: str | None = None, free: bool = False, **fields: Any) -> tuple[bool, int]:
     """A rejected round: reopen the round steps and count up, or fail the task at the round cap.
 
+    ``free``: the round is not the work's fault (its workspace was lost): the cap grows by one with it.
+    ``fields`` are written to the task with the new round (e.g. the head the round starts from).
     Returns (started, round) — started is False when the cap failed the task.
     """
     with ledger.tx() as c:
         _check_claim(c, task_id, claim_token)
         t = get_task(ledger, task_id, c)
-        if chain.round_exhausted(t["round"], t["round_cap"]):
+        if not free and chain.round_exhausted(t["round"], t["round_cap"]):
             transition_in(ledger, c, task_id, t["state"], chain.FAILED, actor,
                         f"round cap {t['round_cap']} reached; last feedback: {feedback[:300]}")
             return False, t["round"]
         new_round = t["round"] + 1
+        if free:
+            fields["round_cap"] = t["round_cap"] + 1
         for key in chain.ROUND_STEPS:
             ledger.update(c, "steps", {"task_id": task_id, "key": key},
                           {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
                            "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
         transition_in(ledger, c, task_id, t["state"], chain.WORKING, actor,
-                    f"round {new_round}", round=new_round)
-        ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000]},
+                    f"round {new_round}", round=new_round, **fields)
+        ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000], "free": free,
+                                                 **{k: v for k, v in fields.items() if k != "round_cap"}},
                      task_id=task_id)
         return True, new_round
 

@@ -18,7 +18,44 @@ from agent import AgentError
 
 
 class WorkspaceError(AgentError):
-    pass
+    """The mirror or worktree could not be made; the message has git's own first error line and the fix."""
+
+
+def git_error_line(exc) -> str:
+    """Git's first error line from a GitCommandError (``fatal: repository '/x' does not exist``).
+
+    GitPython wraps stderr as ``\n  stderr: '...'\n`` with the closing quote on a line of its own, so the last line
+    is a lone ``'``: take the first ``fatal:``/``error:`` line instead, else the first non-empty one."""
+    text = str(getattr(exc, "stderr", "") or "").strip()
+    if text.startswith("stderr:"):
+        text = text[len("stderr:"):].strip()
+    if text[:1] == "'" and text.endswith("'"):
+        text = text[1:-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "'"]
+    for line in lines:
+        if line.lower().startswith(("fatal:", "error:")):
+            return line
+    return lines[0] if lines else f"git exited with {getattr(exc, 'status', '?')}"
+
+
+def _fix_for(line: str, repo: str) -> str:
+    low = line.lower()
+    if "could not resolve host" in low or "name or service not known" in low or "connection refused" in low \
+            or "could not connect" in low or "failed to connect" in low or "timed out" in low:
+        return f"the host in repos.{repo}.url cannot be reached: check the URL and the network"
+    if "permission denied" in low or "authentication failed" in low or "could not read username" in low \
+            or "access denied" in low or "403" in low:
+        return f"access to repos.{repo}.url was refused: check the credentials or SSH key of this user"
+    return f"check repos.{repo}.url: it must be a git repository this user can clone"
+
+
+def _git_failed(exc, what: str, repo: str, fix: str | None = None) -> WorkspaceError:
+    line = git_error_line(exc)
+    if "no space left on device" in str(getattr(exc, "stderr", "")).lower():
+        from agent.ledger import disk_full
+
+        return disk_full(what)
+    return WorkspaceError(f"{what}: {line}; {fix or _fix_for(line, repo)}")
 
 
 @dataclass(frozen=True)
@@ -85,9 +122,7 @@ def ensure_mirror(home: Path, repo: str, url: str) -> Path:
         staging.rename(mirror)
         return mirror
     except git.GitCommandError as exc:
-        detail = (exc.stderr or "").strip().splitlines()
-        raise WorkspaceError(f"{repo}: cannot clone or fetch {url}: {detail[-1] if detail else exc}; "
-                             "check repos.<name>.url and access") from None
+        raise _git_failed(exc, f"{repo}: cannot clone or fetch {url}", repo) from None
 
 
 def _worktree_branches(mirror: Path) -> dict[str, str]:
@@ -127,16 +162,55 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
         shutil.rmtree(staging, ignore_errors=True)
     g.worktree("prune")
     branch_exists = bool(g.branch("--list", branch).strip())
+    pushed = _has_ref(g, f"refs/remotes/origin/{branch}")
     try:
         if branch_exists:  # made by an earlier attempt whose worktree was lost: keep its commits
             g.worktree("add", str(staging), branch)
+        elif pushed:  # the mirror was lost and cloned again: go on from what was pushed, not from the base
+            g.worktree("add", "-b", branch, str(staging), f"refs/remotes/origin/{branch}")
         else:
             g.worktree("add", "-b", branch, str(staging), f"refs/remotes/origin/{base}")
         g.worktree("move", str(staging), str(final))
     except git.GitCommandError as exc:
-        detail = (exc.stderr or "").strip().splitlines()
-        raise WorkspaceError(f"task {task_id}: cannot create worktree: {detail[-1] if detail else exc}") from None
+        raise _git_failed(exc, f"task {task_id}: cannot create worktree", repo,
+                          f"move {final} aside if it is in the way, or reset the task") from None
     return Workspace(final, branch, base_sha, mirror, created=True)
+
+
+def _has_ref(g, ref: str) -> bool:
+    import git
+
+    try:
+        g.rev_parse("--verify", "--quiet", ref)
+        return True
+    except git.GitCommandError:
+        return False
+
+
+def has_commit(mirror: Path, sha: str | None) -> bool:
+    """Whether the repository at ``mirror`` holds commit ``sha``."""
+    import git
+
+    if not sha:
+        return False
+    try:
+        _git(mirror).cat_file("-e", f"{sha}^{{commit}}")
+        return True
+    except (git.GitCommandError, git.exc.NoSuchPathError, git.exc.InvalidGitRepositoryError):
+        return False
+
+
+def intact(worktree: Path, mirror: Path) -> bool:
+    """Whether a task's worktree folder is still a working git worktree of ``mirror`` (a deleted mirror leaves a
+    folder whose ``.git`` file points at nothing, and every git command there fails)."""
+    dotgit = Path(worktree) / ".git"
+    if not mirror.is_dir() or not dotgit.is_file():
+        return False
+    text = dotgit.read_text(errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        return False
+    gitdir = Path(text[len("gitdir:"):].strip())
+    return gitdir.is_dir() and (gitdir / "HEAD").exists()
 
 
 def remove_worktree(mirror: Path, path: Path) -> None:
