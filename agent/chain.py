@@ -54,15 +54,21 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     DONE: (FAILED,),                                # its PR was closed without merge (watch pr-merged)
 }
 HUMAN_ONLY_TRANSITIONS = {(BLOCKED, WORKING), (FAILED, WORKING)}
+# A gate-block whose reason starts with this was caused by the config (repository not configured, no lane for a
+# role): the one back-to-work move a script may make, once the config is valid again (no human decision is needed).
+CONFIG_BLOCK = "config:"
 
 
-def check_transition(current: str, target: str, actor: str) -> str | None:
-    """Return why ``current -> target`` by ``actor`` is not allowed, or None."""
+def check_transition(current: str, target: str, actor: str, blocked_reason: str | None = None) -> str | None:
+    """Return why ``current -> target`` by ``actor`` is not allowed, or None. ``blocked_reason`` is the task's
+    current one (a config block may be lifted by the script)."""
     if target not in TASK_STATES:
         return f"unknown task state {target!r}"
     if target not in TRANSITIONS.get(current, ()):
         return f"a task may not go from {current} to {target}"
     if (current, target) in HUMAN_ONLY_TRANSITIONS and actor != HUMAN:
+        if (current, target) == (BLOCKED, WORKING) and (blocked_reason or "").startswith(CONFIG_BLOCK):
+            return None
         return f"only a human may move a task from {current} back to {target} (agent task reset)"
     return None
 

@@ -15,6 +15,7 @@ from typing import Any
 from agent import AgentError
 
 ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
+FIXER_ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic")   # the roles every task's chain runs
 BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
 FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
@@ -415,6 +416,37 @@ def load_config(path: Path, required: bool = False) -> Config:
             raise ConfigError(f"{path}: no such config file; run `agent init` or pass an existing --config")
         return Config(path=None)
     return parse_config(_read_yaml(path), filename=str(path), path=path)
+
+
+def task_gaps(config: Config, repo: str, worktree: str | None) -> list[str]:
+    """What the config lacks for a task on ``repo``: ``repos.<repo>`` and ``lanes.<role>`` for each chain role not
+    set there nor in the repository's own .agent/config.yaml (read from the task's worktree)."""
+    gaps = [] if repo in config.repos else [f"repos.{repo}"]
+    missing = [r for r in FIXER_ROLES if r not in config.lanes]
+    if missing and worktree and Path(worktree).is_dir():
+        try:
+            own = load_repo_settings(Path(worktree)).lanes
+        except ConfigError:
+            own = {}
+        missing = [r for r in missing if r not in own]
+    return gaps + [f"lanes.{r}" for r in missing]
+
+
+def check_open_tasks(config: Config, tasks: list[dict], filename: str = "config.yaml") -> None:
+    """Refuse a config that drops a repository or a lane that open tasks need, as invalid YAML is refused: one
+    line naming what is missing and the tasks, and nothing runs (rather than gate-blocking every task)."""
+    needed: dict[str, list[int]] = {}
+    for t in tasks:
+        for gap in task_gaps(config, t["repo"], t.get("worktree")):
+            needed.setdefault(gap, []).append(t["id"])
+    if not needed:
+        return
+    parts = []
+    for gap, ids in needed.items():
+        shown = ", ".join(str(i) for i in ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        parts.append(f"{gap} (open task{'s' if len(ids) > 1 else ''} {shown})")
+    raise ConfigError(f"{filename}: missing {'; '.join(parts)}, which open tasks need; put "
+                      f"{'it' if len(parts) == 1 else 'them'} back (nothing ran)")
 
 
 def load_repo_settings(worktree: Path) -> RepoSettings:

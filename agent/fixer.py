@@ -112,7 +112,8 @@ def _repo_config(ctx: Ctx) -> RepoConfig:
     t = ctx.task
     repo = ctx.config.repos.get(t["repo"])
     if repo is None:
-        _block(ctx, f"repository {t['repo']} is not configured; add it under repos: in config.yaml")
+        _block(ctx, f"{chain.CONFIG_BLOCK} repository {t['repo']} is not configured; add it under repos: in "
+                    "config.yaml (the task goes on by itself once it is there)")
     return repo
 
 
@@ -199,11 +200,24 @@ def _check_budgets(ctx: Ctx) -> None:
         _wait(ctx, f"waiting: daily budget spent ({_usd(daily)} of {_usd(limits.daily_budget_usd)})")
 
 
+def _require_lane(ctx: Ctx, role: str) -> None:
+    """No lane for the role is a config problem: gate-block at once with the fix; it clears by itself once the
+    config has the lane again (see ``lift_config_blocks``)."""
+    from agent.lanes.lane import LaneNotConfigured, _lane_settings
+
+    settings = _settings(ctx)
+    try:
+        _lane_settings(ctx.config, role, settings.lanes if settings else None, None)
+    except LaneNotConfigured as exc:
+        _block(ctx, f"{chain.CONFIG_BLOCK} {exc}; the task goes on by itself once it is there")
+
+
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
     from agent.fence import lease_keeper, pid_alive
     from agent.lanes.lane import run_lane
 
+    _require_lane(ctx, role)
     t = ctx.task
     settings = _settings(ctx)
     inflight = ctx.ledger.one("SELECT id, pid, started_at FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
@@ -563,6 +577,8 @@ def step_pr_reviews(ctx: Ctx) -> None:
     t = ctx.task
     snap = snapshot(ctx.ledger, ctx.task_id)
     todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
+    for d in todo:  # a missing lane blocks here, on the task's own thread, before either reviewer starts
+        _require_lane(ctx, f"pr-{d}")
     specs = {d: _review_spec(ctx, d) for d in todo}
     results: dict[str, object] = {}
     stopped_dims: set[str] = set()
@@ -853,11 +869,32 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
     return ctx.lines
 
 
+def lift_config_blocks(ledger: Ledger, config: Config, blocked: list[dict]) -> list[dict]:
+    """Tasks gate-blocked by the config (repository not configured, no lane for a role; ``blocked`` from
+    ``tasks.config_blocked_tasks``) go back to work, with an event, once the config has what they need again."""
+    from agent.config import task_gaps
+    from agent.tasks import lift_config_block
+
+    items = []
+    for t in blocked:
+        if task_gaps(config, t["repo"], t["worktree"]):
+            continue
+        if lift_config_block(ledger, t["id"], "the config has what it needs again"):
+            items.append({"task_id": t["id"], "line": f"task {t['id']}: config fixed, back to work "
+                                                      f"(was: {t['blocked_reason']})"})
+    return items
+
+
 def work_scan(app, jobs: int = 1) -> list[dict]:
-    """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once."""
+    """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once (first putting
+    back to work the tasks whose config block the config no longer causes)."""
+    from agent.tasks import config_blocked_tasks
+
+    blocked = config_blocked_tasks(app.ledger)  # the config is loaded only when there is something to check
+    lifted = lift_config_blocks(app.ledger, app.config, blocked) if blocked else []
     ids = [r["id"] for r in app.ledger.all("SELECT id FROM tasks WHERE state IN ('open', 'working') ORDER BY id")]
     if not ids:
-        return []
+        return lifted
     config = app.config
 
     def one(task_id: int) -> dict:
@@ -871,11 +908,11 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
                 **({} if lines else {"quiet": True})}
 
     if jobs <= 1 or len(ids) == 1:
-        return [one(i) for i in ids]
+        return lifted + [one(i) for i in ids]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, ids))
+        return lifted + list(pool.map(one, ids))
 
 
 def app_task_state(home: Path, task_id: int) -> dict:

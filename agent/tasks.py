@@ -158,7 +158,10 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
 def transition_in(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: str, target: str,
                   actor: str, reason: str, **fields: Any) -> None:
     """Change a task's state inside the caller's transaction ``c``, if the state machine allows it, with its event."""
-    why = chain.check_transition(current, target, actor)
+    blocked_reason = None
+    if current == chain.BLOCKED:
+        blocked_reason = c.execute("SELECT blocked_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+    why = chain.check_transition(current, target, actor, blocked_reason)
     if why:
         raise Refused([why], prefix=f"task {task_id}: ")
     values = {"state": target, "updated_at": now(), **fields}
@@ -250,6 +253,31 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
         ledger.event(c, "task.reset", "human", {"reason": reason.strip(), "rounds": rounds,
                                                 "from": t["state"], "round_cap": cap}, task_id=task_id)
         return {"task_id": task_id, "state": chain.WORKING, "round": t["round"], "round_cap": cap}
+
+
+def open_task_needs(ledger: Ledger) -> list[dict]:
+    """Open and working tasks with what they need from the config: their repository (and worktree, for the
+    repository's own .agent/config.yaml lanes)."""
+    return ledger.all("SELECT id, repo, worktree FROM tasks WHERE state IN (?, ?) ORDER BY id",
+                      (chain.OPEN, chain.WORKING))
+
+
+def config_blocked_tasks(ledger: Ledger) -> list[dict]:
+    """Gate-blocked tasks whose block the config caused (``chain.CONFIG_BLOCK``)."""
+    return ledger.all("SELECT id, repo, worktree, blocked_reason FROM tasks WHERE state = ? AND "
+                      "substr(blocked_reason, 1, ?) = ? ORDER BY id",
+                      (chain.BLOCKED, len(chain.CONFIG_BLOCK), chain.CONFIG_BLOCK))
+
+
+def lift_config_block(ledger: Ledger, task_id: int, why: str) -> bool:
+    """Put a config-blocked task back to work (the config is valid for it again); False if it is no longer one."""
+    with ledger.tx() as c:
+        t = get_task(ledger, task_id, c)
+        if t["state"] != chain.BLOCKED or not (t["blocked_reason"] or "").startswith(chain.CONFIG_BLOCK):
+            return False
+        transition_in(ledger, c, task_id, t["state"], chain.WORKING, "script", why)
+        ledger.event(c, "task.unblocked", "script", {"reason": why, "was": t["blocked_reason"]}, task_id=task_id)
+        return True
 
 
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
