@@ -76,7 +76,7 @@ class App:
             if ledger_path(self.home).is_file():  # a config must still serve the tasks that are open
                 from agent.tasks import open_task_needs
 
-                check_open_tasks(config, open_task_needs(self.ledger), str(self.config_path))
+                check_open_tasks(config, self.home, open_task_needs(self.ledger), str(self.config_path))
             self._config = config
         return self._config
 

@@ -93,7 +93,8 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
             ledger.insert(c, "steps", {"task_id": task_id, "key": step.key, "kind": step.kind,
                                        "status": "pending", "round": 1})
         ledger.event(c, "task.created", actor, {"repo": repo, "title": title.strip(), "base": base,
-                                                "branch": branch, "conclusion_id": conclusion_id},
+                                                "branch": branch, "conclusion_id": conclusion_id,
+                                                "round_cap": round_cap},
                      task_id=task_id, error_id=error_id)
         return task_id, True
 
@@ -277,15 +278,15 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
 
 
 def open_task_needs(ledger: Ledger) -> list[dict]:
-    """Open and working tasks with what they need from the config: their repository (and worktree, for the
+    """Open and working tasks with what they need from the config: their repository (and base commit, for the
     repository's own .agent/config.yaml lanes)."""
-    return ledger.all("SELECT id, repo, worktree FROM tasks WHERE state IN (?, ?) ORDER BY id",
+    return ledger.all("SELECT id, repo, base_sha FROM tasks WHERE state IN (?, ?) ORDER BY id",
                       (chain.OPEN, chain.WORKING))
 
 
 def config_blocked_tasks(ledger: Ledger) -> list[dict]:
     """Gate-blocked tasks whose block the config caused (``chain.CONFIG_BLOCK``)."""
-    return ledger.all("SELECT id, repo, worktree, blocked_reason FROM tasks WHERE state = ? AND "
+    return ledger.all("SELECT id, repo, base_sha, blocked_reason FROM tasks WHERE state = ? AND "
                       "substr(blocked_reason, 1, ?) = ? ORDER BY id",
                       (chain.BLOCKED, len(chain.CONFIG_BLOCK), chain.CONFIG_BLOCK))
 
