@@ -875,7 +875,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
     return ctx.lines
 
 
-def lift_config_blocks(ledger: Ledger, config: Config, blocked: list[dict]) -> list[dict]:
+def lift_config_blocks(ledger: Ledger, home: Path, config: Config, blocked: list[dict]) -> list[dict]:
     """Tasks gate-blocked by the config (repository not configured, no lane for a role; ``blocked`` from
     ``tasks.config_blocked_tasks``) go back to work, with an event, once the config has what they need again."""
     from agent.config import task_gaps
@@ -883,7 +883,7 @@ def lift_config_blocks(ledger: Ledger, config: Config, blocked: list[dict]) -> l
 
     items = []
     for t in blocked:
-        if task_gaps(config, t["repo"], t["worktree"]):
+        if task_gaps(config, home, t):
             continue
         if lift_config_block(ledger, t["id"], "the config has what it needs again"):
             items.append({"task_id": t["id"], "line": f"task {t['id']}: config fixed, back to work "
@@ -897,7 +897,7 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
     from agent.tasks import config_blocked_tasks
 
     blocked = config_blocked_tasks(app.ledger)  # the config is loaded only when there is something to check
-    lifted = lift_config_blocks(app.ledger, app.config, blocked) if blocked else []
+    lifted = lift_config_blocks(app.ledger, app.home, app.config, blocked) if blocked else []
     ids = [r["id"] for r in app.ledger.all("SELECT id FROM tasks WHERE state IN ('open', 'working') ORDER BY id")]
     if not ids:
         return lifted

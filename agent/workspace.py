@@ -29,20 +29,16 @@ class WorkspaceError(AgentError):
 
 
 def git_error_line(exc) -> str:
-    """Git's first error line from a GitCommandError (``fatal: repository '/x' does not exist``).
+    """Git's first error line (``fatal: repository '/x' does not exist``) from a failed git command's stderr.
 
-    GitPython wraps stderr as ``\n  stderr: '...'\n`` with the closing quote on a line of its own, so the last line
-    is a lone ``'``: take the first ``fatal:``/``error:`` line instead, else the first non-empty one."""
-    text = str(getattr(exc, "stderr", "") or "").strip()
-    if text.startswith("stderr:"):
-        text = text[len("stderr:"):].strip()
-    if text[:1] == "'" and text.endswith("'"):
-        text = text[1:-1]
-    lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "'"]
+    Git may print progress first and hints after: the first ``fatal:``/``error:`` line is the one that says what
+    went wrong (the last line can be a hint, or, as GitPython quoted it, a lone ``'``)."""
+    text = str(getattr(exc, "stderr", "") or "")
+    lines = [line.strip() for line in text.splitlines() if line.strip().strip("'")]
     for line in lines:
         if line.lower().startswith(("fatal:", "error:")):
             return line
-    return lines[0] if lines else f"git exited with {getattr(exc, 'status', '?')}"
+    return lines[0] if lines else str(exc)
 
 
 def _fix_for(line: str, repo: str) -> str:

@@ -163,10 +163,8 @@ def _head(home):
 
 
 def test_git_error_line_is_the_first_fatal_line_not_a_quote():
-    import git as gitpython
+    from agent.workspace import GitError, git_error_line
 
-    from agent.workspace import git_error_line
-
-    exc = gitpython.GitCommandError(["git", "clone"], 128, b"Cloning into bare repository 'x'...\n"
-                                    b"fatal: repository '/srv/nope' does not exist\n")
+    exc = GitError("git clone: '", "Cloning into bare repository 'x'...\nfatal: repository '/srv/nope' does not "
+                   "exist\nhint: check the path\n'\n", 128)
     assert git_error_line(exc) == "fatal: repository '/srv/nope' does not exist"
