@@ -51,17 +51,20 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     WORKING: (WORKING, DONE, FAILED, BLOCKED),      # WORKING -> WORKING is a new round
     BLOCKED: (WORKING, FAILED),                     # back to work only through a human reset
     FAILED: (WORKING,),                             # a human reset
-    DONE: (FAILED,),                                # its PR was closed without merge (watch pr-merged)
-}
+    DONE: (FAILED, WORKING, BLOCKED),               # FAILED: its PR was closed without merge (watch pr-merged);
+}                                                   # WORKING: a PR feedback round; BLOCKED: /agent stop or a cap
 HUMAN_ONLY_TRANSITIONS = {(BLOCKED, WORKING), (FAILED, WORKING)}
 # A gate-block whose reason starts with this was caused by the config (repository not configured, no lane for a
 # role): the one back-to-work move a script may make, once the config is valid again (no human decision is needed).
 CONFIG_BLOCK = "config:"
+# Transitions that need evidence: a done task goes back to work only for PR feedback (the item keys).
+EVIDENCE_TRANSITIONS = {(DONE, WORKING): "the PR feedback (review, comment or CI ids) that starts the round"}
 
 
-def check_transition(current: str, target: str, actor: str, blocked_reason: str | None = None) -> str | None:
-    """Return why ``current -> target`` by ``actor`` is not allowed, or None. ``blocked_reason`` is the task's
-    current one (a config block may be lifted by the script)."""
+def check_transition(current: str, target: str, actor: str, evidence: list[str] | None = None,
+                     blocked_reason: str | None = None) -> str | None:
+    """Return why ``current -> target`` by ``actor`` (with ``evidence``) is not allowed, or None.
+    ``blocked_reason`` is the task's current one (a config block may be lifted by the script)."""
     if target not in TASK_STATES:
         return f"unknown task state {target!r}"
     if target not in TRANSITIONS.get(current, ()):
@@ -70,6 +73,9 @@ def check_transition(current: str, target: str, actor: str, blocked_reason: str 
         if (current, target) == (BLOCKED, WORKING) and (blocked_reason or "").startswith(CONFIG_BLOCK):
             return None
         return f"only a human may move a task from {current} back to {target} (agent task reset)"
+    if (current, target) in EVIDENCE_TRANSITIONS and not [e for e in evidence or () if str(e).strip()]:
+        return f"a task goes from {current} back to {target} only with evidence: " \
+               f"{EVIDENCE_TRANSITIONS[(current, target)]}"
     return None
 
 
@@ -79,6 +85,18 @@ def check_transition(current: str, target: str, actor: str, blocked_reason: str 
 def round_exhausted(round_no: int, round_cap: int) -> bool:
     """True when starting round ``round_no + 1`` would pass the cap."""
     return round_no >= round_cap
+
+
+def feedback_round_refusal(round_no: int, round_cap: int, feedback_used: int, feedback_cap: int) -> str | None:
+    """Why a round started by PR feedback or PR CI may not start, or None.
+
+    Feedback rounds count toward the round cap, and at most ``feedback_cap`` (``limits.feedback_rounds``) of
+    them run between human resets."""
+    if feedback_used >= feedback_cap:
+        return f"feedback round cap {feedback_cap} reached (limits.feedback_rounds)"
+    if round_exhausted(round_no, round_cap):
+        return f"round cap {round_cap} reached (limits.round_cap)"
+    return None
 
 
 # ------------------------------------------------------------------ the close guard

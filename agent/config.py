@@ -71,6 +71,7 @@ class Limits:
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
     workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
+    feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
 
 
@@ -79,6 +80,11 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+
+
+@dataclass(frozen=True)
+class ReviewConfig:
+    allowed_users: tuple[str, ...] = ()      # may steer a PR besides people with write access
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ class Config:
     gitlab: GitlabConfig = GitlabConfig()
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
+    review: ReviewConfig = ReviewConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
@@ -261,7 +268,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "prices", "sandbox"))
+                              "sources", "review", "prices", "sandbox"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -323,8 +330,11 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
         workspace_failures=v.integer(ld.get("workspace_failures", dflt.workspace_failures),
                                      "limits.workspace_failures", 1),
+        feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
     )
+    rd = v.mapping(top.get("review"), "review", ("allowed_users",))
+    review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
     decide = DecideConfig(
@@ -394,7 +404,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  sandbox=sandbox, sandbox_explicit="sandbox" in top)
+                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top)
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -530,7 +540,11 @@ DEFAULT_CONFIG = """\
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
 #   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
+#   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+
+# review:
+#   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
