@@ -132,8 +132,9 @@ def test_only_config_blocks_are_lifted_by_the_script(ledger):
     assert lift_config_block(ledger, tid, "x") is False
     with pytest.raises(Refused, match="only a human"):
         transition(ledger, tid, chain.WORKING, "script", "trying")
-    assert "only a human" in chain.check_transition("gate-blocked", "working", "script", "task budget spent")
-    assert chain.check_transition("gate-blocked", "working", "script", "config: no lane") is None
+    assert "only a human" in chain.check_transition("gate-blocked", "working", "script",
+                                                    blocked_reason="task budget spent")
+    assert chain.check_transition("gate-blocked", "working", "script", blocked_reason="config: no lane") is None
 
 
 def test_lane_run_by_hand_still_offers_its_vendor_flag(tmp_path, agent):
