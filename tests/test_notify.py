@@ -288,7 +288,18 @@ def test_notify_test_sends_one_message_per_channel(agent, home, receiver, monkey
 
 def _write_config(home, url):
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.yaml").write_text(f"notify:\n  - {{kind: webhook, url: '{url}', secret_env: HOOK_KEY}}\n")
+    (home / "config.yaml").write_text(f"notify:\n  - {{kind: webhook, url: '{url}', secret_env: HOOK_KEY}}\n"
+                                      )
+
+
+BLOCK = ("import sys; from agent.ledger import Ledger; from agent.tasks import create_task, transition; "
+         "led = Ledger.open(sys.argv[1]); t, _ = create_task(led, 'acme/widgets', 't'); "
+         "transition(led, t, 'gate-blocked', 'script', 'lane codex: not logged in')")
+
+
+def _gate_block_in_a_subprocess(home):
+    import sys
+    subprocess.run([sys.executable, "-c", BLOCK, str(home / "ledger.db")], check=True, capture_output=True)
 
 
 def _db(home, sql):
@@ -302,9 +313,9 @@ def _db(home, sql):
 def test_crash_between_event_and_delivery_delivers_exactly_once(home, receiver, agent_proc):
     _write_config(home, receiver.url)
     env = {"HOOK_KEY": SECRET}
-    assert agent_proc("task", "create", "--repo", "acme/widgets", "--title", "t", env=env).returncode == 0
-    # the scan gate-blocks the task (repo not configured), then dies right before the notification is sent
-    r = agent_proc("watch", "all", env={**env, "AGENT_CRASHPOINT": "notify.before_send"})
+    _gate_block_in_a_subprocess(home)  # the event and its outbox row, committed by another process
+    # the delivery pass dies right before the notification is sent
+    r = agent_proc("watch", "notify", env={**env, "AGENT_CRASHPOINT": "notify.before_send"})
     assert r.returncode == 137, r.stderr
     assert _db(home, "SELECT state FROM tasks") == [("gate-blocked",)]
     assert receiver.requests == []
@@ -324,8 +335,7 @@ def test_sigkill_while_sending_resends_the_same_key_once(home, agent_proc, tmp_p
     try:
         _write_config(home, r.url)
         env = {**os.environ, "AGENT_HOME": str(home), "HOOK_KEY": SECRET}
-        subprocess.run([*agent_bin(), "task", "create", "--repo", "acme/widgets", "--title", "t"], env=env,
-                       check=True, capture_output=True)
+        _gate_block_in_a_subprocess(home)
         log = open(tmp_path / "daemon.log", "w")
         d = subprocess.Popen([*agent_bin(), "daemon", "--interval", "0.2"], env=env, stdout=log, stderr=log)
         try:
