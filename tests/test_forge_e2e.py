@@ -122,3 +122,35 @@ def test_error_to_draft_then_merged_and_closed_follow_up(tmp_path, forge, monkey
                 assert token not in path.read_bytes(), path
         assert token not in (tmp_path / "run.log").read_bytes()
         sim.assert_clean()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forge", ["gitlab", "gitea"])
+def test_killed_right_after_the_create_call_then_resumed_adopts_the_one_draft(tmp_path, forge):
+    """`AGENT_CRASHPOINT=pr.created` ends the watcher with 137 after the forge created the draft and before the
+    ledger knows it; the next run finds it by its branch and adopts it: one MR/PR, never two."""
+    with _sim(forge) as sim:
+        p = build(tmp_path / "w", tasks=1, forge=forge, api_url=sim.url)
+        home, remote = p["home"], p["remote"]
+        if forge == "gitlab":
+            sim.add_project(REPO, remote=remote)
+        else:
+            sim.add_repo(REPO, remote=remote)
+        env = {f"{forge.upper()}_TOKEN": TOKENS[forge]}
+        w = watcher(home, env={**env, "AGENT_CRASHPOINT": "pr.created"}, log=tmp_path / "crash.log")
+        assert w.wait(120) == 137, (tmp_path / "crash.log").read_text()[-2000:]
+        con = _db(home)
+        branch = con.execute("SELECT branch FROM tasks").fetchone()[0]
+        assert con.execute("SELECT count(*) FROM prs").fetchone()[0] == 0
+        con.close()
+        view = View(forge, sim)
+        assert len(view.pulls(branch)) == 1
+        run_to_end(home, env=env, log=tmp_path / "resume.log")
+        check_invariants(home, remote, tasks=1, sim=view)
+        con = _db(home)
+        kinds = [r[0] for r in con.execute("SELECT kind FROM events")]
+        con.close()
+        assert "pr.adopted" in kinds and "pr.created" not in kinds
+        creates = [c for c in sim.calls if c.method == "POST" and c.path.endswith(("/merge_requests", "/pulls"))]
+        assert len(creates) == 1
+        sim.assert_clean()
