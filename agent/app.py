@@ -55,24 +55,41 @@ class App:
     def config_path(self) -> Path:
         return self.config_file or self.home / "config.yaml"
 
+    def require_home(self) -> Path:
+        """Refuse a home that does not exist: only `agent init` creates one (a mistyped AGENT_HOME must not
+        silently become a new, empty home that every scan and status then calls healthy)."""
+        if not self.home.is_dir():
+            from agent import AgentError
+
+            what = "is not a folder" if self.home.exists() else "does not exist"
+            raise AgentError(f"home {self.home} {what}; check AGENT_HOME / --home, or run `agent init` to create "
+                             "a new home there")
+        return self.home
+
     @property
     def config(self) -> Config:
         if self._config is None:
+            self.require_home()
             from agent.config import load_config
 
             self._config = load_config(self.config_path, required=self.config_file is not None)
         return self._config
 
+    def reload_config(self) -> Config:
+        """Read the config file again (the daemon does before every pass)."""
+        self._config = None
+        return self.config
+
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
-            ensure_home(self.home)
+            self.require_home()
             self._ledger = Ledger.open(ledger_path(self.home))
         return self._ledger
 
     def path(self, *parts: str) -> Path:
         """A folder under the home (created on demand), e.g. app.path("lanes")."""
-        p = self.home.joinpath(*parts)
+        p = self.require_home().joinpath(*parts)
         p.mkdir(parents=True, exist_ok=True)
         return p
 

@@ -7,6 +7,7 @@ The registry below is the whole list; a cron tick imports only the command it ru
 from __future__ import annotations
 
 import importlib
+import sqlite3
 import sys
 
 import click
@@ -57,6 +58,18 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except AgentError as exc:
             raise Refusal(str(exc)) from None
+        except (OSError, sqlite3.OperationalError) as exc:  # a full or read-only disk, a busy ledger: one line
+            fault = _storage_fault(ctx, exc)
+            if fault is None:
+                raise
+            raise Refusal(str(fault)) from None
+
+
+def _storage_fault(ctx, exc):
+    from agent.ledger import ledger_path, storage_fault
+
+    app = ctx.obj
+    return storage_fault(exc, ledger_path(app.home) if app is not None else "ledger.db")
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

@@ -237,6 +237,11 @@ def decide_scan(app, jobs: int = 1) -> list[dict]:
         return []
 
     def one(error: dict, ledger: Ledger) -> dict:
+        from agent.shutdown import STOP
+
+        if STOP.is_set():  # SIGINT/SIGTERM: the running decision finishes, no new one starts
+            return {"error_id": error["id"], "ok": False, "line": f"error-decide: {error['id'][:8]}: not started: "
+                                                                  "shutting down"}
         return decide_with_lane(ledger, config, app.home, error, app.path("decide", error["id"]))
 
     if jobs <= 1 or len(todo) == 1:

@@ -135,7 +135,7 @@ def scan_lock(home: Path, name: str, wait: bool = False) -> Iterator[str]:
     import fcntl
 
     folder = Path(home) / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(exist_ok=True)  # never parents: a home that does not exist is refused, not made here
     path = folder / f"{name}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 from agent import AgentError, chain
 from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path, now
+from agent.shutdown import STOP
 from agent.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task, set_step, snapshot,
                          start_next_round, transition)
 
 if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module or a thread pool
     from agent.config import Config, RepoConfig
 
-# Set by the daemon on SIGTERM/SIGINT: finish the running step, start no new one.
-STOP = threading.Event()
+# STOP: set on the first SIGTERM/SIGINT (agent.shutdown): finish the running step, start no new one.
 
 
 @dataclass
@@ -754,6 +754,11 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
     except Refused as exc:
         ctx.lines.append(f"task {task_id}: guard refused: {exc}")
     except Exception as exc:  # one task's failure never stops the others
+        from agent.ledger import storage_fault
+
+        fault = storage_fault(exc, ledger.path)
+        if fault is not None:  # ... but a full or read-only disk or a busy ledger stops them all, in one line
+            raise fault from None
         ctx.lines.append(f"task {task_id}: error: {type(exc).__name__}: {exc}")
         try:
             _record_unexpected(ledger, task_id, token, f"{type(exc).__name__}: {exc}")
@@ -822,6 +827,8 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
                       "WHERE c.kind = 'fix' AND t.id IS NULL AND e.state IN ('open', 'fixing') ORDER BY c.id")
     items = []
     for r in rows:
+        if STOP.is_set():  # SIGINT/SIGTERM: the workspace being made is finished, no new one is started
+            break
         repo = config.repo_for_service(r["service"]) or config.repos.get(r["repo"] or "")
         if repo is None:
             items.append({"error_id": r["error_id"], "line": f"error {r['error_id'][:8]}: no repository configured "

@@ -10,7 +10,7 @@ from agent.ledger import SCHEMA_VERSION
 
 
 def init_home(app: App) -> dict:
-    ensure_home(app.home)
+    ensure_home(app.home)  # the one command that creates a home
     ledger = app.ledger  # opens (and migrates) or refuses a bad file
     config_created = False
     if not app.config_path.exists():

@@ -8,7 +8,8 @@ Guarantees:
 - stdout / stderr stream to files with a size cap: the first ``max_bytes`` are kept, then a
   one-line truncation marker, then the last ``tail_bytes`` (a lane's final report is at the end);
 - it never raises for a failing child: a missing or non-executable binary gives
-  ``missing=True, exit_code=127`` (status "unavailable"), a timeout ``timed_out=True``.
+  ``missing=True, exit_code=127`` (status "unavailable"), a timeout ``timed_out=True``. It raises the ``OSError``
+  only when our own disk refuses the output (full, read-only): that is no verdict on the child.
 """
 
 from __future__ import annotations
@@ -103,8 +104,24 @@ class _Pump(threading.Thread):
         self.tail: deque[bytes] = deque()
         self.tail_len = 0
         self.partial = b""
+        self.write_error: OSError | None = None   # the disk refused the output (full, read-only): run() raises it
 
     def run(self) -> None:
+        try:
+            self._copy()
+        except OSError as exc:  # keep draining the pipe so the child is not blocked on a full pipe
+            self.write_error = exc
+            try:
+                while os.read(self.pipe.fileno(), 65536):
+                    pass
+            except OSError:
+                pass
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
+
+    def _copy(self) -> None:
         with open(self.path, "wb") as out:
             while True:
                 try:
@@ -131,10 +148,6 @@ class _Pump(threading.Thread):
                 shown = len(tail)
                 out.write(TRUNCATION_MARKER.format(dropped=self.dropped - shown).encode())
                 out.write(tail)
-        try:
-            self.pipe.close()
-        except OSError:
-            pass
 
     def _lines(self, chunk: bytes) -> None:
         data = self.partial + chunk
@@ -321,6 +334,9 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
             _kill_group(pgid, signal.SIGKILL)
     for p in pumps:
         p.join(10)
+    for p in pumps:
+        if p.write_error is not None:  # not the child's failure: the disk is full or read-only; say so upstream
+            raise p.write_error
     return ProcResult(exit_code=proc.returncode, timed_out=timed_out, missing=False,
                       duration_s=time.monotonic() - started, pid=proc.pid, stdout_path=stdout_path,
                       stderr_path=stderr_path, truncated=any(p.dropped for p in pumps))

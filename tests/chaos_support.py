@@ -173,6 +173,16 @@ def lane_launches(home: Path) -> dict[tuple[int, int, str], int]:
         con.close()
 
 
+def wait_for(pred, timeout: float = 30.0) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout`` seconds passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def read_log(path: Path) -> list[dict]:
     if not path.exists():
         return []

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     h = tmp_path / "home"
+    h.mkdir(exist_ok=True)  # every command but `agent init` refuses a home that does not exist
     monkeypatch.setenv("AGENT_HOME", str(h))
     for var in ("GITHUB_TOKEN", "GH_TOKEN"):
         monkeypatch.delenv(var, raising=False)

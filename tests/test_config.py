@@ -123,7 +123,7 @@ def test_this_repository_has_its_own_repo_settings():
 
 
 def test_bad_config_stops_commands_with_exit_1(agent, home):
-    home.mkdir(parents=True)
+    home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text("limits: {round_cap: five}\n")
     r = agent("task", "create", "--repo", "a/b", "--title", "t")
     assert r.exit_code == 1 and "limits.round_cap: expected an integer" in r.stderr

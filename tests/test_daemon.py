@@ -8,16 +8,7 @@ import signal
 import sqlite3
 import time
 
-from chaos_support import ROOT, build, check_invariants, read_log, run_to_end, watcher
-
-
-def _wait_for(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
+from chaos_support import ROOT, build, check_invariants, read_log, run_to_end, wait_for, watcher
 
 
 def _steps(home) -> dict:
@@ -41,7 +32,7 @@ def test_sigterm_lets_the_running_step_finish_then_exits_0(tmp_path):
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "1.0", "--log", str(log)))
     d = watcher(p["home"], command=("daemon", "--interval", "0.2"), log=tmp_path / "d.log")
-    assert _wait_for(lambda: read_log(log)), (tmp_path / "d.log").read_text()
+    assert wait_for(lambda: read_log(log)), (tmp_path / "d.log").read_text()
     d.send_signal(signal.SIGTERM)
     assert d.wait(60) == 0
     out = (tmp_path / "d.log").read_text()
@@ -62,13 +53,13 @@ def test_second_signal_kills_the_lane_group_and_the_next_scan_resumes(tmp_path):
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
     d = watcher(p["home"], command=("daemon", "--interval", "0.2"), log=tmp_path / "d.log")
-    assert _wait_for(lambda: read_log(log)), (tmp_path / "d.log").read_text()
+    assert wait_for(lambda: read_log(log)), (tmp_path / "d.log").read_text()
     lane_pid = read_log(log)[0]["pid"]
     d.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert pid_alive(lane_pid)  # the first signal waits for the step
     d.send_signal(signal.SIGINT)
-    assert _wait_for(lambda: not pid_alive(lane_pid), timeout=10), "the second signal did not kill the lane"
+    assert wait_for(lambda: not pid_alive(lane_pid), timeout=10), "the second signal did not kill the lane"
     assert d.wait(30) == 0
     out = (tmp_path / "d.log").read_text()
     assert "second signal, killed 1 running process group(s)" in out, out

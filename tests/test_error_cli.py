@@ -55,6 +55,7 @@ def test_ingest_list_show_decide_round_trip(tmp_path):
 
 def test_ingest_rejections_named_and_exit_1(tmp_path):
     home = tmp_path / "home"
+    home.mkdir()
     lines = [json.dumps({"service": "web", "message": "boom 1", "class": "Error"}), "{oops",
              json.dumps(sentry_javascript_event()), json.dumps({"level": "error"})]
     f = tmp_path / "events.jsonl"

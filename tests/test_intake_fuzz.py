@@ -7,7 +7,7 @@ most about four times one copy, counted by ``intake_hostile.WorkCounter``, not b
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.intake.formats import parse
@@ -109,6 +109,9 @@ def _work(monkeypatch, text: str, fmt: str) -> int:
 @pytest.mark.slow
 @SETTINGS
 @given(bad=BAD.filter(_not_item_header))
+@example(bad="\tat com.acme.A.b(A.java:1)")          # found by this test: a JSON line read as a Java header
+@example(bad='Traceback (most recent call last):\n  File "/app/a.py", line 3, in f')
+@example(bad='{"event_id": "e", "exception": {"values": 5}, "tags": 7, "entries": "x"}')
 def test_fuzz_every_format_keeps_neighbours_and_never_raises(tmp_path, bad):
     for fmt in ("auto", "jsonl", "sentry", "traceback"):
         _check(tmp_path, fmt, bad)

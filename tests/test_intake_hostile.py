@@ -4,7 +4,7 @@ never costs the others, one bug is one error, positions are never redacted.
 Linearity is proven without clocks: every pattern is checked to be unable to backtrack over an unbounded
 span (``intake_hostile.unbounded_backtracking``), patterns that must find something after a run can only
 start where the run starts, and 1 MB inputs built against each old pattern go through (they took minutes to
-hours before).  Timings live in bench/RESULTS.md (scripts/bench-ingest --hostile).
+hours before).  Timings live in bench/RESULTS.md (scripts/bench-ingest --only hostile).
 """
 
 import json
@@ -165,6 +165,7 @@ def test_sentry_shaped_lines_inside_log_text_never_crash(tmp_path):
 
 def test_the_cli_names_each_bad_line_and_never_prints_a_traceback(tmp_path):
     home = tmp_path / "home"
+    home.mkdir()  # only `agent init` creates a home
     lines = [good(0)] + [v for v in CRASHERS.values()] + [good(99)]
     f = tmp_path / "hostile.jsonl"
     f.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -286,6 +287,15 @@ def test_secret_keys_are_still_redacted_next_to_positions():
     out = redact("web/sessions.py:321 session=abc123 token: xyz789 auth.py:12 password=hunter2")
     assert out == ("web/sessions.py:321 session=[redacted:secret] token: [redacted:secret] auth.py:12 "
                    "password=[redacted:secret]")
+
+
+@pytest.mark.parametrize("text", ["spring.datasource.password:1234", "db.pin: 1234", "token:1234", "auth.token=abc"])
+def test_dotted_keys_that_name_a_secret_are_still_keys(text):
+    assert redact(text).endswith("[redacted:secret]")
+
+
+def test_a_file_name_is_not_a_key():
+    assert redact('{"session.py": "changed", "tokens.js": 3}') == '{"session.py": "changed", "tokens.js": 3}'
 
 
 def test_events_with_positions_in_messages_keep_them(tmp_path):

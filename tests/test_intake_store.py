@@ -133,6 +133,7 @@ def _log_with_canaries() -> str:
 
 def test_canary_secrets_never_reach_the_ledger_file(tmp_path):
     home = tmp_path / "home"
+    home.mkdir()
     env = {"AGENT_HOME": str(home), "PATH": "/usr/bin:/bin"}
     (tmp_path / "c.jsonl").write_text(_jsonl_with_canaries())
     (tmp_path / "s.json").write_text(json.dumps(_sentry_with_canaries()))

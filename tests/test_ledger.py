@@ -101,7 +101,7 @@ def test_directory_is_refused(tmp_path):
 
 
 def test_bad_ledger_gives_one_line_error_and_exit_1(agent, home):
-    home.mkdir(parents=True)
+    home.mkdir(parents=True, exist_ok=True)
     (home / "ledger.db").write_bytes(b"garbage" * 100)
     r = agent("task", "list")
     assert r.exit_code == 1

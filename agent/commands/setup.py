@@ -90,6 +90,7 @@ def doctor(as_json, online):
     from agent.doctor import render_text, run_doctor
 
     app = get_app()
+    app.require_home()
     result = run_doctor(app.home, app.config_path, config_required=app.config_file is not None, online=online)
     emit(result, as_json, lambda r: click.echo(render_text(r)))
     if not result["ok"]:

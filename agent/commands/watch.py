@@ -49,6 +49,25 @@ def _print(items):
         click.echo(line)
 
 
+def run_scans(names: list[str], jobs: int, as_json: bool) -> None:
+    """Run scans in order and print them; SIGINT/SIGTERM stop like the daemon (agent.shutdown), then exit 128+N."""
+    from agent.shutdown import STOP, graceful_stop
+
+    app = get_app()
+    app.require_home()
+    items: list[dict] = []
+    with graceful_stop(lambda line: click.echo(line, err=True)) as stopping:
+        for name in names:
+            if STOP.is_set():
+                break
+            items.extend(run_scan(app, name, jobs=jobs))
+    emit(items, as_json, _print)
+    if stopping.signum:
+        click.echo(f"agent: stopped by {stopping.name}; the running step was recorded, the next scan goes on",
+                   err=True)
+        raise click.exceptions.Exit(stopping.exit_code)
+
+
 class WatchGroup(click.Group):
     def list_commands(self, ctx):
         return list(SCANS) + ["all"]
@@ -63,7 +82,7 @@ class WatchGroup(click.Group):
         @click.option("--jobs", type=int, default=1, show_default=True, help="Tasks advanced in parallel.")
         @json_option
         def one(jobs, as_json):
-            emit(run_scan(get_app(), name, jobs=jobs), as_json, _print)
+            run_scans([name], jobs, as_json)
 
         return one
 
@@ -71,6 +90,9 @@ class WatchGroup(click.Group):
 @click.group(cls=WatchGroup)
 def watch():
     """One-shot scans for cron: each can be killed at any point and the next one continues.
+
+    SIGINT/SIGTERM (Ctrl-C) lets the running step finish and record itself, then exits 130/143; a second signal kills
+    running lanes (recorded as interrupted; the next scan runs them again).
 
     \b
     Example:
@@ -88,11 +110,7 @@ def watch_all(jobs, as_json):
     Example:
       agent watch all --json
     """
-    app = get_app()
-    items: list[dict] = []
-    for name in SCANS:
-        items.extend(run_scan(app, name, jobs=jobs))
-    emit(items, as_json, _print)
+    run_scans(list(SCANS), jobs, as_json)
 
 
 @click.command()

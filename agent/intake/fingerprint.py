@@ -20,6 +20,7 @@ stays apart.  The fingerprint is 20 hex chars so it is never mistaken for a secr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Sequence
@@ -57,6 +58,7 @@ _LONGNUM = re.compile(r"\d{4,}+")
 _LAMBDA = re.compile(r"\$\$?Lambda\$?[\w/$]*+|lambda\$[\w$]*+|\$\d++")
 
 
+@functools.lru_cache(maxsize=16384)
 def normalise_code(name: str | None) -> str:
     """Identifiers are stable, so only generated parts go: lambdas, ``$1`` classes, build hashes, long numbers."""
     s = _LAMBDA.sub("$λ", (name or "")[:MAX_CODE])
@@ -71,7 +73,9 @@ _LIBRARY_PATHS = ("site-packages/", "dist-packages/", "node_modules/", "/lib/pyt
 _LIBRARY_MODULES = ("java.", "javax.", "jdk.", "sun.", "com.sun.", "kotlin.", "kotlinx.", "scala.", "org.springframework.",
                     "org.apache.", "org.eclipse.jetty.", "io.netty.", "org.hibernate.", "com.zaxxer.", "org.postgresql.",
                     "reactor.", "okhttp3.", "com.fasterxml.")
-_GENERIC_STEMS = ("__init__", "__main__", "index", "main", "mod", "lib", "app", "init", "module", "server", "handler")
+# Names that say nothing alone keep their directory.  Only a few: a directory that one source has and the other
+# lacks (a file at the app root) would split the bug again.
+_GENERIC_STEMS = ("__init__", "index", "mod")
 
 
 def _clean_path(file: str) -> str:
@@ -112,21 +116,27 @@ def _path(file: str) -> str:
     return location(file)
 
 
+@functools.lru_cache(maxsize=16384)
 def frame_key(file: str = "", function: str = "", module: str = "") -> str:
     fn = normalise_code(function) or "?"
     return f"{location(file, module)}:{fn}"
+
+
+@functools.lru_cache(maxsize=16384)
+def _library(file: str, module: str) -> bool:
+    return is_library(file, module)
 
 
 def _in_app(frame) -> bool:
     flag = getattr(frame, "in_app", None)
     if flag is not None:
         return bool(flag)
-    return not is_library(getattr(frame, "file", "") or "", getattr(frame, "module", "") or "")
+    return not _library(getattr(frame, "file", "") or "", getattr(frame, "module", "") or "")
 
 
 def signature(frames: Sequence, causes: Sequence[str] = (), message: str | None = None) -> str:
     """The normalised stack signature of an event (frames ordered outermost first)."""
-    keys = [frame_key(getattr(f, "file", ""), getattr(f, "function", ""), getattr(f, "module", ""))
+    keys = [frame_key(getattr(f, "file", "") or "", getattr(f, "function", "") or "", getattr(f, "module", "") or "")
             for f in frames]
     in_app = [k for k, f in zip(keys, frames) if _in_app(f)]
     keys = in_app or keys

@@ -12,6 +12,7 @@ redacts every field before anything is stored.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -108,6 +109,17 @@ _COMMA_FRACTION = re.compile(r",(\d++)")
 
 def iso_ts(value: Any) -> str | None:
     """Epoch seconds/ms/ns or an ISO string -> ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC); None if unreadable."""
+    if isinstance(value, str) and len(value) <= 64:
+        return _iso_ts_text(value)
+    return _iso_ts(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_ts_text(value: str) -> str | None:
+    return _iso_ts(value)
+
+
+def _iso_ts(value: Any) -> str | None:
     if value is None or value == "" or (isinstance(value, str) and len(value) > 64):
         return None
     try:
@@ -137,9 +149,14 @@ def iso_ts(value: Any) -> str | None:
 
 def _get(obj: Any, *paths: str) -> Any:
     """First non-empty value among dotted ``paths`` (also tried as flat keys like "error.message")."""
+    if not isinstance(obj, dict):
+        return None
     for path in paths:
-        if isinstance(obj, dict) and obj.get(path) not in (None, "", [], {}):
-            return obj[path]
+        value = obj.get(path)
+        if value is not None and value != "" and value != [] and value != {}:
+            return value
+        if "." not in path:
+            continue
         cur = obj
         for part in path.split("."):
             cur = cur.get(part) if isinstance(cur, dict) else None
@@ -153,6 +170,8 @@ def _str(value: Any, limit: int = MAX_SHORT) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
+        if len(value) <= limit and value.isascii():
+            return value
         return valid_text(cap(value, limit))
     if isinstance(value, (dict, list)):
         try:
@@ -203,7 +222,7 @@ def loads(line: str) -> tuple[Any, str | None]:
 # --------------------------------------------------------------------------- log text / tracebacks
 
 PY_HEADER = "Traceback (most recent call last):"
-PY_FRAME = re.compile(r'\s++File "([^"]++)", line (\d++)(?:, in (.++))?+$')
+PY_FRAME = re.compile(r'\s++File "([^"]++)", line (\d++)(?:, in (.++))?+\s*+$')
 PY_EXC = re.compile(r"(?P<cls>[A-Za-z_][\w.]*+)(?::\s?(?P<msg>.*+))?+$")
 PY_CHAIN = ("During handling of the above exception, another exception occurred:",
             "The above exception was the direct cause of the following exception:")
@@ -247,7 +266,7 @@ def _at_frame(line: str) -> tuple[Frame, str] | None:
             if not head[-1:].isspace() and _JAVA_FUNC.fullmatch(head) and "(" not in loc and ")" not in loc:
                 func = head.rsplit("/", 1)[-1]          # java.base/java.lang.Thread.run -> java.lang.Thread.run
                 file, _, num = loc.partition(":")
-                if "." in func or file:
+                if (not num or num.isdigit()) and ("." in func or file):
                     module, _, fn = func.rpartition(".")
                     return Frame(file=file, function=fn or func, lineno=_int(num), module=module), "java"
             file, lineno = _location(loc)
@@ -327,13 +346,14 @@ def _parse_python(lines: list[str], i: int) -> tuple[Event | None, int, str]:
     while True:
         j += 1  # past "Traceback (most recent call last):"
         frames: list[Frame] = []
-        while j < n and (lines[j][:1].isspace() or lines[j].strip() == ""):
-            if lines[j].strip() == "" and j + 1 < n and not lines[j + 1][:1].isspace():
-                j += 1
-                continue
-            f = _frame_from_text(lines[j]) if lines[j].lstrip().startswith("File ") else None
-            if f:
-                frames.append(f)
+        while j < n:                      # indented lines (frames, source lines) and blank lines
+            line = lines[j]
+            if line[:1].isspace():
+                m = PY_FRAME.match(line)
+                if m:
+                    frames.append(Frame(file=m[1], function=(m[3] or "").strip(), lineno=_int(m[2])))
+            elif line.strip():
+                break
             j += 1
         if j >= n:
             return None, j, "eof"
@@ -408,7 +428,9 @@ def parse_log_text(text: str, final: bool = True, line_base: int = 1) -> ParseRe
     With ``final=False`` (tailing a file still being written) an event that reaches the end of the
     text is held back: ``consumed_lines`` stops before it so the next read starts there.
     """
-    lines = [cap(ln[:-1] if ln.endswith("\r") else ln, MAX_LINE) for ln in text.split("\n")]
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
+    if any(len(ln) > MAX_LINE for ln in lines):
+        lines = [cap(ln, MAX_LINE) for ln in lines]
     if lines and lines[-1] == "":
         lines.pop()               # text ending in a newline has no extra empty line
     n = len(lines)
@@ -463,15 +485,18 @@ def _log_block(lines: list[str], i: int, has_context: bool) -> tuple[Event | Non
         if status == "incomplete":
             return None, j, "Python traceback ends before its exception line"
         return event, j, ""
+    if line.lstrip().startswith("{"):
+        obj, bad = loads(line)
+        if not bad:                       # a JSON line is a record, even when `at` lines follow it
+            try:
+                return _json_line_event(obj, True), i + 1, ""
+            except (ValueError, TypeError, AttributeError) as exc:
+                return None, i + 1, str(exc) or type(exc).__name__
     if _is_at_header(lines, i):
         event, j = _parse_at(lines, i)
         return event, j, ""
     if line.lstrip().startswith("{"):
-        obj, _bad = loads(line)
-        try:
-            return _json_line_event(obj, True), i + 1, ""
-        except (ValueError, TypeError, AttributeError) as exc:
-            return None, i + 1, str(exc) or type(exc).__name__
+        return None, i + 1, ""
     msg = _error_line(line)
     if msg is None:
         return None, i + 1, ""
@@ -515,22 +540,36 @@ def _stack_text_event(stack: str) -> Event | None:
     """A stack/traceback string through the log-text parsers: the event with the most frames, else the
     frame lines found in it (a stack printed without its header or exception line)."""
     stack = cap(stack, MAX_STACK)
+    lines = stack.split("\n")
+    if len(lines) < 4 * MAX_EXCERPT_LINES and all(len(ln) <= MAX_LINE for ln in lines):
+        lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        if _is_py_start(lines[0]):        # the common shapes, without building an excerpt
+            ev, _, status = _parse_python(lines, 0)
+            if status == "ok" and ev is not None and ev.frames:
+                return ev
+        elif _is_at_header(lines, 0):
+            ev = _parse_at(lines, 0)[0]
+            if ev.frames:
+                return ev
     parsed = parse_log_text(stack)
     if parsed.events:
         best = max(parsed.events, key=lambda e: len(e.frames))
         if best.frames:
             return best
     frames = []
+    python = False
     for line in stack.split("\n"):
         if len(frames) >= MAX_FRAMES_KEPT * 4:
             break
         line = cap(line.rstrip("\r"), MAX_LINE)
-        if line.lstrip().startswith("File ") or line.lstrip().startswith("at "):
+        head = line.lstrip()
+        if head.startswith("File ") or head.startswith("at "):
             f = _frame_from_text(line if line[:1].isspace() else "  " + line)
             if f is not None:
                 frames.append(f)
+                python = python or head.startswith("File ")
     if frames:
-        if not any(f.lineno is not None and not f.module and f.file.endswith(".py") for f in frames):
+        if not python:
             frames.reverse()        # Java/Node print innermost first, Python outermost first
         return Event(frames=frames)
     return parsed.events[0] if parsed.events else None

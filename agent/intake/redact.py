@@ -37,7 +37,7 @@ _RULES: list[tuple[str, re.Pattern, Any]] = [
     ("bearer", re.compile(r"(?i)(bearer)\s{1,64}+(?!\[redacted)([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
     ("token", re.compile(r"(?i)(?<![A-Za-z0-9])(basic|token|digest)\s{1,64}+(?!\[redacted)"
-                         r"(?=[A-Za-z._~]*+[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,}+)"),
+                         r"(?=[A-Za-z.~]*+[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
     ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*+):([^/\s@\"'<>]++)@"),
      lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
@@ -98,12 +98,26 @@ def _sub_jwt(text: str) -> str:
 _KEY_SEP = re.compile(r"[\"']?(?<![A-Za-z0-9_.-])(?P<run>[A-Za-z0-9_.-]++)[\"']?(?P<s>\s{0,16}+(?:=>|=|:)\s{0,16}+)")
 _VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.){0,4096}+\"?|'(?:[^'\\\n]|\\.){0,4096}+'?|[^\s,;&\"'}\])<>]++")
 # File names are not keys: ``web/sessions.py:321`` is a position, ``tokens.js: 12`` too.
-_FILE_EXT = re.compile(
-    r"(?i)\.(?:py|pyc|pyx|pyi|js|mjs|cjs|jsx|ts|tsx|java|kt|kts|scala|groovy|clj|cljs|rb|erb|go|rs|php|c|cc|cpp|cxx|h|"
-    r"hh|hpp|cs|fs|vb|swift|m|mm|dart|ex|exs|erl|hrl|lua|pl|pm|sh|bash|zsh|ps1|r|jl|elm|hs|ml|vue|svelte|html|htm|"
-    r"jsp|aspx|cshtml|css|scss|sass|less|json|ya?ml|toml|ini|cfg|conf|xml|properties|sql|proto|tf|txt|log|md|rst|"
-    r"lock|gradle|map|wasm|so|dll|jar|class|egg|whl)$")
+_FILE_EXTS = frozenset(
+    "py pyc pyx pyi js mjs cjs jsx ts tsx java kt kts scala groovy clj cljs rb erb go rs php c cc cpp cxx h hh hpp cs "
+    "fs vb swift m mm dart ex exs erl hrl lua pl pm sh bash zsh ps1 r jl elm hs ml vue svelte html htm jsp aspx cshtml "
+    "css scss sass less json yaml yml toml ini cfg conf xml properties sql proto tf txt log md rst lock gradle map wasm "
+    "so dll jar class egg whl".split())
+
+
+def _is_file_name(run: str) -> bool:
+    return "." in run and run.rsplit(".", 1)[1].lower() in _FILE_EXTS
+
+
 _POSITION = re.compile(r"\d{1,9}(?::\d{1,9})?(?![A-Za-z0-9_.-])")
+
+
+def _looks_like_file(run: str) -> bool:
+    """``name.ext`` whose extension is short and is not itself the secret word (``db.password`` is a key)."""
+    if "." not in run:
+        return False
+    ext = run.rsplit(".", 1)[1]
+    return 0 < len(ext) <= 6 and ext.isalnum() and _SECRET_WORD.search(ext) is None
 
 
 def _sub_key_values(text: str) -> str:
@@ -115,9 +129,9 @@ def _sub_key_values(text: str) -> str:
             break
         pos = vpos = m.end()
         run = m.group("run")
-        if not _SECRET_WORD.search(run) or _FILE_EXT.search(run):
+        if not _SECRET_WORD.search(run) or _is_file_name(run):
             continue
-        if m.group("s").strip() == ":" and "." in run and _POSITION.match(text, vpos):
+        if m.group("s").strip() == ":" and _POSITION.match(text, vpos) and _looks_like_file(run):
             continue                   # file.ext:line without a known extension
         v = _VALUE.match(text, vpos)
         if v is None or v.end() == vpos:
@@ -146,7 +160,10 @@ _MAYBE_RE = re.compile(r"gh[pousr]_|(?<![0-9a-fA-F])[0-9a-fA-F]{32}")
 
 def _maybe(text: str) -> bool:
     low = text.lower()
-    return any(lit in low for lit in _LITERALS) or _MAYBE_RE.search(text) is not None
+    for lit in _LITERALS:
+        if lit in low:
+            return True
+    return _MAYBE_RE.search(text) is not None
 
 
 # Per rule, literals (lowercased) at least one of which every match contains: a rule whose literals are all

@@ -263,6 +263,11 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
         result.add_rejected(pulled.rejected)
         ingest(ledger, pulled.events, source=f"{src.kind}", cursor=(key, pulled.cursor or ""), result=result)
     except (AgentError, OSError, ValueError) as exc:   # one broken source must not stop the others
+        from agent.ledger import storage_fault
+
+        fault = storage_fault(exc, ledger.path)
+        if fault is not None:  # ... but a full or read-only disk stops every one: say so and stop
+            raise fault from None
         return {"source": label, "kind": src.kind, "ok": False, "error": str(exc),
                 "line": f"errors: {label}: failed: {exc}"}
     except Exception as exc:  # noqa: BLE001 - an answer of an unexpected shape: this source fails, not the scan

@@ -13,6 +13,7 @@ rejected on its own (naming its line); the others are stored.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from dataclasses import dataclass, field
@@ -93,7 +94,14 @@ def clean(value: object, limit: int) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else str(value)
+    if len(text) <= 256 and limit >= 256:
+        return _clean_short(text)
     return redact(valid_text(cap(text, limit)))
+
+
+@functools.lru_cache(maxsize=16384)
+def _clean_short(text: str) -> str:
+    return redact(valid_text(text))
 
 
 def prepare(ev: Event, default_ts: str | None = None) -> Prepared:

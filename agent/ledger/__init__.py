@@ -11,7 +11,9 @@ Rules (see DESIGN.md "Ledger"):
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -27,6 +29,89 @@ ACTORS = ("script", "lane", "human")
 
 class LedgerError(AgentError):
     pass
+
+
+class StorageError(LedgerError):
+    """The disk is full, the ledger is read-only, or it stayed busy past the wait: nothing more can be recorded, so
+    the command stops with this one line (a scan does not go on to the next task)."""
+
+
+# Seconds a write waits for the ledger's write lock in total (SQLite's busy handler plus our retries), then it
+# stops with "ledger is busy". AGENT_LEDGER_BUSY_TIMEOUT overrides it (operators, tests).
+BUSY_TIMEOUT_S = 30.0
+_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def busy_timeout() -> float:
+    try:
+        return max(0.1, float(os.environ.get("AGENT_LEDGER_BUSY_TIMEOUT", BUSY_TIMEOUT_S)))
+    except ValueError:
+        return BUSY_TIMEOUT_S
+
+
+def _free_bytes(path: Path) -> int | None:
+    for p in (path, *path.parents):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def _read_only_fs(path: Path) -> bool:
+    for p in (path, *path.parents):
+        try:
+            return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+        except OSError:
+            continue
+    return False
+
+
+def disk_full(path: Path | str) -> StorageError:
+    return StorageError(f"{path}: no space left on the device; free some space there (or move AGENT_HOME), "
+                        "then run again; nothing recorded so far is lost")
+
+
+def read_only(path: Path | str, detail: str = "") -> StorageError:
+    return StorageError(f"{path}: cannot write there: {detail or 'read-only'}; make the home and its ledger.db "
+                        "writable (or remount the file system read-write), or point AGENT_HOME at a writable home")
+
+
+def storage_fault(exc: BaseException, path: Path | str) -> StorageError | None:
+    """The StorageError for an SQLite or OS error caused by the disk (full, read-only) or a busy ledger, else None.
+
+    A full disk is named as such: SQLite often reports it as "disk I/O error" or "unable to open database file"
+    (it cannot create ledger.db-shm), and that must never read as a corrupt ledger."""
+    path = Path(path)
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, OSError) and not isinstance(exc, sqlite3.Error):
+        where = Path(exc.filename) if getattr(exc, "filename", None) else path
+        if exc.errno in _FULL_ERRNOS:
+            return disk_full(where.parent if where.suffix else where)
+        if exc.errno == errno.EROFS:
+            return read_only(where, "read-only file system")
+        return None
+    if not isinstance(exc, sqlite3.OperationalError):
+        return None
+    msg = str(exc).lower()
+    if "locked" in msg or "busy" in msg:
+        return StorageError(f"{path}: ledger is busy: another agent process held its write lock for "
+                            f"{busy_timeout():.0f} s; let it finish or stop it (`fuser {path}` names it), "
+                            "then run again")
+    if "readonly" in msg or "read-only" in msg:
+        return read_only(path, "read-only file system" if _read_only_fs(path) else str(exc))
+    if "disk is full" in msg or any(k in msg for k in ("disk i/o error", "unable to open database file")):
+        free = _free_bytes(path.parent)
+        if "disk is full" in msg or (free is not None and free < 1024 * 1024):
+            return disk_full(path.parent)
+        if _read_only_fs(path):
+            return read_only(path, "read-only file system")
+        if "disk i/o error" in msg:
+            return StorageError(f"{path}: the disk reported an I/O error ({exc}); check the device and free "
+                                "space, then run again")
+    return None
 
 
 def now() -> str:
@@ -58,14 +143,18 @@ class Ledger:
             raise LedgerError(f"{path}: is a directory, not a ledger; point AGENT_HOME at the folder holding ledger.db")
         if not path.exists() and not create:
             raise LedgerError(f"{path}: no ledger here; run `agent init` first")
+        wait = busy_timeout()
         try:
-            conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(str(path), timeout=wait, isolation_level=None, check_same_thread=False)
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         except sqlite3.DatabaseError as exc:
+            fault = storage_fault(exc, path)
+            if fault is not None:  # a full disk or read-only file system is not a broken ledger
+                raise fault from None
             raise LedgerError(f"{path}: not a readable SQLite ledger ({exc}); move it aside or restore a backup") \
                 from None
         if app_id != APP_ID and (tables or version):
@@ -76,12 +165,20 @@ class Ledger:
             conn.close()
             raise LedgerError(f"{path}: ledger schema {version} is newer than this agent supports "
                               f"({SCHEMA_VERSION}); upgrade agent-fixer")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise storage_fault(exc, path) or LedgerError(f"{path}: cannot open the ledger ({exc})") from None
         ledger = cls(path, conn)
         if version < SCHEMA_VERSION:
-            ledger.migrate()
+            try:
+                ledger.migrate()
+            except BaseException:
+                conn.close()
+                raise
         return ledger
 
     def close(self) -> None:
@@ -126,21 +223,46 @@ class Ledger:
         if self.conn.in_transaction:  # nested use joins the outer transaction
             yield self.conn
             return
-        for attempt in range(50):
-            try:
-                self.conn.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as exc:  # busy beyond busy_timeout: back off and retry
-                if "locked" not in str(exc) or attempt == 49:
-                    raise LedgerError(f"{self.path}: ledger is busy ({exc}); try again") from None
-                time.sleep(0.05 * (attempt + 1))
+        # SQLite's busy handler already waits up to busy_timeout() inside BEGIN; a retry only uses what is left
+        # of that one budget (a lock released and re-taken between attempts), never a fresh wait per attempt.
+        deadline = time.monotonic() + busy_timeout()
+        shortened = False
+        try:
+            while True:
+                try:
+                    self.conn.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as exc:
+                    fault = storage_fault(exc, self.path)
+                    busy = "locked" in str(exc) or "busy" in str(exc)
+                    if not busy or time.monotonic() + 0.05 >= deadline:
+                        raise (fault or LedgerError(f"{self.path}: cannot start a write ({exc})")) from None
+                    time.sleep(0.05)
+                    shortened = True
+                    self.conn.execute(f"PRAGMA busy_timeout = {int(max(0.0, deadline - time.monotonic()) * 1000)}")
+        finally:
+            if shortened:
+                self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout() * 1000)}")
         try:
             yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
+        except BaseException as exc:
+            self._rollback()
+            fault = storage_fault(exc, self.path) if isinstance(exc, sqlite3.OperationalError) else None
+            if fault is not None:
+                raise fault from None
             raise
-        else:
+        try:
             self.conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            self._rollback()
+            raise (storage_fault(exc, self.path) or LedgerError(f"{self.path}: commit failed ({exc})")) from None
+
+    def _rollback(self) -> None:
+        if self.conn.in_transaction:
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:  # SQLite may already have rolled back (e.g. on a full disk)
+                pass
 
     def event(self, conn: sqlite3.Connection, kind: str, actor: str, payload: dict | None = None,
               task_id: int | None = None, error_id: str | None = None) -> int:
@@ -167,16 +289,29 @@ class Ledger:
 
     # ------------------------------------------------------------------ reading
 
+    def _read(self, sql: str, params: tuple, first: bool = False) -> list[sqlite3.Row]:
+        try:
+            cur = self.conn.execute(sql, params)
+            if first:
+                row = cur.fetchone()
+                return [row] if row is not None else []
+            return cur.fetchall()
+        except sqlite3.OperationalError as exc:
+            fault = storage_fault(exc, self.path)
+            if fault is None:
+                raise
+            raise fault from None
+
     def one(self, sql: str, params: tuple = ()) -> dict | None:
-        row = self.conn.execute(sql, params).fetchone()
-        return dict(row) if row is not None else None
+        rows = self._read(sql, params, first=True)
+        return dict(rows[0]) if rows else None
 
     def all(self, sql: str, params: tuple = ()) -> list[dict]:
-        return [dict(r) for r in self.conn.execute(sql, params).fetchall()]
+        return [dict(r) for r in self._read(sql, params)]
 
     def scalar(self, sql: str, params: tuple = ()) -> Any:
-        row = self.conn.execute(sql, params).fetchone()
-        return row[0] if row is not None else None
+        rows = self._read(sql, params, first=True)
+        return rows[0][0] if rows else None
 
     def events(self, task_id: int | None = None, after_id: int = 0, limit: int | None = None,
                newest: bool = False) -> list[dict]:

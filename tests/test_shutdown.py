@@ -1,0 +1,77 @@
+"""Issue 13 case 1: `agent watch ...` stops like the daemon. Real processes throughout: the watcher is the installed
+`agent` binary in its own process group, lanes are scripted stand-ins run as subprocesses that log their pid, start
+and end (--log), and the signals are real SIGINT/SIGTERM sent to the watcher only (as Ctrl-C in a terminal or a
+service manager would; lanes run in their own sessions, so they never see them).
+
+On old main the first signal printed "Aborted.", exited 1 at once and left the lane running (an orphan)."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from chaos_support import build, check_invariants, read_log, run_to_end, wait_for, watcher
+
+
+def _ledger(home):
+    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con.row_factory = sqlite3.Row
+    return con
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_finishes_and_records_the_running_step_then_exits_128_plus_n(tmp_path, sig, code):
+    from agent.fence import pid_alive
+
+    log = tmp_path / "lanes.log"
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "1.0", "--log", str(log)))
+    w = watcher(p["home"], command=("watch", "error-fix-work"), log=tmp_path / "w.log")
+    assert wait_for(lambda: read_log(log)), (tmp_path / "w.log").read_text()
+    lane_pid = read_log(log)[0]["pid"]
+    w.send_signal(sig)
+    assert w.wait(60) == code
+    out = (tmp_path / "w.log").read_text()
+    assert "Aborted" not in out and "Traceback" not in out, out
+    assert f"{sig.name} received; finishing the running step" in out, out
+    assert f"stopped by {sig.name}" in out, out
+    # the running lane finished (start and end logged), was recorded, and nothing new started after it
+    assert [(r["role"], r["event"]) for r in read_log(log)] == [("implementer", "start"), ("implementer", "end")]
+    assert not pid_alive(lane_pid)
+    con = _ledger(p["home"])
+    steps = dict(con.execute("SELECT key, status FROM steps WHERE task_id = 1").fetchall())
+    runs = [dict(r) for r in con.execute("SELECT role, status FROM lane_runs")]
+    task = dict(con.execute("SELECT state, claim_token FROM tasks WHERE id = 1").fetchone())
+    con.close()
+    assert runs == [{"role": "implementer", "status": "complete"}]
+    assert steps["implementer_done"] == "ja" and steps["committed"] == "pending"
+    assert task == {"state": "working", "claim_token": None}  # claim released, task neither failed nor blocked
+    # and the next scan goes on from there to the end
+    run_to_end(p["home"], log=tmp_path / "w2.log")
+    check_invariants(p["home"], p["remote"], tasks=1)
+
+
+def test_second_signal_kills_the_lane_group_records_it_interrupted_and_leaves_no_orphan(tmp_path):
+    from agent.fence import pid_alive
+
+    log = tmp_path / "lanes.log"
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
+    w = watcher(p["home"], command=("watch", "all"), log=tmp_path / "w.log")
+    assert wait_for(lambda: read_log(log)), (tmp_path / "w.log").read_text()
+    lane_pid = read_log(log)[0]["pid"]
+    w.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert pid_alive(lane_pid)  # the first signal waits for the running step
+    w.send_signal(signal.SIGINT)
+    assert w.wait(30) == 143  # the first signal decides the exit code
+    assert not pid_alive(lane_pid), "the lane outlived its watcher"
+    out = (tmp_path / "w.log").read_text()
+    assert "second signal, killed 1 running process group(s)" in out and "Traceback" not in out, out
+    con = _ledger(p["home"])
+    runs = [dict(r) for r in con.execute("SELECT status, reason FROM lane_runs")]
+    state = con.execute("SELECT state FROM tasks").fetchone()[0]
+    con.close()
+    assert runs == [{"status": "interrupted", "reason": "interrupted by shutdown (malformed)"}], runs
+    assert state in ("open", "working")  # not judged: the next scan runs the lane again
