@@ -66,6 +66,7 @@ class Limits:
     open_drafts_per_repo: int = 3
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
+    worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class Config:
     gitlab: GitlabConfig = GitlabConfig()
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
+    prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
         for repo in self.repos.values():
@@ -252,7 +254,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                              "sources"))
+                              "sources", "prices"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -311,6 +313,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                        "limits.open_drafts_per_repo", 1),
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+        worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
     )
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
@@ -366,8 +369,19 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
+    prices = {}
+    for name, raw in v.mapping(top.get("prices"), "prices").items():
+        from agent.lanes.prices import Price
+
+        p = f"prices.{name}"
+        d = v.mapping(raw, p, ("input", "output"))
+        for k in ("input", "output"):
+            if k not in d:
+                v.fail(f"{p}.{k}", "a number >= 0 (USD per million tokens)", None)
+        prices[str(name)] = Price(input=v.number(d["input"], f"{p}.input"), output=v.number(d["output"], f"{p}.output"))
+
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources))
+                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices)
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -450,6 +464,10 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+#   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+
+# prices:                             # USD per million tokens, for vendors that report tokens only
+#   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}

@@ -379,7 +379,12 @@ def check_disk(home: Path, min_free: int = MIN_FREE_BYTES) -> Check:
         return Check("disk", False, f"{gib:.2f} GiB free at {probe} (under {min_free / (1 << 30):.1f} GiB); "
                      "mirrors and worktrees live in the home",
                      "free space on that filesystem or move the home (AGENT_HOME) to a larger one")
-    return Check("disk", True, f"{gib:.1f} GiB free at {probe}")
+    from agent.workspace import disk_use, human_bytes
+
+    use = disk_use(home)
+    return Check("disk", True, f"{gib:.1f} GiB free at {probe}; task worktrees {use['worktrees']['count']} "
+                               f"({human_bytes(use['worktrees']['bytes'])}), mirrors {use['mirrors']['count']} "
+                               f"({human_bytes(use['mirrors']['bytes'])})")
 
 
 # ---------------------------------------------------------------------------------------------- all

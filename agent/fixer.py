@@ -174,22 +174,20 @@ def _daily_cost(ledger: Ledger) -> float:
     return ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE started_at >= ?", (since,)) or 0.0
 
 
-def _task_cost(ctx: Ctx) -> float:
-    return ctx.ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?",
-                             (ctx.task_id,)) or 0.0
-
-
 def _usd(x: float) -> str:
     """$3, $0.25, $0.005: enough digits to tell a small budget from what was spent."""
     return "$" + f"{x:,.4f}".rstrip("0").rstrip(".")
 
 
 def _check_budgets(ctx: Ctx) -> None:
+    from agent.tasks import task_budget
+
     limits = ctx.config.limits
-    spent = _task_cost(ctx)
-    if spent >= limits.task_budget_usd:
-        _block(ctx, f"task budget spent ({_usd(spent)} of {_usd(limits.task_budget_usd)}); "
-                    "raise limits.task_budget_usd or reset with a reason")
+    spent, budget, since_reset = task_budget(ctx.ledger, ctx.task_id, limits.task_budget_usd)
+    if spent >= budget:
+        _block(ctx, f"task budget spent ({_usd(spent)} of {_usd(budget)}{' since the last reset' if since_reset else ''}"
+                    f"); `agent task reset {ctx.task_id} --reason ... --budget USD` lets it spend USD more "
+                    "(or raise limits.task_budget_usd)")
     t = ctx.task
     started = datetime.strptime(t["created_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
     if (datetime.now(timezone.utc) - started).total_seconds() > limits.task_wall_time:
@@ -626,8 +624,11 @@ def _finish(ctx: Ctx) -> None:
 
     try:  # the PR body gets the PR reviewers' verdicts too
         _publish(ctx)
-    except ForgeError as exc:
-        ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); the next round or scan retries")
+    except ForgeError as exc:  # owed to the forge: `watch pr-merged` retries it on later scans until it lands
+        from agent.followup import owe_pr_text
+
+        owe_pr_text(ctx.ledger, ctx.task_id, str(exc))
+        ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
     with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "

@@ -72,6 +72,57 @@ def _prune(ledger: Ledger, row: dict, config, prune: Callable) -> str:
     return f"branch {branch} pruned" if deleted else f"branch {branch} already gone"
 
 
+def owe_pr_text(ledger: Ledger, task_id: int, reason: str) -> None:
+    """Remember that a task's PR text update failed for now (it is retried by `watch pr-merged`)."""
+    with ledger.tx() as c:
+        ledger.set_pending(c, f"pr_text:{task_id}", "pr_text", reason[:500], task_id=task_id)
+        ledger.event(c, "pr.text_pending", "script", {"reason": reason[:500]}, task_id=task_id)
+
+
+def retry_pr_texts(ledger: Ledger, config, home: Path, forge_factory: Callable = get_forge) -> list[dict]:
+    """Send every PR text update still owed (its in-pass retries all failed), re-rendered from the ledger now.
+
+    The row goes when the text lands, or when the PR is no longer open (nothing to update). A failure keeps it
+    and counts the attempt; the item is quiet when it failed for the same reason as last time.
+    """
+    from agent.forge import publish_pr
+    from agent.pr import pr_data_from_ledger, render_pr
+
+    items = []
+    for owed in ledger.pending_of("pr_text"):
+        task_id = owed["task_id"]
+        row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
+        task = ledger.one("SELECT branch, base, head_sha FROM tasks WHERE id = ?", (task_id,))
+        repo_cfg = config.repos.get(row["repo"]) if row else None
+        if row is None or task is None or row["state"] != "open":
+            with ledger.tx() as c:
+                ledger.clear_pending(c, owed["key"])
+            continue
+        item = {"task_id": task_id, "repo": row["repo"], "number": row["number"], "url": row["url"],
+                "pr_text": "owed"}
+        if repo_cfg is None:
+            items.append({**item, "quiet": True, "line": f"task {task_id}: PR text owed, but repo {row['repo']} "
+                                                         "is not in config.yaml"})
+            continue
+        try:
+            title, body = render_pr(pr_data_from_ledger(ledger, task_id))
+            forge = forge_factory(repo_cfg, config, home, ledger)
+            _pr, action = publish_pr(ledger, forge, task_id, task["branch"] or row["head_branch"],
+                                     task["base"] or repo_cfg.base, title, body, task["head_sha"])
+        except (ForgeError, AgentError) as exc:
+            with ledger.tx() as c:
+                ledger.set_pending(c, owed["key"], "pr_text", str(exc)[:500], task_id=task_id)
+            items.append({**item, "error": str(exc), "quiet": str(exc)[:500] == owed["reason"],
+                          "line": f"task {task_id}: PR text still not updated ({exc}); later scans retry it"})
+            continue
+        with ledger.tx() as c:
+            ledger.clear_pending(c, owed["key"])
+        items.append({**item, "pr_text": action, "changed": True,
+                      "line": f"task {task_id}: {row['repo']}#{row['number']} text {action} (owed since "
+                              f"{owed['attempts']} failed attempt(s))"})
+    return items
+
+
 def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get_forge,
                prune: Callable | None = None) -> list[dict]:
     """One pass over open PRs (and closed ones whose branch is not pruned yet). Returns one item each."""
@@ -111,11 +162,51 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
         except ForgeAuthError as exc:
             item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc), auth=True)
         except (ForgeError, AgentError) as exc:
-            item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc))
+            # a remembered rate limit is no news: it was said when it happened
+            item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc),
+                        **({"quiet": True} if getattr(exc, "remembered", False) else {}))
         items.append(item)
     return items
 
 
+def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[dict]:
+    """Remove the worktree and local branch of every task that is over (failed, or its PR merged or closed) for
+    longer than ``grace_s``, under the task's claim; a failed task's head is kept in the mirror for a reset."""
+    from datetime import datetime, timedelta, timezone
+
+    from agent.fence import claim, release
+    from agent.workspace import remove_task_workspace
+
+    cutoff = (datetime.now(timezone.utc) - timedelta(seconds=grace_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    items = []
+    for t in ledger.finished_worktrees(cutoff):
+        token = claim(ledger, t["id"])
+        if token is None:
+            continue  # someone works on it (a reset): not finished after all
+        try:
+            now_state = ledger.scalar("SELECT state FROM tasks WHERE id = ?", (t["id"],))
+            if now_state != t["state"]:
+                continue
+            keep = t["head_sha"] if t["state"] != chain.DONE else None
+            why = f"task {t['state']}" + (f", PR {t['pr_state']}" if t["pr_state"] in ("merged", "closed") else "")
+            try:
+                remove_task_workspace(home, t["repo"], t["id"], Path(t["worktree"]), t["branch"], keep_sha=keep)
+            except Exception as exc:  # noqa: BLE001 - one task's leftovers never stop the scan; retried next time
+                items.append({"task_id": t["id"], "error": str(exc),
+                              "line": f"task {t['id']}: worktree not removed ({type(exc).__name__}: {exc})"})
+                continue
+            with ledger.tx() as c:
+                ledger.update(c, "tasks", {"id": t["id"]}, {"worktree": None})
+                ledger.event(c, "workspace.removed", "script", {"path": t["worktree"], "branch": t["branch"],
+                                                                "why": why, "kept_head": keep}, task_id=t["id"])
+            items.append({"task_id": t["id"], "worktree_removed": t["worktree"], "changed": True,
+                          "line": f"task {t['id']}: worktree and branch {t['branch']} removed ({why})"})
+        finally:
+            release(ledger, t["id"], token)
+    return items
+
+
 def scan_pr_merged(app, jobs: int = 1) -> list[dict]:
-    """The `agent watch pr-merged` scan."""
-    return follow_prs(app.ledger, app.config, app.home)
+    """The `agent watch pr-merged` scan: PR states, PR text updates still owed, finished tasks' worktrees."""
+    return (follow_prs(app.ledger, app.config, app.home) + retry_pr_texts(app.ledger, app.config, app.home)
+            + remove_finished_worktrees(app.ledger, app.home, app.config.limits.worktree_grace))

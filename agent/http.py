@@ -197,6 +197,9 @@ class ApiClient:
         self.transient_error = transient_error
         self.rate_limited_error = rate_limited_error
         self.rate_limit_hint = rate_limit_hint
+        # remembers a rate-limit reset across scans (agent.forge.RateLimitHold): ``check(what)`` raises while it
+        # is ahead, so no call is made; ``remember(until, what)`` stores one the in-pass wait could not cover
+        self.hold = None
 
     @property
     def session(self):
@@ -222,6 +225,8 @@ class ApiClient:
 
         url = self.url(path)
         what = what or f"{method} {path}"
+        if self.hold is not None:
+            self.hold.check(what)
         attempt = 0
         while True:
             attempt += 1
@@ -243,9 +248,14 @@ class ApiClient:
             wait = self._wait_for(resp)
             if wait is not None:
                 if attempt > self.retries or wait > self.max_wait:
-                    at = time.strftime("%H:%M:%S", time.localtime(self.clock() + wait))
-                    raise self.rate_limited_error(f"{self.label}: rate limited on {what}; {self.display} allows "
-                                                  f"the next call in {wait:.0f}s (at {at}); the next scan retries")
+                    until = self.clock() + wait
+                    at = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+                    if self.hold is not None:
+                        self.hold.remember(until, what)
+                    exc = self.rate_limited_error(f"{self.label}: rate limited on {what}; {self.display} allows "
+                                                  f"the next call in {wait:.0f}s (at {at}); no call before then")
+                    exc.until = until
+                    raise exc
                 self.sleep(wait)
                 continue
             if resp.status_code >= 500:

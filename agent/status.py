@@ -7,6 +7,7 @@ import json
 import shlex
 
 from agent.ledger import Ledger
+from agent.workspace import disk_use, human_bytes
 
 ERROR_STATES = ("open", "fixing", "resolved", "skipped")
 TASK_STATES = ("open", "working", "gate-blocked", "done", "failed")
@@ -24,7 +25,7 @@ def one_line(text: str | None, limit: int | None = None) -> str:
     return flat if limit is None or len(flat) <= limit else flat[:limit - 3].rstrip() + "..."
 
 
-def gather(ledger: Ledger) -> dict:
+def gather(ledger: Ledger, home=None) -> dict:
     blocked = []
     for t in ledger.all("SELECT id, repo, title, round, round_cap, blocked_reason, updated_at FROM tasks "
                         "WHERE state = 'gate-blocked' ORDER BY id"):
@@ -45,6 +46,7 @@ def gather(ledger: Ledger) -> dict:
         "open_prs": ledger.all("SELECT task_id, repo, number, url, head_sha AS head FROM prs WHERE state = 'open' "
                                "ORDER BY task_id"),
         "cost_usd": round(ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs") or 0.0, 4),
+        **({"disk": disk_use(home)} if home is not None else {}),
     }
 
 
@@ -54,6 +56,10 @@ def render_text(data: dict) -> str:
 
     lines = [row("errors", data["errors"]), row("tasks", data["tasks"]), row("prs", data["prs"]),
              f"cost   ${data['cost_usd']:.2f} spent on lanes"]
+    if data.get("disk"):
+        d = data["disk"]
+        lines.append(f"disk   worktrees {d['worktrees']['count']} ({human_bytes(d['worktrees']['bytes'])})  "
+                     f"mirrors {d['mirrors']['count']} ({human_bytes(d['mirrors']['bytes'])})")
     if data["gate_blocked"]:
         lines.append("\nneeds a human (gate-blocked):")
         for t in data["gate_blocked"]:
@@ -94,7 +100,10 @@ def render_html(ledger: Ledger, data: dict) -> str:
                + "</tr></table>")
     out.append("<table><tr><th>errors</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["errors"].items())
                + "</tr><tr><th>PRs</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["prs"].items())
-               + f"</tr><tr><th>cost</th><td colspan='4'>${data['cost_usd']:.2f}</td></tr></table>")
+               + f"</tr><tr><th>cost</th><td colspan='4'>${data['cost_usd']:.2f}</td></tr>"
+               + ("<tr><th>disk</th>" + "".join(f"<td>{k} {v['count']} ({human_bytes(v['bytes'])})</td>"
+                                                for k, v in data["disk"].items()) + "</tr>" if data.get("disk") else "")
+               + "</table>")
     for key, title, cls, reason, then in (("gate_blocked", "Needs a human", "blocked", "blocked_reason", "then run"),
                                           ("failed", "Failed", "failed", "failed_reason", "to retry"),
                                           ("waiting", "Working, but waiting", "waiting", "wait_reason", None)):

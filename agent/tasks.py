@@ -223,12 +223,33 @@ def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "
         return True, new_round
 
 
-def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = None) -> dict:
-    """A human puts a gate-blocked or failed task back to work; ``rounds`` grants N more rounds."""
+def task_budget(ledger: Ledger, task_id: int, default_usd: float) -> tuple[float, float, bool]:
+    """(spent, budget, since_reset): lane spend counted since the task's last reset (all of it if never reset),
+    against the budget that reset set (``--budget``) or ``default_usd`` (limits.task_budget_usd)."""
+    import json
+
+    last = ledger.one("SELECT ts, payload FROM events WHERE task_id = ? AND kind = 'task.reset' "
+                      "ORDER BY id DESC LIMIT 1", (task_id,))
+    since = last["ts"] if last else ""
+    budget = json.loads(last["payload"] or "{}").get("budget") if last else None
+    spent = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ? AND started_at >= ?",
+                          (task_id, since)) or 0.0
+    return float(spent), float(budget if budget is not None else default_usd), last is not None
+
+
+def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = None,
+               budget: float | None = None) -> dict:
+    """A human puts a gate-blocked or failed task back to work; ``rounds`` grants N more rounds.
+
+    Budget spend is counted from the reset on, so a budget gate-block does not come straight back; ``budget``
+    sets what the task may spend from now (default: limits.task_budget_usd).
+    """
     if not (reason or "").strip():
         raise AgentError("reason is empty; say why the task may go on (--reason TEXT)")
     if rounds is not None and rounds < 1:
         raise AgentError(f"--rounds must be >= 1, got {rounds}")
+    if budget is not None and not budget > 0:
+        raise AgentError(f"--budget must be a number of USD > 0, got {budget:g}")
     with ledger.tx() as c:
         t = get_task(ledger, task_id, c)
         if t["state"] not in (chain.BLOCKED, chain.FAILED):
@@ -242,9 +263,9 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
             cap = t["round"] + 1
         fields["round_cap"] = cap
         transition_in(ledger, c, task_id, t["state"], chain.WORKING, "human", reason.strip(), **fields)
-        ledger.event(c, "task.reset", "human", {"reason": reason.strip(), "rounds": rounds,
+        ledger.event(c, "task.reset", "human", {"reason": reason.strip(), "rounds": rounds, "budget": budget,
                                                 "from": t["state"], "round_cap": cap}, task_id=task_id)
-        return {"task_id": task_id, "state": chain.WORKING, "round": t["round"], "round_cap": cap}
+        return {"task_id": task_id, "state": chain.WORKING, "round": t["round"], "round_cap": cap, "budget": budget}
 
 
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:

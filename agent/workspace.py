@@ -126,6 +126,7 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
     if staging.exists() or str(staging.resolve()) in registered:
         shutil.rmtree(staging, ignore_errors=True)
     g.worktree("prune")
+    _restore_kept_branch(mirror, branch, task_id)
     branch_exists = bool(g.branch("--list", branch).strip())
     try:
         if branch_exists:  # made by an earlier attempt whose worktree was lost: keep its commits
@@ -147,3 +148,80 @@ def remove_worktree(mirror: Path, path: Path) -> None:
     except git.GitCommandError:
         shutil.rmtree(path, ignore_errors=True)
         _git(mirror).worktree("prune")
+
+
+def kept_ref(task_id: int) -> str:
+    """Where a failed task's head is kept when its worktree and branch are removed (a reset brings it back)."""
+    return f"refs/agent/kept/task-{task_id}"
+
+
+def _restore_kept_branch(mirror: Path, branch: str, task_id: int) -> None:
+    """A reset task whose branch was removed gets it back at the kept head, so its recorded commits are there."""
+    import git
+
+    g = _git(mirror)
+    if g.branch("--list", branch).strip():
+        return
+    try:
+        sha = g.rev_parse("--verify", "--quiet", kept_ref(task_id))
+    except git.GitCommandError:
+        return
+    g.branch(branch, sha)
+    g.update_ref("-d", kept_ref(task_id))
+
+
+def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branch: str | None,
+                          keep_sha: str | None = None) -> None:
+    """Remove a finished task's worktree and its local branch, then prune the mirror's worktree list.
+
+    ``keep_sha`` (a failed task's head, which a human may still reset) is kept under ``kept_ref(task_id)``.
+    """
+    import git
+
+    mirror = mirror_path(home, repo)
+    path = Path(path)
+    if not (mirror / "HEAD").exists():   # no mirror (deleted by hand): only the folder is left to remove
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    g = _git(mirror)
+    if keep_sha:
+        try:
+            g.update_ref(kept_ref(task_id), keep_sha)
+        except git.GitCommandError:
+            pass  # the commit is gone already: nothing to keep
+    try:
+        g.worktree("remove", "--force", str(path))
+    except git.GitCommandError:
+        shutil.rmtree(path, ignore_errors=True)
+    g.worktree("prune")
+    if branch and g.branch("--list", branch).strip():
+        g.branch("-D", branch)
+
+
+def disk_use(home: Path) -> dict:
+    """Bytes and counts of task worktrees and mirrors under the home (what `status` and `doctor` show)."""
+    import os
+
+    def size(root: Path) -> int:
+        total = 0
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in filenames:
+                try:
+                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+    out = {}
+    for key, folder, pattern in (("worktrees", "worktrees", "task-*"), ("mirrors", "mirrors", "*.git")):
+        found = sorted(p for p in (Path(home) / folder).glob(pattern) if p.is_dir())
+        out[key] = {"count": len(found), "bytes": sum(size(p) for p in found)}
+    return out
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"

@@ -1,7 +1,7 @@
 """Redaction of every secret kind, and fingerprint stability/separation (property-tested)."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent.intake.fingerprint import fingerprint, normalise_text, signature
@@ -127,3 +127,18 @@ def test_normalise_text_examples():
     assert normalise_text("Order 1234 for user_42 at 0x7f3a2b1c id 550e8400-e29b-41d4-a716-446655440000 'x'") \
         == "Order <n> for <id> at <addr> id <uuid> <q>"
     assert len(fp("a", "b", [("m", "f")], "x", "e")) == 20
+
+
+TRICKY = st.sampled_from(["token", "=", ":", " ", '"', "'", "pass", "a", "1", ".", "py", "/", "eyJ", "abcde", "@",
+                          "x.com", "-", "_", "Bearer ", "cookie", "://", "u:p@", "[redacted:secret]", "ghp_", "A" * 30,
+                          "0123456789abcdef" * 2, "=>", "\n", ",", "sk-", "secret"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TRICKY, max_size=14))
+@example(['"', "@", "sk-", "://", ".", "[redacted:secret]", "token", "=", ".", "/", "u:p@", ",", "u:p@"])
+def test_redaction_is_idempotent_on_tricky_compositions(parts):
+    """A marker one rule writes can change what an earlier rule sees; redact runs to a fixpoint."""
+    text = "".join(parts)
+    out = redact(text)
+    assert redact(out) == out

@@ -225,3 +225,23 @@ def test_loki_tenant_header_for_multi_tenant_setups(tmp_path):
         assert all(r[2].get("X-Scope-OrgID") == "team-widgets" for r in srv.requests)
         pull_loki(SourceConfig(kind="loki", url=srv.url, query='{app="web"}'), None, env={})
         assert "X-Scope-OrgID" not in srv.requests[-1][2]  # no tenant configured, no header
+
+
+def test_loki_entries_of_the_wrong_shape_are_counted_and_the_rest_ingested(tmp_path):
+    """A Loki answer with junk in it (issue 12): values that are not [ns timestamp, line] pairs, a 5,000-digit
+    timestamp, streams that are numbers; the good entries are still ingested and the source does not fail."""
+    t0 = time.time_ns() - 60 * 10**9
+
+    def loki(method, path, query, headers):
+        good = [str(t0), "2024-05-01 10:00:00 ERROR payment gateway timeout"]
+        return 200, {}, {"status": "success", "data": {"resultType": "streams", "result": [
+            5, {"stream": 7, "values": 9},
+            {"stream": {"app": "web"}, "values": [good, ["9" * 5000, "ERROR x"], [str(t0 + 1), 42], "junk",
+                                                  [str(t0 + 2), "2024-05-01 10:00:01 ERROR disk full"]]}]}}
+
+    with LocalServer(loki) as srv:
+        app = make_app(tmp_path / "home", {"sources": [{"kind": "loki", "url": srv.url, "query": '{app="web"}',
+                                                        "service": "web"}]})
+        (item,) = scan(app)
+    assert item["ok"] is True and item["new"] == 2 and item["rejected"] == 1, item
+    assert "3 loki entries not a [nanosecond timestamp, line] pair" in item["rejections"][0]["reason"]

@@ -119,7 +119,7 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
     of the real CLI against a fresh scripted server; HOME and every CLI dir under tmp_path."""
 
     def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
-            args: tuple[str, ...] = (), ledger=None):
+            args: tuple[str, ...] = (), ledger=None, prices: dict | None = None):
         binary, why = find_cli(cli)
         if binary is None:
             pytest.skip(why)
@@ -135,7 +135,7 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
         config = Config(
             lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=60, repair=repair)},
             vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args)},
-            limits=Limits(lane_timeout=60))
+            limits=Limits(lane_timeout=60), prices=prices or {})
         result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
                                    cwd=repo, ledger=ledger)
         return result, server
@@ -218,7 +218,8 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_
     if cli == "gemini":
         # three model calls (shell call, bad report, repaired report) of 120 in / 30 out each
         assert result.usage.get("input") == 360 and result.usage.get("candidates") == 90, why
-        assert not result.cost_usd, why          # gemini reports tokens, no dollars
+        # gemini reports tokens, no dollars: priced from the default table (test_token_only_vendors_are_priced)
+        assert result.cost_usd == pytest.approx((360 * 1.25 + 90 * 10.0) / 1e6), why
 
     row = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (result.run_id,))
     assert row["status"] == "complete" and row["session_id"] == result.session_id, row
@@ -332,3 +333,27 @@ def test_codex_resume_keeps_write_sandbox(tmp_path):
         assert argv[:3] == ["codex", "exec", "resume"]
         assert argv[argv.index("-c") + 1] == f'sandbox_mode="{mode}"'
         assert argv[-2:] == ["0199-thread", "-"]
+
+
+@pytest.mark.parametrize("cli,prices", [("codex", None), ("gemini", {"gemini": (100.0, 200.0)})])
+def test_token_only_vendors_are_priced(cli, prices, lane, tmp_path):
+    """Issue 13 case 8: codex and gemini report tokens but no dollars (old: cost $0, so no budget ever stopped
+    them).  The run's tokens are priced from the default table (codex) or config `prices:` (gemini here), and
+    the ledger row holds that cost, which is what the task and daily budgets add up."""
+    from agent.lanes.prices import DEFAULT_PRICES, Price, tokens
+    from agent.ledger import Ledger
+
+    ledger = Ledger.open(tmp_path / "ledger.db")
+    table = {k: Price(*v) for k, v in (prices or {}).items()}
+    result, server = lane(cli, "implementer", implementer_script, ledger=ledger, prices=table)
+    why = explain(result, server)
+    assert result.status == "complete", why
+    inp, out = tokens(result.usage)
+    assert inp > 0 and out > 0, result.usage
+    price = table.get(cli) or DEFAULT_PRICES[cli]
+    assert result.cost_usd == pytest.approx(inp * price.input / 1e6 + out * price.output / 1e6) and \
+        result.cost_usd > 0, why
+    row = ledger.one("SELECT cost_usd FROM lane_runs WHERE id = ?", (result.run_id,))
+    assert row["cost_usd"] == pytest.approx(result.cost_usd)
+    finished = [e for e in ledger.events() if e["kind"] == "lane.finished"][-1]["payload"]
+    assert finished["cost_source"] == f"prices.{cli}: {inp} input + {out} output tokens"

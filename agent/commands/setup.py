@@ -39,8 +39,9 @@ def status(as_json, html_file):
 
     from agent.status import gather, render_html, render_text
 
-    ledger = get_app().ledger
-    data = gather(ledger)
+    app = get_app()
+    ledger = app.ledger
+    data = gather(ledger, app.home)
     if html_file:
         Path(html_file).write_text(render_html(ledger, data), encoding="utf-8")
         data["html"] = str(Path(html_file).resolve())

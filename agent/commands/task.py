@@ -125,17 +125,21 @@ def close_step(task_id, key, evidence, source, as_json):
 @click.argument("task_id", type=int)
 @click.option("--reason", required=True, help="Why the task may go on (recorded as a human event).")
 @click.option("--rounds", type=int, help="Grant N more rounds (round cap becomes current round + N).")
+@click.option("--budget", type=float, metavar="USD",
+              help="What the task may spend from now on (default limits.task_budget_usd); spend is counted "
+                   "from each reset, so a budget gate-block does not come straight back.")
 @json_option
-def task_reset(task_id, reason, rounds, as_json):
+def task_reset(task_id, reason, rounds, budget, as_json):
     """Put a gate-blocked or failed task back to work.
 
     \b
     Example:
       agent task reset 12 --reason "installed codex and logged in" --rounds 2
+      agent task reset 12 --reason "worth another try" --budget 5
     """
     from agent.tasks import reset_task
 
-    r = reset_task(get_app().ledger, task_id, reason, rounds)
+    r = reset_task(get_app().ledger, task_id, reason, rounds, budget)
     emit(r, as_json, lambda r: click.echo(f"task {task_id} back to work (round {r['round']}/{r['round_cap']})"))
 
 

@@ -19,7 +19,7 @@ SCANS: dict[str, tuple[str, str]] = {
     "error-decide": ("agent.decide:decide_scan", "Run the decider lane on undecided errors past the thresholds."),
     "error-fix": ("agent.fixer:fix_scan", "Turn confirmed error.fix conclusions into tasks with worktrees."),
     "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
-    "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states: merged, closed, branch pruning."),
+    "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states (merged, closed, branch pruning); retry owed PR texts; remove finished worktrees."),
 }
 
 

@@ -160,7 +160,16 @@ def ci_state(status: str | None, conclusion: str | None = None) -> str:
 
 
 class ForgeRateLimited(ForgeError):
-    """The forge's rate limit would need a longer wait than allowed; try again later."""
+    """The forge's rate limit would need a longer wait than allowed; try again later.
+
+    ``until`` is the epoch time the forge allows calls again (when known); it is remembered in the ledger
+    (``forge_pending``) and no call to that forge is made before it on later scans.
+    """
+
+    def __init__(self, message: str, until: float | None = None, remembered: bool = False):
+        super().__init__(message)
+        self.until = until
+        self.remembered = remembered      # raised from the ledger's record, without calling the forge
 
 
 class ForgeConflict(ForgeError):
@@ -232,7 +241,40 @@ def forge_class(name: str):
 def get_forge(repo_config: "RepoConfig", config: "Config", home: Path | str, ledger: "Ledger | None" = None) -> Forge:
     """The forge for ``repo_config`` (its ``forge:`` key).  ``ledger`` is used by the local forge;
     when omitted it opens ``home/ledger.db``."""
-    return forge_class(repo_config.forge).from_config(repo_config, config, Path(home), ledger)
+    forge = forge_class(repo_config.forge).from_config(repo_config, config, Path(home), ledger)
+    api = getattr(forge, "api", None)       # a hosted forge's ApiClient
+    if ledger is not None and api is not None:
+        api.hold = RateLimitHold(ledger, forge.name, forge.api_url, api.clock)
+    return forge
+
+
+class RateLimitHold:
+    """A forge's rate-limit reset remembered in the ledger (``forge_pending`` row ``rate_limit:<forge> <api url>``),
+    so no call to that forge is made before it, by any scan or repository."""
+
+    def __init__(self, ledger: "Ledger", forge: str, api_url: str, clock):
+        self.ledger = ledger
+        self.forge = forge
+        self.api_url = api_url
+        self.key = f"rate_limit:{forge} {api_url}"
+        self.clock = clock
+
+    def check(self, what: str) -> None:
+        import time
+
+        hold = self.ledger.pending(self.key)
+        if hold and hold["until"] and hold["until"] > self.clock():
+            at = time.strftime("%H:%M:%S UTC", time.gmtime(hold["until"]))
+            raise ForgeRateLimited(f"{self.forge} {self.api_url}: rate limited until {at} (remembered from an "
+                                   f"earlier call); no call before then, {what} waits for a later scan",
+                                   until=hold["until"], remembered=True)
+
+    def remember(self, until: float, what: str) -> None:
+        reason = f"rate limited on {what}"
+        with self.ledger.tx() as c:
+            self.ledger.set_pending(c, self.key, "rate_limit", reason, until=until)
+            self.ledger.event(c, "forge.rate_limited", "script", {"forge": self.forge, "api_url": self.api_url,
+                                                                  "until": until, "reason": reason})
 
 
 def adoption_refusal(pr: PR, branch: str) -> str | None:

@@ -194,14 +194,16 @@ def _apply(name: str, pattern: re.Pattern | None, repl: Any, text: str) -> str:
     return _sub_jwt(text) if name == "jwt" else _sub_key_values(text)
 
 
-def _apply_rules(text: str) -> str:
-    """Every rule, unfiltered (the reference the filtered path is tested against)."""
+MAX_PASSES = 3   # a marker one rule writes can let an earlier rule match differently; passes until nothing changes
+
+
+def _all_rules_once(text: str) -> str:
     for name, pattern, repl in _RULES:
         text = _apply(name, pattern, repl, text)
     return text
 
 
-def _redact(text: str) -> str:
+def _filtered_once(text: str) -> str:
     if not _maybe(text):
         return text
     low = text.lower()
@@ -210,6 +212,24 @@ def _redact(text: str) -> str:
         if needs is None or any(lit in low for lit in needs):
             text = _apply(name, pattern, repl, text)
     return text
+
+
+def _fixpoint(one_pass, text: str) -> str:
+    for _ in range(MAX_PASSES):
+        out = one_pass(text)
+        if out == text:
+            break
+        text = out
+    return text
+
+
+def _apply_rules(text: str) -> str:
+    """Every rule, unfiltered (the reference the filtered path is tested against)."""
+    return _fixpoint(_all_rules_once, text)
+
+
+def _redact(text: str) -> str:
+    return _fixpoint(_filtered_once, text)
 
 
 _cached = functools.lru_cache(maxsize=8192)(_redact)

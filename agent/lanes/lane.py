@@ -394,6 +394,13 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
 
     def finish(status: str, reason: str | None, report: Report | None, mhash: str | None) -> LaneResult:
         last_res, last_out = r.turns[-1] if r.turns else (None, None)
+        cost_source = "vendor" if r.cost_seen else None
+        if not r.cost_seen:  # tokens only (codex, gemini): priced from config prices: or the defaults
+            from agent.lanes.prices import priced_cost
+
+            priced = priced_cost(vendor_name, model, r.usage, getattr(config, "prices", None))
+            if priced is not None:
+                r.cost, cost_source = priced
         if status in REPORT_STATUSES and report is not None:
             findings, ftext, summary, lesson = report.findings, report.findings_text, report.summary, report.lesson
         else:
@@ -418,7 +425,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
                   "ended_at": now()})
         r.event("lane.finished", {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status,
                                   "reason": reason, "findings": findings, "repairs": len(r.repairs),
-                                  "cost_usd": r.cost, "session_id": r.session_id})
+                                  "cost_usd": r.cost, "cost_source": cost_source, "session_id": r.session_id})
         try:
             (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
         except OSError:

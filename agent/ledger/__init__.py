@@ -331,6 +331,15 @@ class Ledger:
             r["payload"] = json.loads(r["payload"] or "{}")
         return rows
 
+    def finished_worktrees(self, finished_before: str) -> list[dict]:
+        """Tasks that still have a worktree though they are over: failed, or their PR merged or closed, and that
+        since before ``finished_before`` (a ``now()`` timestamp)."""
+        return self.all(
+            "SELECT t.id, t.repo, t.state, t.worktree, t.branch, t.head_sha, p.state AS pr_state "
+            "FROM tasks t LEFT JOIN prs p ON p.task_id = t.id WHERE t.worktree IS NOT NULL "
+            "AND (t.state = 'failed' OR (t.state IN ('done', 'gate-blocked') AND p.state IN ('merged', 'closed'))) "
+            "AND max(t.updated_at, coalesce(p.updated_at, '')) < ? ORDER BY t.id", (finished_before,))
+
     # ------------------------------------------------------------------ forge calls owed (forge_pending)
 
     def pending(self, key: str) -> dict | None:
