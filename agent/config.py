@@ -18,6 +18,8 @@ ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
 BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
 FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
+SANDBOXES = ("bwrap", "none")
+DEFAULT_BLOCKED = (".github/", ".agent/")
 
 
 class ConfigError(AgentError):
@@ -33,7 +35,7 @@ class RepoConfig:
     services: tuple[str, ...] = ()
     check: str | None = None
     branch_prefix: str = "agent/fix-"
-    blocked_paths: tuple[str, ...] = (".github/",)
+    blocked_paths: tuple[str, ...] = (".github/", ".agent/")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class VendorConfig:
     command: tuple[str, ...] | None = None   # a command vendor's argv template
     resume: tuple[str, ...] | None = None
     args: tuple[str, ...] = ()               # extra argv appended for a built-in vendor
+    writable: tuple[str, ...] = ()           # paths the vendor must write besides the worktree (sandbox binds)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class Config:
     gitlab: GitlabConfig = GitlabConfig()
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
+    sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
+    sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
@@ -254,7 +259,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                              "sources", "prices"))
+                               "sources", "prices", "sandbox"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -273,7 +278,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             services=v.strings(d.get("services"), f"{p}.services"),
             check=v.opt_string(d.get("check"), f"{p}.check"),
             branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
-            blocked_paths=v.strings(d.get("blocked_paths", [".github/"]), f"{p}.blocked_paths"),
+            blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
         )
 
     lanes = _lanes(v, top.get("lanes"), "lanes")
@@ -281,7 +286,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     vendors: dict[str, VendorConfig] = {}
     for name, raw in v.mapping(top.get("vendors"), "vendors").items():
         p = f"vendors.{name}"
-        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args"))
+        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args", "writable"))
         vendors[name] = VendorConfig(
             name=name,
             bin=v.opt_string(d.get("bin"), f"{p}.bin"),
@@ -289,6 +294,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             command=v.argv(d.get("command"), f"{p}.command"),
             resume=v.argv(d.get("resume"), f"{p}.resume"),
             args=v.strings(d.get("args"), f"{p}.args"),
+            writable=v.strings(d.get("writable"), f"{p}.writable"),
         )
     for role, lane in lanes.items():
         if lane.vendor not in BUILTIN_VENDORS and lane.vendor not in vendors:
@@ -369,6 +375,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
+    sandbox = v.string(top.get("sandbox", "bwrap"), "sandbox", SANDBOXES)
+
     prices = {}
     for name, raw in v.mapping(top.get("prices"), "prices").items():
         from agent.lanes.prices import Price
@@ -381,7 +389,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         prices[str(name)] = Price(input=v.number(d["input"], f"{p}.input"), output=v.number(d["output"], f"{p}.output"))
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices)
+                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
+                  sandbox=sandbox, sandbox_explicit="sandbox" in top)
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -428,11 +437,29 @@ def load_config(path: Path, required: bool = False) -> Config:
     return parse_config(_read_yaml(path), filename=str(path), path=path)
 
 
-def load_repo_settings(worktree: Path) -> RepoSettings:
-    path = Path(worktree) / ".agent" / "config.yaml"
-    if not path.exists():
+REPO_SETTINGS_PATH = ".agent/config.yaml"
+
+
+def load_repo_settings(mirror: Path, base_sha: str | None) -> RepoSettings:
+    """A repository's own ``.agent/config.yaml`` as it is in the BASE commit (never the task's worktree, which a
+    lane can write: a lane must not be able to loosen its own checks, blocked paths or reviewers)."""
+    import yaml
+
+    from agent.workspace import read_base_file
+
+    if not base_sha or not Path(mirror).exists():
         return RepoSettings()
-    return parse_repo_settings(_read_yaml(path), filename=str(path))
+    text = read_base_file(Path(mirror), base_sha, REPO_SETTINGS_PATH)
+    if text is None:
+        return RepoSettings()
+    filename = f"{REPO_SETTINGS_PATH} at {base_sha[:12]}"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{filename}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_repo_settings(data, filename=filename)
 
 
 DEFAULT_CONFIG = """\
@@ -468,6 +495,8 @@ DEFAULT_CONFIG = """\
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
+
+# sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}

@@ -153,6 +153,10 @@ def write_config(home: Path, remote: Path, playbook: Path, implementer_status: s
         config["github"] = {"api_url": github_api_url}
     if api_url and forge in ("github", "gitlab", "gitea"):
         config[forge] = {"api_url": api_url}
+    if "--log" in lane_args:       # the lanes append to that log from inside their sandbox
+        folder = str(Path(lane_args[lane_args.index("--log") + 1]).resolve().parent)
+        for vendor in config["vendors"].values():
+            vendor["writable"] = [folder]
     import yaml
 
     home.mkdir(parents=True, exist_ok=True, mode=0o700)

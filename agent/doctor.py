@@ -57,6 +57,7 @@ class Check:
     ok: bool
     detail: str
     fix: str | None = None
+    warn: bool = False            # ok, but said out loud (e.g. `sandbox: none`)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -142,6 +143,35 @@ def check_ledger(home: Path) -> Check:
     return Check("ledger", True, f"{path}: schema {version}, integrity ok, WAL, {tasks} task(s){pending}")
 
 
+def check_ledger_tamper(home: Path) -> list[Check]:
+    """Evidence that something other than agent wrote the ledger (a lane without the sandbox could): schema and
+    append-only triggers against the migrations, deleted events, a round cap no event explains."""
+    from agent.ledger import APP_ID, SCHEMA_VERSION, ledger_path, tamper_findings
+
+    path = ledger_path(home)
+    if not path.exists():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error:
+        return []
+    try:
+        if conn.execute("PRAGMA application_id").fetchone()[0] != APP_ID or \
+                conn.execute("PRAGMA user_version").fetchone()[0] > SCHEMA_VERSION:
+            return []                         # check_ledger says what is wrong with such a file
+        found = tamper_findings(conn)
+    except sqlite3.DatabaseError:
+        return []
+    finally:
+        conn.close()
+    if not found:
+        return [Check("ledger trust", True, "schema and append-only triggers as the migrations made them; event ids "
+                      "contiguous; every round cap explained by its events")]
+    return [Check("ledger trust", False, f"{path}: tampered with: " + "; ".join(found)[:600],
+                  "stop the daemon/cron, keep the file for forensics, restore the ledger from a backup; run lanes in "
+                  "the sandbox (`sandbox: bwrap`) so no lane can reach it")]
+
+
 # ---------------------------------------------------------------------------------------------- config
 
 
@@ -159,6 +189,35 @@ def check_config(config_path: Path, required: bool):
         return Check("config", True, f"{config_path}: not there; built-in defaults (no repos, no lanes)"), config
     return Check("config", True, f"{config_path}: valid; {len(config.repos)} repo(s), {len(config.lanes)} lane "
                  f"role(s), {len(config.sources)} source(s)"), config
+
+
+def check_sandbox(config) -> Check:
+    """`sandbox: bwrap` needs bwrap (lanes refuse to start without it); `sandbox: none` is allowed but warned."""
+    from agent.lanes.sandbox import INSTALL_FIX, bwrap_path, mode
+
+    if mode(config) == "none":
+        return Check("sandbox", True, "sandbox: none: lanes run unconfined; a lane can read the ledger and other "
+                     "tasks, and write anything this user can", "install bubblewrap and remove `sandbox: none`",
+                     warn=True)
+    found = bwrap_path()
+    if found is None:
+        return Check("sandbox", False, "sandbox: bwrap, but bwrap is not installed: every lane refuses to start",
+                     INSTALL_FIX)
+    return Check("sandbox", True, f"bwrap at {found}: every lane and check runs sandboxed")
+
+
+def check_lane_secrets(config) -> list[Check]:
+    """A credential variable under vendors.X.env never reaches the lane: the config promises something that does
+    not happen, or someone tried to give a lane a forge token."""
+    from agent.lanes.env import denied_in_config
+
+    found = denied_in_config(config)
+    if not found:
+        return []
+    shown = ", ".join(f"vendors.{v}.env: {var}" for v, var in found)
+    return [Check("lane secrets", False, f"{shown}: forge and source credentials never reach a lane (they are "
+                  "dropped)", "remove " + ", ".join(sorted({var for _, var in found})) + " from vendors.*.env; lanes "
+                  "need only their model API key")]
 
 
 def check_roles(config) -> list[Check]:
@@ -394,9 +453,12 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
                environ: dict | None = None, min_free: int = MIN_FREE_BYTES) -> dict:
     """Every check; ``{"ok": bool, "checks": [{name, ok, detail, fix}]}``. Never raises for a finding."""
     checks = [check_git(), check_ledger(home)]
+    checks += check_ledger_tamper(home)
     cfg_check, config = check_config(config_path, config_required)
     checks.append(cfg_check)
     if config is not None:
+        checks.append(check_sandbox(config))
+        checks += check_lane_secrets(config)
         checks += check_roles(config)
         for vendor, roles in lane_vendors(config).items():
             checks.append(check_vendor(config, vendor, roles))
@@ -409,10 +471,13 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
 def render_text(result: dict) -> str:
     lines = []
     for c in result["checks"]:
-        lines.append(f"{'ok  ' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
-        if not c["ok"] and c["fix"]:
+        tag = "FAIL" if not c["ok"] else ("WARN" if c.get("warn") else "ok  ")
+        lines.append(f"{tag}  {c['name']}: {c['detail']}")
+        if (not c["ok"] or c.get("warn")) and c["fix"]:
             lines.append(f"      fix: {c['fix']}")
     bad = [c for c in result["checks"] if not c["ok"]]
+    warned = [c for c in result["checks"] if c["ok"] and c.get("warn")]
     lines.append("")
-    lines.append("healthy" if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad))
+    note = f" ({len(warned)} warning(s): {', '.join(c['name'] for c in warned)})" if warned else ""
+    lines.append(("healthy" if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad)) + note)
     return "\n".join(lines)

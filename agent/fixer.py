@@ -144,10 +144,12 @@ def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
 
 
 def _settings(ctx: Ctx):
+    """The repository's .agent/config.yaml from the task's base commit (never from the worktree a lane wrote)."""
     from agent.config import load_repo_settings
+    from agent.workspace import mirror_path
 
     t = ctx.task
-    return load_repo_settings(Path(t["worktree"])) if t["worktree"] else None
+    return load_repo_settings(mirror_path(ctx.home, t["repo"]), t["base_sha"]) if t["base_sha"] else None
 
 
 def _check_command(ctx: Ctx, repo: RepoConfig) -> str | None:
@@ -164,9 +166,11 @@ def _blocked_paths(ctx: Ctx, repo: RepoConfig) -> tuple[str, ...]:
 
 
 def _repo(ctx: Ctx):
-    import git
+    """Hardened git on the task's worktree, with its git dir taken from the mirror (agent.workspace.TaskGit)."""
+    from agent.workspace import TaskGit, mirror_path
 
-    return git.Repo(ctx.task["worktree"])
+    t = ctx.task
+    return TaskGit(t["worktree"], mirror_path(ctx.home, t["repo"]))
 
 
 def _daily_cost(ledger: Ledger) -> float:
@@ -199,23 +203,26 @@ def _check_budgets(ctx: Ctx) -> None:
 
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
-    from agent.fence import lease_keeper, pid_alive
+    from agent.fence import lease_keeper
     from agent.lanes.lane import run_lane
+    from agent.proc import kill_group_if_same, same_process
 
     t = ctx.task
     settings = _settings(ctx)
-    inflight = ctx.ledger.one("SELECT id, pid, started_at FROM lane_runs WHERE task_id = ? AND round = ? AND role = ? "
-                              "AND status = 'running' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"], role))
-    if inflight and pid_alive(inflight["pid"]):
+    inflight = ctx.ledger.one("SELECT id, pid, pid_start, started_at FROM lane_runs WHERE task_id = ? AND round = ? "
+                              "AND role = ? AND status = 'running' ORDER BY id DESC LIMIT 1",
+                              (ctx.task_id, t["round"], role))
+    if inflight and same_process(inflight["pid"], inflight["pid_start"]):
         # We hold the claim, so its worker is gone: the orphan's output is unreachable. Let it end (it may still
         # be editing the worktree), but not past its own timeout: then end its process group (pgid == pid).
+        # A pid alone proves nothing (it may have been reused): only the recorded pid AND start time count.
         from agent.lanes.lane import _lane_settings
 
         timeout = _lane_settings(ctx.config, role, settings.lanes if settings else None, None)[2]
         started = datetime.strptime(inflight["started_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
         if (datetime.now(timezone.utc) - started).total_seconds() <= timeout + 30:
             _wait(ctx, f"{role} lane still running (pid {inflight['pid']}); waiting")
-        _kill_orphan(inflight["pid"])
+        kill_group_if_same(inflight["pid"], inflight["pid_start"])
         with ctx.ledger.tx() as c:
             ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
                                                                  "role": role, "timeout": timeout}, task_id=ctx.task_id)
@@ -249,33 +256,22 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     return result
 
 
-def _kill_orphan(pid: int) -> None:
-    """SIGTERM then SIGKILL an orphaned lane's process group (it leads its own group: start_new_session)."""
-    import os
-    import signal
-
-    from agent.fence import pid_alive
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        end = time.monotonic() + 3
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if not pid_alive(pid):
-            return
-
-
 def _lane_outcome(ctx: Ctx, role: str, result) -> None:
     """The shared handling of a lane that did not produce a usable report."""
+    from agent.lanes.lane import MIRROR_TAMPERED
+
     if result.status == "unavailable":
         _block(ctx, f"{role} lane unavailable ({result.vendor}): {result.reason or 'binary missing or auth refused'}")
     if result.status == "malformed":
         excerpt = _redact(result.excerpt or "")[-1500:]
         _fail(ctx, f"{role} report unparseable after {len(result.repairs)} repair turn(s): {result.reason}; "
                    f"output tail: {excerpt}")
+    if result.status == "rejected" and (result.reason or "").startswith(MIRROR_TAMPERED):
+        # the mirror is restored already; the round's work is not trusted (the next round starts afresh)
+        _reject_round(ctx, f"{role} lane rejected: it changed git's config, hooks or .git ({result.vendor})",
+                      f"The {role} lane changed git's own files ({_redact(result.reason or '')}); they were "
+                      "restored. Never touch .git, hooks or git config.")
+        raise Stop()
     if result.status == "rejected":
         _fail(ctx, f"{role} lane rejected: {result.reason}")
 
@@ -350,37 +346,41 @@ def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None
 
 
 def step_committed(ctx: Ctx) -> None:
-    import git
+    from agent.workspace import unsafe_changes
 
     t = ctx.task
     repo_cfg = _repo_config(ctx)
-    repo = _repo(ctx)
-    head = repo.head.commit.hexsha
+    g = _repo(ctx)
+    head = g.head()
     if head == t["head_sha"] and snapshot(ctx.ledger, ctx.task_id).committed_round:
         # a crash after the commit was recorded and before the step closed: close it, do not commit again
         _close(ctx, "committed", f"commit {head[:12]} (recorded before a crash)")
         return
     known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
     previous = t["head_sha"] or t["base_sha"]
-    if head not in known and head != previous and repo.head.commit.parents \
-            and repo.head.commit.parents[0].hexsha == previous and not repo.is_dirty(untracked_files=True):
-        # a crash after `git commit` and before the ledger write: adopt that commit, do not commit again
-        _record_commit(ctx, head, previous, repo.head.commit.message)
-        _close(ctx, "committed", f"commit {head[:12]} (recovered after a crash)")
-        return
-    repo.git.add("-A")
-    changed = [d.a_path or d.b_path for d in repo.index.diff("HEAD")]
+    if head not in known and head != previous:
+        parents = g("rev-list", "--parents", "-n", "1", head).split()[1:]
+        if parents and parents[0] == previous and not g("status", "--porcelain", "--untracked-files=all"):
+            # a crash after `git commit` and before the ledger write: adopt that commit, do not commit again
+            _record_commit(ctx, head, previous, g("log", "-1", "--format=%B", head) + "\n")
+            _close(ctx, "committed", f"commit {head[:12]} (recovered after a crash)")
+            return
+    g("add", "-A")
+    changes = g.staged_changes()
+    changed = [c.path for c in changes]
     if not changed:
         _reject_round(ctx, "implementer made no change",
                       "The previous round changed no file. The fix needs a code change.")
         return
     blocked = [p for p in changed for b in _blocked_paths(ctx, repo_cfg) if p == b.rstrip("/") or p.startswith(b)]
+    blocked += unsafe_changes(g, changes)
     if blocked:
-        repo.git.reset("--hard", "HEAD")
-        repo.git.clean("-fdq")
-        _reject_round(ctx, f"touched blocked paths {', '.join(sorted(set(blocked)))}",
-                      f"The previous round edited blocked paths ({', '.join(sorted(set(blocked)))}); never touch "
-                      "them.")
+        g("reset", "-q", "--hard", "HEAD")
+        g("clean", "-fdq")
+        shown = ", ".join(sorted(set(blocked)))
+        _reject_round(ctx, f"touched blocked paths {shown}",
+                      f"The previous round made blocked changes ({shown}); never touch these paths, never add "
+                      "symlinks that point outside the repository and never add submodules.")
         return
     run = ctx.ledger.one("SELECT summary FROM lane_runs WHERE task_id = ? AND round = ? AND role = 'implementer' "
                          "AND status = 'complete' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"]))
@@ -388,19 +388,21 @@ def step_committed(ctx: Ctx) -> None:
     subject = summary.splitlines()[0] if summary else t["title"]
     subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
     message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
-    actor = git.Actor(ctx.config.git.author_name, ctx.config.git.author_email)
-    # skip_hooks: GitPython's hook path writes COMMIT_EDITMSG in the mirror's *common* dir, which every task's
-    # worktree shares, so parallel commits (--jobs) raced on it; the mirror has no active hooks to run anyway
-    commit = repo.index.commit(message, author=actor, committer=actor, skip_hooks=True)
+    name, email = ctx.config.git.author_name, ctx.config.git.author_email
+    # hardened git: no hooks (core.hooksPath=/dev/null, --no-verify); COMMIT_EDITMSG lands in the worktree's own
+    # git dir, so parallel tasks (--jobs) never share it
+    g("-c", f"user.name={name}", "-c", f"user.email={email}", "commit", "-q", "--no-verify", "--no-gpg-sign",
+      "--cleanup=verbatim", "-F", "-", input=message.encode())
+    sha = g.head()
     crashpoint("commit.done")
-    _record_commit(ctx, commit.hexsha, previous, message)
+    _record_commit(ctx, sha, previous, message)
     crashpoint("commit.recorded")
-    _close(ctx, "committed", f"commit {commit.hexsha[:12]}: {subject}")
+    _close(ctx, "committed", f"commit {sha[:12]}: {subject}")
 
 
 def step_local_check_pass(ctx: Ctx) -> None:
     from agent.fence import lease_keeper
-    from agent.lanes.env import lane_env
+    from agent.lanes.sandbox import check_argv
     from agent.proc import run
 
     t = ctx.task
@@ -413,14 +415,18 @@ def step_local_check_pass(ctx: Ctx) -> None:
     folder = Path(ctx.home) / "checks" / f"task-{ctx.task_id}"
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"round-{t['round']}-{head[:8]}.log"
+    try:
+        argv, env = check_argv(ctx.config, ctx.home, Path(t["worktree"]), command, folder / "sandbox")
+    except AgentError as exc:
+        _block(ctx, f"check not started: {exc}")
     with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext():
-        res = run(["sh", "-c", command], cwd=Path(t["worktree"]), env=lane_env(()), timeout=ctx.config.limits.check_timeout,
+        res = run(argv, cwd=Path(t["worktree"]), env=env, timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     passed = res.status == "ok"
     if STOP.is_set() and not passed:  # killed by the daemon's second signal: run it again next scan
         ctx.say("check interrupted by shutdown; the next scan runs it again")
         raise Stop()
-    _repo(ctx).git.clean("-fdq")  # what the check left behind must not be committed by the next round
+    _repo(ctx)("clean", "-fdq")  # what the check left behind must not be committed by the next round
     with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
                                         "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
@@ -439,7 +445,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
 
 def _diff(ctx: Ctx) -> str:
     t = ctx.task
-    return _repo(ctx).git.diff(t["base_sha"], t["head_sha"])
+    return _repo(ctx).diff(t["base_sha"], t["head_sha"])
 
 
 def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
@@ -688,7 +694,7 @@ def _clear_stale_git_locks(ctx: Ctx) -> None:
     if not t["worktree"] or not Path(t["worktree"]).exists():
         return
     try:
-        git_dir = Path(_repo(ctx).git_dir)
+        git_dir = Path(_repo(ctx).git_dir)   # from the mirror's records, not the worktree's .git file
     except Exception:
         return
     for name in ("index.lock", "HEAD.lock"):

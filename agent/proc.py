@@ -1,12 +1,14 @@
 """The one process runner: every child process the product starts (lanes, repo checks, version
-probes) goes through ``run``.  Git itself goes through GitPython.
+probes) goes through ``run``; the agent's short git commands go through ``capture`` (via ``agent.workspace.git``).
 
 Guarantees:
 - the child runs in its own session / process group (``start_new_session=True``), so a timeout
   (SIGTERM, then SIGKILL after ``grace``) takes down grandchildren too; anything the child left
   running in its group when it exits is killed as well;
-- stdout / stderr stream to files with a size cap: the first ``max_bytes`` are kept, then a
-  one-line truncation marker, then the last ``tail_bytes`` (a lane's final report is at the end);
+- the child writes stdout / stderr to files itself (no pipes: a double-forked grandchild holding a pipe can
+  neither block the run nor lose its report); when it ends, a file over ``max_bytes`` is cut to its first
+  ``max_bytes``, a one-line truncation marker and its last ``tail_bytes`` (a lane's final report is at the end);
+  a file growing past ``hard_cap`` while it runs gets the child killed;
 - it never raises for a failing child: a missing or non-executable binary gives
   ``missing=True, exit_code=127`` (status "unavailable"), a timeout ``timed_out=True``. It raises the ``OSError``
   only when our own disk refuses the output (full, read-only): that is no verdict on the child.
@@ -26,6 +28,7 @@ from typing import Callable, Sequence
 
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_TAIL_BYTES = 256 * 1024
+DEFAULT_HARD_CAP = 1 << 30        # an output file past 1 GiB while the child runs: the child is killed
 TRUNCATION_MARKER = "\n[agent: output truncated, {dropped} bytes dropped]\n"
 
 
@@ -91,66 +94,45 @@ def read_tail(path: Path | str | None, chars: int) -> str:
     return data.decode("utf-8", errors="replace")[-chars:]
 
 
-class _Pump(threading.Thread):
-    """Copies one pipe to a file: head up to max_bytes, then keeps a rolling tail."""
+class _Follower(threading.Thread):
+    """Watches a child's output file while it runs: hands the latest complete line to ``on_line`` and kills the
+    child's group when the file grows past ``hard_cap`` (a disk-filling child).  Never holds the child's output:
+    the child writes the file itself, so no pipe exists that a grandchild could keep open."""
 
-    def __init__(self, pipe, path: Path, max_bytes: int, tail_bytes: int,
-                 on_line: Callable[[str], None] | None):
+    INTERVAL = 0.2
+
+    def __init__(self, path: Path, on_line: Callable[[str], None] | None, hard_cap: int, pgid: int):
         super().__init__(daemon=True)
-        self.pipe, self.path, self.max_bytes, self.tail_bytes = pipe, path, max_bytes, tail_bytes
-        self.on_line = on_line
-        self.written = 0
-        self.dropped = 0
-        self.tail: deque[bytes] = deque()
-        self.tail_len = 0
+        self.path, self.on_line, self.hard_cap, self.pgid = path, on_line, hard_cap, pgid
+        self.stop = threading.Event()
+        self.offset = 0
         self.partial = b""
-        self.write_error: OSError | None = None   # the disk refused the output (full, read-only): run() raises it
+        self.over_cap = False
 
     def run(self) -> None:
+        while not self.stop.wait(self.INTERVAL):
+            self.poll()
+
+    def poll(self) -> None:
         try:
-            self._copy()
-        except OSError as exc:  # keep draining the pipe so the child is not blocked on a full pipe
-            self.write_error = exc
-            try:
-                while os.read(self.pipe.fileno(), 65536):
-                    pass
-            except OSError:
-                pass
-        try:
-            self.pipe.close()
+            size = os.path.getsize(self.path)
         except OSError:
-            pass
-
-    def _copy(self) -> None:
-        with open(self.path, "wb") as out:
-            while True:
-                try:
-                    chunk = os.read(self.pipe.fileno(), 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                room = self.max_bytes - self.written
-                if room > 0:
-                    out.write(chunk[:room])
-                    self.written += min(room, len(chunk))
-                rest = chunk[room:] if room > 0 else chunk
-                if rest and room < len(chunk):
-                    self.dropped += len(rest)
-                    self.tail.append(rest)
-                    self.tail_len += len(rest)
-                    while self.tail and self.tail_len - len(self.tail[0]) >= self.tail_bytes:
-                        self.tail_len -= len(self.tail.popleft())
-                if self.on_line is not None:
-                    self._lines(chunk)
-            if self.dropped:
-                tail = b"".join(self.tail)[-self.tail_bytes:] if self.tail_bytes else b""
-                shown = len(tail)
-                out.write(TRUNCATION_MARKER.format(dropped=self.dropped - shown).encode())
-                out.write(tail)
-
-    def _lines(self, chunk: bytes) -> None:
-        data = self.partial + chunk
+            return
+        if size > self.hard_cap and not self.over_cap:
+            self.over_cap = True
+            _kill_group(self.pgid, signal.SIGKILL)
+        if self.on_line is None or size <= self.offset:
+            return
+        old = self.offset
+        start = max(old, size - 65536)
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(size - start)
+        except OSError:
+            return
+        self.offset = start + len(data)
+        data = (self.partial if start == old else b"") + data
         *lines, self.partial = data.split(b"\n")
         self.partial = self.partial[-4096:]
         for raw in reversed(lines):
@@ -161,6 +143,41 @@ class _Pump(threading.Thread):
                 except Exception:  # a progress display must never break a run
                     pass
                 break
+
+
+MIN_FREE_BYTES = 256 * 1024
+
+
+def require_room(folder: Path) -> None:
+    """Raise OSError(ENOSPC) when the file system holding ``folder`` is (nearly) full: a child's output written
+    there could be lost without anyone seeing an error, and that is no verdict on the child."""
+    import errno
+
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+
+
+def _compact(path: Path, max_bytes: int, tail_bytes: int) -> bool:
+    """Cut a finished output file to its first ``max_bytes``, a marker, and its last ``tail_bytes``."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return False
+    if size <= max_bytes:
+        return False
+    with open(path, "r+b") as fh:
+        keep = min(tail_bytes, size - max_bytes)
+        fh.seek(size - keep)
+        tail = fh.read(keep) if keep else b""
+        fh.seek(max_bytes)
+        fh.write(TRUNCATION_MARKER.format(dropped=size - max_bytes - len(tail)).encode())
+        fh.write(tail)
+        fh.truncate()
+    return True
 
 
 def _kill_group(pgid: int, sig: int) -> bool:
@@ -239,7 +256,8 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         stdin_path: Path | str | None = None, stdout_path: Path | str, stderr_path: Path | str,
         max_bytes: int = DEFAULT_MAX_BYTES, tail_bytes: int = DEFAULT_TAIL_BYTES,
         on_line: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
-        grace: float = 3.0, kill_leftovers: bool = True) -> ProcResult:
+        grace: float = 3.0, kill_leftovers: bool = True, pass_fds: Sequence[int] = (),
+        hard_cap: int = DEFAULT_HARD_CAP) -> ProcResult:
     """Run ``argv`` to completion or timeout; never raises for a failing child.
 
     ``env`` is the child's *whole* environment (build it with ``agent.lanes.env.lane_env``);
@@ -266,11 +284,16 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
                           stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
                           error="not started: shutting down")
+    # the child writes its output files itself: nothing here waits on a pipe a grandchild could hold open.  Our own
+    # disk refusing them (read-only, full) is raised: no verdict on the child.
+    require_room(stdout_path.parent)
+    out_fh = open(stdout_path, "wb")
+    err_fh = open(stderr_path, "wb")
     stdin = None
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
-        proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=out_fh,
+                                stderr=err_fh, start_new_session=True, close_fds=True, pass_fds=pass_fds)
     except FileNotFoundError as exc:
         if not os.path.isdir(str(cwd)):
             return not_started(f"working directory {cwd} does not exist")
@@ -282,24 +305,26 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     finally:
         if stdin is not None and stdin is not subprocess.DEVNULL:
             stdin.close()
+        for fh in (out_fh, err_fh):
+            if fh is not None:
+                fh.close()
 
     pgid = proc.pid  # start_new_session: the child leads its own group
     with _RUNNING_LOCK:
         _RUNNING[pgid] = os.path.basename(argv[0])
     try:
         return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
-                          max_bytes, tail_bytes, on_line, on_start)
+                          max_bytes, tail_bytes, on_line, on_start, hard_cap)
     finally:
         with _RUNNING_LOCK:
             _RUNNING.pop(pgid, None)
 
 
 def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path, max_bytes,
-               tail_bytes, on_line, on_start) -> ProcResult:
-    pumps = [_Pump(proc.stdout, stdout_path, max_bytes, tail_bytes, on_line),
-             _Pump(proc.stderr, stderr_path, max_bytes, tail_bytes, on_line)]
-    for p in pumps:
-        p.start()
+               tail_bytes, on_line, on_start, hard_cap) -> ProcResult:
+    followers = [_Follower(stdout_path, on_line, hard_cap, pgid), _Follower(stderr_path, on_line, hard_cap, pgid)]
+    for f in followers:
+        f.start()
     if on_start is not None:
         try:
             on_start(proc.pid)
@@ -307,8 +332,8 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
             # the caller could not record the pid: do not leave an unrecorded child running
             _kill_group(pgid, signal.SIGKILL)
             proc.wait()
-            for p in pumps:
-                p.join(5)
+            for f in followers:
+                f.stop.set()
             raise
 
     timed_out = False
@@ -325,18 +350,120 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
         waiter.join()
     if timed_out or kill_leftovers:
         # Grandchildren still in the group (backgrounded servers, a sleeping child of a killed
-        # shell) would keep the pipes open and outlive the run: end them too.
+        # shell) would outlive the run: end them too.  (A sandboxed lane's setsid grandchildren die with its
+        # PID namespace; see agent.lanes.sandbox.)
         if _group_alive(pgid):
             _kill_group(pgid, signal.SIGTERM)
             end = time.monotonic() + grace
             while _group_alive(pgid) and time.monotonic() < end:
                 time.sleep(0.05)
             _kill_group(pgid, signal.SIGKILL)
-    for p in pumps:
-        p.join(10)
-    for p in pumps:
-        if p.write_error is not None:  # not the child's failure: the disk is full or read-only; say so upstream
-            raise p.write_error
+    for f in followers:
+        f.stop.set()
+        f.join(5)
+        f.poll()          # the last lines written before the exit
+    truncated = [_compact(p, max_bytes, tail_bytes) for p in (stdout_path, stderr_path)]
+    require_room(stdout_path.parent)     # a disk that filled up while it ran may have cut its output short
     return ProcResult(exit_code=proc.returncode, timed_out=timed_out, missing=False,
                       duration_s=time.monotonic() - started, pid=proc.pid, stdout_path=stdout_path,
-                      stderr_path=stderr_path, truncated=any(p.dropped for p in pumps))
+                      stderr_path=stderr_path, truncated=any(truncated) or any(f.over_cap for f in followers))
+
+
+# ---------------------------------------------------------------------------- short commands kept in memory
+
+
+@dataclass
+class Captured:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+def capture(argv: Sequence[str], *, cwd: Path | str | None, env: dict[str, str], timeout: float | None = 120,
+            input: bytes | None = None) -> Captured:
+    """Run a short trusted command (git) with exactly ``env`` and keep its output in memory.
+
+    Its own session, so a timeout kills its whole group; a missing binary is exit 127.  Used for the agent's
+    hardened git (agent.workspace.git), whose output is small and must not touch the disk (push sees a token).
+    """
+    argv = [str(a) for a in argv]
+    try:
+        proc = subprocess.Popen(argv, cwd=None if cwd is None else str(cwd), env=env,
+                                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                close_fds=True)
+    except OSError as exc:
+        return Captured(127, "", f"{argv[0]}: cannot start ({exc.strerror or exc})")
+    with _RUNNING_LOCK:
+        _RUNNING[proc.pid] = os.path.basename(argv[0])
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        timed_out = True
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(proc.pid, None)
+    return Captured(proc.returncode if not timed_out else -signal.SIGKILL, out.decode("utf-8", "replace"),
+                    err.decode("utf-8", "replace"), timed_out)
+
+
+# ---------------------------------------------------------------------------- process identity
+
+
+def start_time(pid: int | None) -> int | None:
+    """The start time of ``pid`` (clock ticks since boot, /proc/PID/stat field 22), or None if there is no
+    such process.  A pid plus its start time names one process for good: a reused pid has another start."""
+    if not pid or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])          # field 22 overall; fields[0] is field 3 (state)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int | None, started: int | None) -> bool:
+    """Whether ``pid`` is still the very process recorded with start time ``started`` (and not a zombie).
+    Without a recorded start time nothing can be proven, so the answer is False (never act on a guess)."""
+    if not pid or started is None:
+        return False
+    now = start_time(pid)
+    if now is None or now != int(started):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def kill_group_if_same(pid: int, started: int | None, grace: float = 3.0) -> bool:
+    """SIGTERM, then SIGKILL after ``grace``, the process group led by ``pid``, but only while ``pid`` is
+    still the process recorded with ``started``; a pidfd pins it between the check and the signal.
+    Returns whether anything was signalled."""
+    if not same_process(pid, started):
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        fd = None
+    try:
+        if not same_process(pid, started):      # checked again now that the pidfd pins the process
+            return False
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            _kill_group(pid, sig)
+            end = time.monotonic() + grace
+            while same_process(pid, started) and time.monotonic() < end:
+                time.sleep(0.05)
+            if not same_process(pid, started):
+                break
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -30,11 +30,6 @@ class PushResult:
     forced: bool       # True when history was rewritten (pushed with --force-with-lease)
 
 
-def _git_env() -> dict:
-    # never prompt for credentials on a cron tick; fail instead
-    return {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "SSH_ASKPASS": "true"}
-
-
 def check_branch(branch: str, base: str, prefix: str) -> None:
     """Raise PushError unless ``branch`` is a task branch that may be pushed."""
     b = (branch or "").strip()
@@ -52,12 +47,11 @@ def check_branch(branch: str, base: str, prefix: str) -> None:
 
 def remote_branch_sha(remote_url: str, branch: str) -> str | None:
     """The sha of ``refs/heads/<branch>`` on the remote, or None if the branch is not there."""
-    import git
+    from agent.workspace import GitError, git
 
     try:
-        out = git.Git().ls_remote(remote_url, f"refs/heads/{branch}", env=_git_env(),
-                                  kill_after_timeout=GIT_TIMEOUT)
-    except git.GitCommandError as exc:
+        out = git("ls-remote", "--", remote_url, f"refs/heads/{branch}", network=True, timeout=GIT_TIMEOUT)
+    except GitError as exc:
         raise PushError(f"cannot read the remote {safe_url(remote_url)}: {_stderr(exc)}; check the URL and credentials") \
             from None
     for line in out.splitlines():
@@ -74,16 +68,21 @@ def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix:
     ``expected_remote_sha`` is the sha agent last pushed for this task (``tasks.pushed_sha``), or None
     if it never pushed.  Returns what happened; raises PushError with a one-line reason when refused.
     """
-    import git
+    from agent import AgentError
+    from agent.workspace import GitError, TaskGit, audit_config, git
 
     check_branch(branch, base, prefix)
     try:
-        repo = git.Repo(worktree)
-    except (git.NoSuchPathError, git.InvalidGitRepositoryError):
+        repo = TaskGit(worktree)
+    except AgentError:
         raise PushError(f"{worktree}: not a git worktree; recreate the task's workspace") from None
+    bad = audit_config(repo.mirror)
+    if bad:   # e.g. url.<x>.pushInsteadOf would send the push elsewhere; credential.helper would see the token
+        raise PushError(f"refusing to push {branch}: the repository config holds {', '.join(bad[:5])}, which agent "
+                        "never writes; restore it, then `agent task reset`")
     try:
-        local = repo.commit(f"refs/heads/{branch}").hexsha
-    except (git.BadName, ValueError):
+        local = repo("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}")
+    except GitError:
         raise PushError(f"{worktree}: has no local branch {branch!r}; nothing to push") from None
 
     remote = remote_branch_sha(remote_url, branch)
@@ -106,8 +105,10 @@ def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix:
                         f"(expected {expected_remote_sha[:12] if expected_remote_sha else 'none'}) and is not "
                         "in the local history; someone else pushed there: inspect it, then `agent task reset`")
     try:
-        repo.git.push(remote_url, refspec, *args, "--porcelain", env=_git_env(), kill_after_timeout=GIT_TIMEOUT)
-    except git.GitCommandError as exc:
+        # the only git command that sees credentials; to the configured URL, never a remote name from config
+        git("push", "--porcelain", "--no-verify", *args, "--", remote_url, refspec, git_dir=repo.git_dir,
+            cwd=worktree, push=True, timeout=GIT_TIMEOUT)
+    except GitError as exc:
         raise PushError(f"push of {branch} to {safe_url(remote_url)} failed: {_stderr(exc)}") from None
     after = remote_branch_sha(remote_url, branch)
     if after != local:
@@ -118,7 +119,7 @@ def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix:
 
 def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -> bool:
     """Prune a task branch from the remote.  Returns False if it was already gone."""
-    import git
+    from agent.workspace import GitError, git
 
     check_branch(branch, base, prefix)
     import tempfile
@@ -130,26 +131,27 @@ def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -
     # any directory (cron's cwd is $HOME, not a git folder) and never depends on the caller's cwd
     with tempfile.TemporaryDirectory(prefix="agent-prune-") as scratch:
         try:
-            git.Git(scratch).init("--bare", "-q")
-            git.Git(scratch).push(remote_url, f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete",
-                                  f"refs/heads/{branch}", env=_git_env(), kill_after_timeout=GIT_TIMEOUT)
-        except git.GitCommandError as exc:
+            git("init", "--bare", "-q", scratch, cwd=scratch)
+            git("push", "--no-verify", f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete", "--",
+                remote_url, f"refs/heads/{branch}", git_dir=scratch, cwd=scratch, push=True, timeout=GIT_TIMEOUT)
+        except GitError as exc:
             raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
     return True
 
 
 def _is_ancestor(repo, ancestor: str, descendant: str) -> bool:
-    import git
+    from agent.workspace import GitError
 
     try:
-        repo.git.merge_base("--is-ancestor", ancestor, descendant)
+        repo("merge-base", "--is-ancestor", ancestor, descendant)
         return True
-    except git.GitCommandError:
+    except GitError:
         return False  # not an ancestor, or an object we never had (someone else's commit)
 
 
 def _stderr(exc) -> str:
-    text = (getattr(exc, "stderr", "") or str(exc)).strip().replace("\n", " ")
+    lines = [ln for ln in (getattr(exc, "stderr", "") or str(exc)).strip().splitlines() if ln.strip()]
+    text = " ".join(lines[-3:])
     text = text.removeprefix("stderr: ").strip("' ")
     return text[:300] or "git failed"
 

@@ -93,7 +93,8 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
             ledger.insert(c, "steps", {"task_id": task_id, "key": step.key, "kind": step.kind,
                                        "status": "pending", "round": 1})
         ledger.event(c, "task.created", actor, {"repo": repo, "title": title.strip(), "base": base,
-                                                "branch": branch, "conclusion_id": conclusion_id},
+                                                "branch": branch, "conclusion_id": conclusion_id,
+                                                "round_cap": round_cap},
                      task_id=task_id, error_id=error_id)
         return task_id, True
 

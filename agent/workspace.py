@@ -1,14 +1,21 @@
-"""Workspaces: one bare mirror per repository, one git worktree per task.
+"""Workspaces: one bare mirror per repository, one git worktree per task, and the agent's hardened git.
 
 - The mirror (``$AGENT_HOME/mirrors/OWNER__NAME.git``) is cloned once and fetched after. Remote branches land in
   ``refs/remotes/origin/*`` so a fetch never touches the task branches that live in the mirror.
 - A task's worktree is added on branch ``<prefix><error-id8>`` from ``origin/<base>`` in a staging path and then
   moved into place with ``git worktree move`` (a rename), so a crash never leaves a half-made workspace at the final
   path. A leftover staging worktree is removed and made again on the next scan.
+- Every git command the agent runs goes through ``git()``: a fixed environment (no forge or source token but for
+  push), ``-c`` overrides that switch off everything a repository's config could make git execute (hooks,
+  fsmonitor, external diff, textconv, pagers, ssh commands), and, for a task's worktree, an explicit
+  ``--git-dir``/``--work-tree`` taken from the mirror, never from the worktree's own ``.git`` file. The mirror's
+  config, hooks and ``info/`` are hashed around every lane (``protected_state``/``restore``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -30,6 +37,313 @@ class Workspace:
     created: bool
 
 
+class GitError(AgentError):
+    """A git command failed; ``stderr`` holds its last lines."""
+
+    def __init__(self, message: str, stderr: str = "", exit_code: int | None = None):
+        super().__init__(message)
+        self.stderr = stderr
+        self.exit_code = exit_code
+
+
+# Overrides on every git command the agent runs. Repository config (which a lane could have written) can set
+# commands git executes; these win over any config file. Filters and textconv drivers are named per attribute,
+# so they cannot be switched off by name here (nor diff.external: an empty value makes git run ""): the mirror's config (the only place that defines them) is
+# hash-checked around every lane and restored on drift, and diff/show get --no-ext-diff --no-textconv.
+SAFE_GIT_CONFIG = (
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.untrackedCache=false",
+    "core.pager=cat",
+    "core.editor=true",
+    "core.askPass=",
+    "core.sshCommand=ssh",
+    "core.attributesFile=/dev/null",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "submodule.recurse=false",
+    "fetch.recurseSubmodules=false",
+    "protocol.ext.allow=never",
+    "credential.helper=",
+    "commit.gpgSign=false",
+    "tag.gpgSign=false",
+)
+# Push (and fetch/clone/ls-remote: they talk to the remote) keep the user's credential helpers and ssh setup.
+_NETWORK_DROPS = ("credential.helper=", "core.sshCommand=ssh", "core.askPass=")
+_ENV_KEEP = ("PATH", "HOME", "USER", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH", "XDG_CONFIG_HOME",
+             "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "http_proxy", "https_proxy", "no_proxy",
+             "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "TZ")
+GIT_TIMEOUT = 300.0
+
+
+def git_env(push: bool = False, config=None) -> dict[str, str]:
+    """The whole environment of an agent git command: a few variables git needs, never a credential unless
+    ``push`` (then the forge/source token variables pass, for credential helpers such as ``gh``)."""
+    from agent.lanes.env import secret_env_names
+
+    env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update({"LC_ALL": "C", "LANGUAGE": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true",
+                "SSH_ASKPASS": "true", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0"})
+    if not push:
+        for name in secret_env_names(config):
+            env.pop(name, None)
+    else:
+        for name in secret_env_names(config):
+            if name in os.environ:
+                env[name] = os.environ[name]
+    if "GIT_SSH_COMMAND" not in env and "GIT_SSH" not in env:
+        env["GIT_SSH_COMMAND"] = "ssh"        # wins over a core.sshCommand from any config
+    return env
+
+
+def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = None,
+        work_tree: Path | str | None = None, network: bool = False, push: bool = False,
+        timeout: float = GIT_TIMEOUT, input: bytes | None = None, check: bool = True) -> str:
+    """Run one hardened git command and return its stdout (trailing newline kept off).
+
+    ``git_dir``/``work_tree`` are passed explicitly when given (a task's worktree: never trust its ``.git``
+    file). ``network`` keeps the user's credential helpers and ssh setup; ``push`` also passes credential
+    variables. Raises GitError (with stderr) when ``check`` and git fails."""
+    from agent import proc
+
+    overrides = [c for c in SAFE_GIT_CONFIG if not ((network or push) and c in _NETWORK_DROPS)]
+    argv = ["git"]
+    for c in overrides:
+        argv += ["-c", c]
+    if git_dir is not None:
+        argv.append(f"--git-dir={git_dir}")
+    if work_tree is not None:
+        argv.append(f"--work-tree={work_tree}")
+    argv += list(args)
+    res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push), timeout=timeout,
+                       input=input)
+    if check and res.exit_code != 0:
+        lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+        what = "timed out" if res.timed_out else (lines[-1] if lines else f"exit {res.exit_code}")
+        raise GitError(f"git {args[0] if args else ''}: {what}", res.stderr, res.exit_code)
+    return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
+
+
+# Config keys that make git run a command, rewrite where it talks to, or read more config: agent never writes them
+# into a mirror, so finding one means something (a lane, without the sandbox) did. Git is refused there until the
+# mirror is restored (the lane guard does it after every lane).
+_EXEC_KEYS = re.compile(
+    r"^(core\.(hookspath|fsmonitor|sshcommand|gitproxy|pager|editor|askpass|alternaterefscommand|attributesfile|"
+    r"worktree)|filter\..*|diff\..*\.(textconv|command)|diff\.external|merge\..*\.driver|url\..*|credential\..*|"
+    r"include\..*|includeif\..*|remote\..*\.(uploadpack|receivepack|vcs|proxy)|gpg\..*program|sequence\.editor|"
+    r"uploadpack\..*|receive\..*|alias\..*|pager\..*|http\..*proxy.*|interactive\..*)$", re.I)
+_AUDIT_CACHE: dict[tuple, list[str]] = {}
+
+
+def audit_config(common: Path) -> list[str]:
+    """The keys in a repository's own config that could make git execute something or go elsewhere."""
+    path = Path(common) / "config"
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    if key not in _AUDIT_CACHE:
+        names = git("config", "--file", str(path), "--list", "--name-only", cwd=common, check=False)
+        _AUDIT_CACHE[key] = sorted({n for n in names.splitlines() if _EXEC_KEYS.match(n.strip())})
+    return _AUDIT_CACHE[key]
+
+
+def require_clean_config(common: Path) -> None:
+    bad = audit_config(common)
+    if bad:
+        raise GitError(f"{common}/config holds keys agent never writes ({', '.join(bad[:5])}); something changed "
+                       "the mirror: restore its config (or re-clone it) before agent runs git there")
+
+
+def worktree_git_dir(mirror: Path, worktree: Path) -> Path:
+    """The worktree's git dir inside the mirror (``worktrees/<name>``), found from the mirror's own records
+    (each ``worktrees/*/gitdir`` names its worktree's ``.git``), never from the worktree's ``.git`` file."""
+    target = (Path(worktree).resolve() / ".git")
+    wt_root = Path(mirror) / "worktrees"
+    guess = wt_root / Path(worktree).name
+    for cand in [guess] + (sorted(wt_root.iterdir()) if wt_root.is_dir() else []):
+        try:
+            recorded = Path((cand / "gitdir").read_text().strip())
+        except OSError:
+            continue
+        if recorded == target or recorded.resolve() == target:
+            return cand
+    raise WorkspaceError(f"{worktree}: not a worktree registered in {mirror}; recreate the task's workspace")
+
+
+class TaskGit:
+    """Hardened git bound to one task worktree and its git dir in the mirror."""
+
+    def __init__(self, worktree: Path | str, mirror: Path | str | None = None):
+        self.worktree = Path(worktree)
+        if mirror is None:
+            mirror = find_common_dir(self.worktree)
+        self.mirror = Path(mirror)
+        if (self.worktree / ".git").is_dir() and self.mirror.resolve() == (self.worktree / ".git").resolve():
+            self.git_dir = self.mirror        # a plain repository (ad-hoc `agent lane run --cwd`)
+        else:
+            self.git_dir = worktree_git_dir(self.mirror, self.worktree)
+
+    def __call__(self, *args: str, **kw) -> str:
+        if self.git_dir != self.mirror or not (self.worktree / ".git").is_dir():
+            require_clean_config(self.mirror)        # a task worktree's mirror: only what agent wrote
+        return git(*args, git_dir=self.git_dir, work_tree=self.worktree, cwd=self.worktree, **kw)
+
+    def head(self) -> str:
+        return self("rev-parse", "HEAD")
+
+    def diff(self, *args: str) -> str:
+        return self("diff", "--no-ext-diff", "--no-textconv", "--no-color", *args)
+
+    def staged_changes(self) -> list["Change"]:
+        """Every change staged against HEAD (``git diff --cached --raw``), renames off."""
+        raw = self("diff", "--cached", "--raw", "-z", "--no-renames", "--no-ext-diff", "--no-textconv", "HEAD")
+        parts = raw.split("\0")
+        out = []
+        for i in range(0, len(parts) - 1, 2):
+            meta, path = parts[i], parts[i + 1]
+            if not meta.startswith(":"):
+                continue
+            src_mode, dst_mode, src_sha, dst_sha, status = meta[1:].split(" ")[:5]
+            out.append(Change(path, src_mode, dst_mode, dst_sha, status))
+        return out
+
+    def dot_git_text(self) -> str:
+        """What the worktree's ``.git`` file must say (restored after every lane)."""
+        return f"gitdir: {self.git_dir.resolve()}\n"
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    src_mode: str
+    dst_mode: str
+    dst_sha: str
+    status: str
+
+
+def unsafe_changes(g: TaskGit, changes: list[Change]) -> list[str]:
+    """Staged changes that are never committed, whatever the blocked paths say: a symlink whose target leaves
+    the worktree (absolute, or climbing above the root), and a new gitlink (a submodule entry)."""
+    bad = []
+    for c in changes:
+        if c.dst_mode == "120000":
+            target = g("cat-file", "blob", c.dst_sha)
+            joined = os.path.normpath(os.path.join(os.path.dirname(c.path), target))
+            if os.path.isabs(target) or joined == ".." or joined.startswith("../"):
+                bad.append(f"{c.path} (symlink to {target[:80]})")
+        elif c.dst_mode == "160000" and c.src_mode != "160000":
+            bad.append(f"{c.path} (new gitlink)")
+    return bad
+
+
+def find_common_dir(worktree: Path) -> Path:
+    """The common git dir of ``worktree``, read from its ``.git`` (only before a lane has run in it, or for a
+    plain repository whose ``.git`` is a directory)."""
+    dot = Path(worktree) / ".git"
+    if dot.is_dir():
+        return dot.resolve()
+    try:
+        text = dot.read_text().strip()
+    except OSError:
+        raise WorkspaceError(f"{worktree}: not a git worktree (no .git)") from None
+    if not text.startswith("gitdir:"):
+        raise WorkspaceError(f"{worktree}: .git does not name a git dir")
+    gd = Path(text[len("gitdir:"):].strip())
+    if not gd.is_absolute():
+        gd = (Path(worktree) / gd)
+    try:
+        common = (gd / "commondir").read_text().strip()
+    except OSError:
+        return gd.resolve()
+    return (gd / common).resolve() if not Path(common).is_absolute() else Path(common).resolve()
+
+
+# ---------------------------------------------------------------------------------------------- mirror integrity
+
+
+def protected_files(common: Path, git_dir: Path | None = None) -> list[Path]:
+    """The files whose content decides what git executes: the common config, ``hooks/``, ``info/``, and the
+    per-worktree ``config.worktree``/``commondir``/``gitdir`` of ``git_dir``."""
+    common = Path(common)
+    out = [common / "config"]
+    for sub in ("hooks", "info"):
+        d = common / sub
+        if d.is_dir() or d.is_symlink():
+            out.append(d)
+            for root, dirs, files in os.walk(d, followlinks=False):
+                for n in sorted(dirs + files):
+                    out.append(Path(root) / n)
+    if git_dir is not None and Path(git_dir) != common:
+        out += [Path(git_dir) / n for n in ("config.worktree", "commondir", "gitdir")]
+    return out
+
+
+def protected_state(common: Path, git_dir: Path | None = None) -> dict[str, tuple[str, bytes | None]]:
+    """path -> (kind, content) of every protected file (kind: file, dir, link, absent)."""
+    state: dict[str, tuple[str, bytes | None]] = {}
+    for p in protected_files(common, git_dir):
+        try:
+            if p.is_symlink():
+                state[str(p)] = ("link", os.readlink(p).encode())
+            elif p.is_dir():
+                state[str(p)] = ("dir", None)
+            elif p.exists():
+                state[str(p)] = ("file", p.read_bytes())
+            else:
+                state[str(p)] = ("absent", None)
+        except OSError:
+            state[str(p)] = ("unreadable", None)
+    return state
+
+
+def state_digest(state: dict[str, tuple[str, bytes | None]]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(state):
+        kind, data = state[path]
+        h.update(f"{path}\0{kind}\0".encode())
+        h.update(hashlib.sha256(data or b"").digest())
+    return h.hexdigest()
+
+
+def drift(before: dict, common: Path, git_dir: Path | None = None) -> list[str]:
+    """Protected paths whose content differs from ``before`` (added, changed or removed)."""
+    after = protected_state(common, git_dir)
+    keys = sorted(set(before) | set(after))
+    return [k for k in keys if before.get(k, ("absent", None)) != after.get(k, ("absent", None))]
+
+
+def restore(before: dict, common: Path, git_dir: Path | None = None) -> None:
+    """Put every protected file back as it was in ``before``; remove what was added."""
+    after = protected_state(common, git_dir)
+    for path in sorted(set(after) - set(before), key=len, reverse=True):
+        p = Path(path)
+        if p.is_symlink() or p.is_file():
+            p.unlink(missing_ok=True)
+        elif p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+    for path in sorted(before, key=len):
+        kind, data = before[path]
+        p = Path(path)
+        if after.get(path) == (kind, data):
+            continue
+        if p.is_symlink() or (p.exists() and not p.is_dir()):
+            p.unlink()
+        elif p.is_dir() and kind != "dir":
+            shutil.rmtree(p)
+        if kind == "dir":
+            p.mkdir(parents=True, exist_ok=True)
+        elif kind == "file":
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(p.name + ".agent-restore")
+            tmp.write_bytes(data or b"")
+            tmp.replace(p)
+        elif kind == "link":
+            p.symlink_to(data.decode())
+
+
 def _slug(repo: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", repo.replace("/", "__"))
 
@@ -40,12 +354,6 @@ def mirror_path(home: Path, repo: str) -> Path:
 
 def branch_name(prefix: str, error_id: str | None, task_id: int) -> str:
     return f"{prefix}{error_id[:8]}" if error_id else f"{prefix}task-{task_id}"
-
-
-def _git(path: Path):
-    import git  # GitPython: imported on use so cron ticks that need no git stay light
-
-    return git.Repo(str(path)).git
 
 
 def _write_excludes(mirror: Path) -> None:
@@ -66,26 +374,24 @@ def _write_excludes(mirror: Path) -> None:
 
 def ensure_mirror(home: Path, repo: str, url: str) -> Path:
     """Clone the bare mirror once (into a staging path, then rename); fetch it every later time."""
-    import git
-
     mirror = mirror_path(home, repo)
     try:
         if mirror.exists():
-            _git(mirror).fetch("origin", "+refs/heads/*:refs/remotes/origin/*", "--prune", "--quiet")
+            git("fetch", url, "+refs/heads/*:refs/remotes/origin/*", "--prune", "--quiet", git_dir=mirror,
+                network=True)
             _write_excludes(mirror)
             return mirror
         mirror.parent.mkdir(parents=True, exist_ok=True)
         staging = mirror.with_name(mirror.name + ".staging")
         shutil.rmtree(staging, ignore_errors=True)
-        git.Repo.clone_from(url, str(staging), bare=True, no_tags=False)
-        g = _git(staging)
-        g.config("remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*")
-        g.fetch("origin", "--quiet")
+        git("clone", "--bare", "--quiet", "--", url, str(staging), cwd=mirror.parent, network=True)
+        git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", git_dir=staging)
+        git("fetch", url, "+refs/heads/*:refs/remotes/origin/*", "--quiet", git_dir=staging, network=True)
         _write_excludes(staging)
         staging.rename(mirror)
         return mirror
-    except git.GitCommandError as exc:
-        detail = (exc.stderr or "").strip().splitlines()
+    except GitError as exc:
+        detail = exc.stderr.strip().splitlines()
         raise WorkspaceError(f"{repo}: cannot clone or fetch {url}: {detail[-1] if detail else exc}; "
                              "check repos.<name>.url and access") from None
 
@@ -94,7 +400,7 @@ def _worktree_branches(mirror: Path) -> dict[str, str]:
     """path -> branch for every worktree registered in the mirror."""
     out: dict[str, str] = {}
     current = None
-    for line in _git(mirror).worktree("list", "--porcelain").splitlines():
+    for line in git("worktree", "list", "--porcelain", git_dir=mirror).splitlines():
         if line.startswith("worktree "):
             current = line[len("worktree "):]
         elif line.startswith("branch ") and current:
@@ -104,17 +410,14 @@ def _worktree_branches(mirror: Path) -> dict[str, str]:
 
 def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, task_id: int) -> Workspace:
     """Find or make the task's worktree. Idempotent; safe to call again after a crash at any point."""
-    import git
-
     mirror = ensure_mirror(home, repo, url)
     root = Path(home) / "worktrees"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"task-{task_id}"
     staging = root / f".staging-task-{task_id}"
-    g = _git(mirror)
     try:
-        base_sha = g.rev_parse(f"refs/remotes/origin/{base}")
-    except git.GitCommandError:
+        base_sha = git("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{base}^{{commit}}", git_dir=mirror)
+    except GitError:
         raise WorkspaceError(f"{repo}: base branch {base!r} not found on the remote; check repos.{repo}.base") \
             from None
     registered = _worktree_branches(mirror)
@@ -125,29 +428,36 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
     # a crash left a staging worktree: throw it away and make it again
     if staging.exists() or str(staging.resolve()) in registered:
         shutil.rmtree(staging, ignore_errors=True)
-    g.worktree("prune")
+    git("worktree", "prune", git_dir=mirror)
     _restore_kept_branch(mirror, branch, task_id)
-    branch_exists = bool(g.branch("--list", branch).strip())
+    branch_exists = bool(git("branch", "--list", branch, git_dir=mirror).strip())
     try:
         if branch_exists:  # made by an earlier attempt whose worktree was lost: keep its commits
-            g.worktree("add", str(staging), branch)
+            git("worktree", "add", str(staging), branch, git_dir=mirror, cwd=root)
         else:
-            g.worktree("add", "-b", branch, str(staging), f"refs/remotes/origin/{base}")
-        g.worktree("move", str(staging), str(final))
-    except git.GitCommandError as exc:
-        detail = (exc.stderr or "").strip().splitlines()
+            git("worktree", "add", "-b", branch, str(staging), f"refs/remotes/origin/{base}", git_dir=mirror,
+                cwd=root)
+        git("worktree", "move", str(staging), str(final), git_dir=mirror, cwd=root)
+    except GitError as exc:
+        detail = exc.stderr.strip().splitlines()
         raise WorkspaceError(f"task {task_id}: cannot create worktree: {detail[-1] if detail else exc}") from None
     return Workspace(final, branch, base_sha, mirror, created=True)
 
 
 def remove_worktree(mirror: Path, path: Path) -> None:
-    import git
-
     try:
-        _git(mirror).worktree("remove", "--force", str(path))
-    except git.GitCommandError:
+        git("worktree", "remove", "--force", str(path), git_dir=mirror)
+    except GitError:
         shutil.rmtree(path, ignore_errors=True)
-        _git(mirror).worktree("prune")
+        git("worktree", "prune", git_dir=mirror, check=False)
+
+
+def read_base_file(mirror: Path, base_sha: str, path: str) -> str | None:
+    """A file's text at the base commit (trusted: a lane cannot change it), or None when it is not there."""
+    try:
+        return git("show", "--no-textconv", f"{base_sha}:{path}", git_dir=mirror)
+    except GitError:
+        return None
 
 
 def kept_ref(task_id: int) -> str:
@@ -157,17 +467,14 @@ def kept_ref(task_id: int) -> str:
 
 def _restore_kept_branch(mirror: Path, branch: str, task_id: int) -> None:
     """A reset task whose branch was removed gets it back at the kept head, so its recorded commits are there."""
-    import git
-
-    g = _git(mirror)
-    if g.branch("--list", branch).strip():
+    if git("branch", "--list", branch, git_dir=mirror).strip():
         return
     try:
-        sha = g.rev_parse("--verify", "--quiet", kept_ref(task_id))
-    except git.GitCommandError:
+        sha = git("rev-parse", "--verify", "--quiet", kept_ref(task_id), git_dir=mirror)
+    except GitError:
         return
-    g.branch(branch, sha)
-    g.update_ref("-d", kept_ref(task_id))
+    git("branch", branch, sha, git_dir=mirror)
+    git("update-ref", "-d", kept_ref(task_id), git_dir=mirror)
 
 
 def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branch: str | None,
@@ -176,26 +483,23 @@ def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branc
 
     ``keep_sha`` (a failed task's head, which a human may still reset) is kept under ``kept_ref(task_id)``.
     """
-    import git
-
     mirror = mirror_path(home, repo)
     path = Path(path)
     if not (mirror / "HEAD").exists():   # no mirror (deleted by hand): only the folder is left to remove
         shutil.rmtree(path, ignore_errors=True)
         return
-    g = _git(mirror)
     if keep_sha:
         try:
-            g.update_ref(kept_ref(task_id), keep_sha)
-        except git.GitCommandError:
+            git("update-ref", kept_ref(task_id), keep_sha, git_dir=mirror)
+        except GitError:
             pass  # the commit is gone already: nothing to keep
     try:
-        g.worktree("remove", "--force", str(path))
-    except git.GitCommandError:
+        git("worktree", "remove", "--force", str(path), git_dir=mirror)
+    except GitError:
         shutil.rmtree(path, ignore_errors=True)
-    g.worktree("prune")
-    if branch and g.branch("--list", branch).strip():
-        g.branch("-D", branch)
+    git("worktree", "prune", git_dir=mirror, check=False)
+    if branch and git("branch", "--list", branch, git_dir=mirror).strip():
+        git("branch", "-D", branch, git_dir=mirror)
 
 
 def disk_use(home: Path) -> dict:

@@ -224,3 +224,21 @@ def chaos(root: Path, tasks: int = 5, kills: int = 8, seed: int | None = None, s
                "lane_runs": sum(lane_launches(home).values()), "seconds": round(time.monotonic() - started, 1)}
     echo(f"chaos ok: {summary}")
     return summary
+
+
+def lane_host_pid(home: Path, timeout: float = 10.0) -> int:
+    """The running lane's pid as this host sees it (the ledger records its sandbox's pid; the lane itself logs its
+    pid inside its own PID namespace)."""
+    import sqlite3
+
+    end = time.monotonic() + timeout
+    while True:
+        con = sqlite3.connect(Path(home) / "ledger.db", timeout=30)
+        try:
+            row = con.execute("SELECT pid FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL "
+                              "ORDER BY id DESC LIMIT 1").fetchone()
+        finally:
+            con.close()
+        if row or time.monotonic() > end:
+            return row[0] if row else 0
+        time.sleep(0.05)

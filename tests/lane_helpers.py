@@ -89,7 +89,7 @@ class FakeAgent:
                 "--session", "{session}", "--note", "{note}"]
 
     def vendor_config(self, resume: bool = True, env: list[str] | None = None) -> dict:
-        d = {"command": self.command()}
+        d = {"command": self.command(), "writable": [str(self.dir)]}   # it logs its calls next to its plan
         if resume:
             d["resume"] = self.resume()
         if env:

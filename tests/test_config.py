@@ -106,19 +106,43 @@ def test_bad_yaml_and_missing_required_file(tmp_path):
     assert load_config(tmp_path / "missing.yaml").repos == {}
 
 
-def test_repo_settings(tmp_path):
+def _commit_all(repo: Path) -> str:
+    import subprocess
+
+    run = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@x", *a], cwd=repo,  # noqa
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    run("add", "-A")
+    run("commit", "-qm", "c")
+    return run("rev-parse", "HEAD")
+
+
+def test_repo_settings_come_from_the_base_commit(tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", "-b", "main", str(tmp_path)], check=True)
     (tmp_path / ".agent").mkdir()
     (tmp_path / ".agent" / "config.yaml").write_text(
         'check: "pytest -q"\nblocked_paths: [".github/"]\nlanes: {implementer: {vendor: claude}}\n')
-    s = load_repo_settings(tmp_path)
+    base = _commit_all(tmp_path)
+    # what a lane would write into the worktree: never read
+    (tmp_path / ".agent" / "config.yaml").write_text('check: "true"\nblocked_paths: []\n')
+    s = load_repo_settings(tmp_path / ".git", base)
     assert s.check == "pytest -q" and s.blocked_paths == (".github/",) and s.lanes["implementer"].vendor == "claude"
-    (tmp_path / ".agent" / "config.yaml").write_text("check: 5\n")
-    with pytest.raises(ConfigError, match=r"\.agent/config.yaml: check: expected a non-empty string, got 5"):
-        load_repo_settings(tmp_path)
+    bad = _commit_all(tmp_path) if (tmp_path / ".agent" / "config.yaml").write_text("check: 5\n") else None
+    with pytest.raises(ConfigError, match=r"\.agent/config.yaml at [0-9a-f]{12}: check: expected a non-empty "
+                                          r"string, got 5"):
+        load_repo_settings(tmp_path / ".git", bad)
+    assert load_repo_settings(tmp_path / ".git", None).check is None
 
 
 def test_this_repository_has_its_own_repo_settings():
-    s = load_repo_settings(Path(__file__).resolve().parent.parent)
+    import subprocess
+
+    from agent.workspace import find_common_dir
+
+    root = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    s = load_repo_settings(find_common_dir(root), head)
     assert s.check and ".github/" in s.blocked_paths
 
 

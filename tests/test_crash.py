@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -126,13 +127,20 @@ def test_stale_git_index_lock_from_a_kill_is_cleared(tmp_path):
     assert "removed stale index.lock" in (tmp_path / "resume.log").read_text()
 
 
+def _unsandboxed(home: Path) -> None:
+    """`sandbox: none`: an unsandboxed lane can outlive its watcher (a sandboxed one dies with it)."""
+    with open(home / "config.yaml", "a") as fh:
+        fh.write("\nsandbox: none\n")
+
+
 def test_sigkill_mid_lane_waits_for_live_lane_then_reruns_same_attempt(tmp_path):
-    """SIGKILL the watcher's group while the implementer lane sleeps. The lane runs in its own process group, so
-    it outlives the watcher: the next scan sees a live in-flight run and waits; once it is gone the next scan
-    re-runs it as a resume of the interrupted run (manifest checked) and the task finishes with one PR."""
+    """SIGKILL the watcher's group while the implementer lane sleeps. Unsandboxed, the lane runs in its own process
+    group, so it outlives the watcher: the next scan sees a live in-flight run and waits; once it is gone the next
+    scan re-runs it as a resume of the interrupted run (manifest checked) and the task finishes with one PR."""
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "1.5", "--log", str(log)))
     home = p["home"]
+    _unsandboxed(home)
     w = watcher(home, log=tmp_path / "w1.log")
     deadline = time.monotonic() + 30
     while not read_log(log) and time.monotonic() < deadline:
@@ -179,6 +187,7 @@ def test_orphan_lane_past_its_timeout_is_killed_and_rerun(tmp_path):
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "30", "--log", str(log)))
     home = p["home"]
+    _unsandboxed(home)
     w = watcher(home, log=tmp_path / "w1.log")
     deadline = time.monotonic() + 30
     while not read_log(log) and time.monotonic() < deadline:

@@ -8,7 +8,7 @@ import signal
 import sqlite3
 import time
 
-from chaos_support import ROOT, build, check_invariants, read_log, run_to_end, wait_for, watcher
+from chaos_support import ROOT, build, check_invariants, lane_host_pid, read_log, run_to_end, wait_for, watcher
 
 
 def _steps(home) -> dict:
@@ -54,7 +54,7 @@ def test_second_signal_kills_the_lane_group_and_the_next_scan_resumes(tmp_path):
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
     d = watcher(p["home"], command=("daemon", "--interval", "0.2"), log=tmp_path / "d.log")
     assert wait_for(lambda: read_log(log)), (tmp_path / "d.log").read_text()
-    lane_pid = read_log(log)[0]["pid"]
+    lane_pid = lane_host_pid(p["home"])
     d.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert pid_alive(lane_pid)  # the first signal waits for the step

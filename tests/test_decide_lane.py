@@ -44,7 +44,8 @@ def test_decide_scan_runs_decider_lane_and_records_conclusions(tmp_path):
     seen = tmp_path / "specs.log"
     app = make_app(tmp_path / "home", {
         "repos": {"acme/widgets": {"url": str(tmp_path / "w.git"), "services": ["widgets-api"]}},
-        "vendors": {"scripted": {"command": [sys.executable, str(script), "{spec}", str(seen)]}},
+        "vendors": {"scripted": {"command": [sys.executable, str(script), "{spec}", str(seen)],
+                                 "writable": [str(tmp_path)]}},    # it logs the specs it saw to `seen`
         "lanes": {"decider": {"vendor": "scripted", "repair": 0}},
         "decide": {"auto": True, "min_count": 2, "max_age_days": 14},
     })

@@ -74,7 +74,7 @@ def test_cli_json_and_exit_codes(demo_home, agent):
     assert ok.exit_code == 0, ok.output
     doc = json.loads(ok.stdout)
     assert doc["ok"] is True
-    assert all(set(c) == {"name", "ok", "detail", "fix"} for c in doc["checks"])
+    assert all(set(c) == {"name", "ok", "detail", "fix", "warn"} for c in doc["checks"])
 
     edit_config(demo_home, lambda d: d["repos"]["demo/widgets"].update(url=str(demo_home / "gone.git")))
     bad = agent("doctor")

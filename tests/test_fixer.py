@@ -382,7 +382,7 @@ def test_one_tasks_failure_does_not_stop_the_others(world):
     errors = led.all("SELECT task_id FROM events WHERE kind = 'task.error'")
     led.close()
     assert states == {1: "working", 2: "done"}, lines
-    assert any(line.startswith("task 1: error: GitCommandError") for line in lines), lines
+    assert any(line.startswith("task 1: error: GitError") for line in lines), lines
     assert errors and all(e["task_id"] == 1 for e in errors)
     # the same unexpected error three times in a row without progress: a human has to look
     run_until_settled(world, passes=2)

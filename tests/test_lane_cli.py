@@ -75,6 +75,9 @@ def test_lane_run_failure_exits_1_with_json_still_one_document(setup, capsys):
     from agent.cli import main
 
     home, agent, repo, spec = setup
+    config = yaml.safe_load((home / "config.yaml").read_text())
+    config["sandbox"] = "none"        # the runner's worktree check (the sandbox would refuse the write itself)
+    (home / "config.yaml").write_text(yaml.safe_dump(config))
     agent.set({"edit": {"app.py": "changed by reviewer\n"}, "print": report_review()})
     with pytest.raises(SystemExit) as exit_info:
         main(["--home", str(home), "lane", "run", "--role", "reviewer", "--spec-file", str(spec),

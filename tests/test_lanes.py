@@ -77,7 +77,7 @@ def test_implementer_edits_file_in_git_repo_and_is_recorded(env):
     assert env.ledger.events()[-1]["payload"]["status"] == "complete"
     # logs on disk under $AGENT_HOME/lanes/<run-id>/
     assert res.log_dir == env.home / "lanes" / str(res.run_id)
-    assert (res.log_dir / "01-turn.stdout").read_text().startswith("SESSION: sess-impl-1")
+    assert (res.log_dir / "01-turn.stdout").read_text().startswith("SESSION: ")   # stored redacted
     assert json.loads((res.log_dir / "result.json").read_text())["status"] == "complete"
 
 
@@ -109,9 +109,13 @@ def test_decider_report_fields(env):
 
 # ----------------------------------------------------------------------------- read-only verification
 
+# The runner's own worktree check is the second line behind the sandbox (which makes a read-only lane's worktree
+# read-only: tests/test_sandbox.py); these tests run without it (`sandbox: none`) to prove the check alone.
+
+
 def test_read_only_reviewer_that_edits_is_rejected(env):
     env.agent.set({"edit": {"app.py": "hacked\n"}, "print": report_review()})
-    res = lane(env, "reviewer", cfg(env))
+    res = lane(env, "reviewer", cfg(env, sandbox="none"))
     assert res.status == "rejected"
     assert "read-only lane changed the worktree" in res.reason and "app.py" in res.reason
     assert res.verdict is None
@@ -122,16 +126,16 @@ def test_read_only_reviewer_that_edits_is_rejected(env):
 def test_read_only_catches_new_untracked_and_edit_of_already_dirty_file(env):
     (env.repo / "app.py").write_text("dirty before the lane\n")
     env.agent.set({"edit": {"app.py": "dirty, then changed by the lane\n"}, "print": report_review()})
-    res = lane(env, "pr-quality", cfg(env))
+    res = lane(env, "pr-quality", cfg(env, sandbox="none"))
     assert res.status == "rejected" and "app.py" in res.reason
     env.agent.set({"edit": {"notes/new.txt": "x"}, "print": report_review()})
-    res = lane(env, "pr-logic", cfg(env))
+    res = lane(env, "pr-logic", cfg(env, sandbox="none"))
     assert res.status == "rejected" and "notes/new.txt" in res.reason
 
 
 def test_read_only_ignores_gitignored_files(env):
     env.agent.set({"edit": {"__pycache__/app.cpython.pyc": "bytes"}, "print": report_review()})
-    res = lane(env, "reviewer", cfg(env))
+    res = lane(env, "reviewer", cfg(env, sandbox="none"))
     assert res.status == "complete"
 
 
@@ -140,7 +144,7 @@ def test_read_only_in_non_git_dir_uses_content_hash(env, tmp_path):
     plain.mkdir()
     (plain / "a.txt").write_text("a")
     env.agent.set({"edit": {"a.txt": "b"}, "print": "STATUS: complete\nDECISION: skip\nREASON: noise\n"})
-    res = run_lane(config=cfg(env), home=env.home, role="decider", spec_path=env.spec, cwd=plain, ledger=env.ledger)
+    res = run_lane(config=cfg(env, sandbox="none"), home=env.home, role="decider", spec_path=env.spec, cwd=plain, ledger=env.ledger)
     assert res.status == "rejected" and "a.txt" in res.reason
 
 
@@ -153,7 +157,7 @@ def test_read_only_committing_lane_is_rejected(env):
         "subprocess.run(['git', '-c', 'user.email=a@b', '-c', 'user.name=a', 'commit', '-qam', 'x'], check=True)\n"
         "print('STATUS: complete\\nFINDINGS: none')\n")
     config = make_config({"committer": {"command": [sys.executable, str(script)]}},
-                         {"reviewer": {"vendor": "committer"}})
+                         {"reviewer": {"vendor": "committer"}}, sandbox="none")
     res = lane(env, "reviewer", config)
     assert res.status == "rejected" and "HEAD" in res.reason
 

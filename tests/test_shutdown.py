@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from chaos_support import build, check_invariants, read_log, run_to_end, wait_for, watcher
+from chaos_support import build, check_invariants, lane_host_pid, read_log, run_to_end, wait_for, watcher
 
 
 def _ledger(home):
@@ -30,7 +30,7 @@ def test_first_signal_finishes_and_records_the_running_step_then_exits_128_plus_
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "1.0", "--log", str(log)))
     w = watcher(p["home"], command=("watch", "error-fix-work"), log=tmp_path / "w.log")
     assert wait_for(lambda: read_log(log)), (tmp_path / "w.log").read_text()
-    lane_pid = read_log(log)[0]["pid"]
+    lane_pid = lane_host_pid(p["home"])
     w.send_signal(sig)
     assert w.wait(60) == code
     out = (tmp_path / "w.log").read_text()
@@ -60,7 +60,7 @@ def test_second_signal_kills_the_lane_group_records_it_interrupted_and_leaves_no
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
     w = watcher(p["home"], command=("watch", "all"), log=tmp_path / "w.log")
     assert wait_for(lambda: read_log(log)), (tmp_path / "w.log").read_text()
-    lane_pid = read_log(log)[0]["pid"]
+    lane_pid = lane_host_pid(p["home"])
     w.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert pid_alive(lane_pid)  # the first signal waits for the running step

@@ -119,7 +119,7 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
     of the real CLI against a fresh scripted server; HOME and every CLI dir under tmp_path."""
 
     def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
-            args: tuple[str, ...] = (), ledger=None, prices: dict | None = None):
+            args: tuple[str, ...] = (), ledger=None, sandbox: str = "bwrap", prices: dict | None = None):
         binary, why = find_cli(cli)
         if binary is None:
             pytest.skip(why)
@@ -135,7 +135,7 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
         config = Config(
             lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=60, repair=repair)},
             vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args)},
-            limits=Limits(lane_timeout=60), prices=prices or {})
+            limits=Limits(lane_timeout=60), sandbox=sandbox, prices=prices or {})
         result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
                                    cwd=repo, ledger=ledger)
         return result, server
@@ -198,8 +198,9 @@ def test_implementer_edits_and_repair_resumes_same_session(cli, lane, repo, tmp_
     elif cli == "gemini":
         # gemini sends no session header: the repair turn's own JSON names the session it resumed
         # (-r <uuid>), and the conversation it sent carried turn one's tool call and result
-        turn2 = json.loads((result.log_dir / "02-repair-1.stdout").read_text())
-        assert turn2["session_id"] == result.session_id, why
+        # (its log is stored redacted, so the turn's own session id is read from the repair record)
+        assert rep["session_id"] == result.session_id, why
+        assert '"session_id"' in (result.log_dir / "02-repair-1.stdout").read_text(), why
         assert "[call run_shell_command" in first.all_text and first.tool_results, why
     else:
         header = {"codex": "session-id", "claude": "x-claude-code-session-id", "opencode": "x-session-id"}[cli]
@@ -276,13 +277,26 @@ def test_read_only_lane_flags_stop_writes(cli, lane, repo):
 
 def test_read_only_lane_that_edits_is_rejected(lane, repo):
     """Negative control with a real CLI: a reviewer configured with codex's sandbox bypass
-    (vendors.codex.args) does write the file, and the runner's worktree check rejects the run."""
+    (vendors.codex.args) and no agent sandbox (`sandbox: none`) does write the file, and the runner's worktree
+    check rejects the run."""
     result, server = lane("codex", "reviewer", reviewer_script,
-                          args=("--dangerously-bypass-approvals-and-sandbox",))
+                          args=("--dangerously-bypass-approvals-and-sandbox",), sandbox="none")
     why = explain(result, server)
     assert (repo / "pwned.txt").exists(), why
     assert result.status == "rejected", why
     assert "pwned.txt" in result.reason, why
+
+
+def test_read_only_lane_bypassing_its_vendor_sandbox_still_cannot_write(lane, repo):
+    """The same bypass inside the agent's bwrap sandbox: the reviewer's worktree is mounted read-only, so the
+    write fails whatever codex's own flags say, and the lane completes without touching the tree."""
+    result, server = lane("codex", "reviewer", reviewer_script,
+                          args=("--dangerously-bypass-approvals-and-sandbox",))
+    why = explain(result, server)
+    assert not (repo / "pwned.txt").exists(), why
+    assert git_status(repo) == "", why
+    refusal = "\n".join(r for req in server.requests for r in req.tool_results)
+    assert "read-only file system" in refusal.lower(), why
 
 
 def test_grok_read_only_lane_is_refused(lane, repo):
@@ -333,6 +347,33 @@ def test_codex_resume_keeps_write_sandbox(tmp_path):
         assert argv[:3] == ["codex", "exec", "resume"]
         assert argv[argv.index("-c") + 1] == f'sandbox_mode="{mode}"'
         assert argv[-2:] == ["0199-thread", "-"]
+
+
+@pytest.mark.parametrize("cli", ["claude", "opencode"])
+def test_read_only_lane_cannot_write_through_git_diff_output(cli, lane, repo, tmp_path):
+    """Issue 11 case 5: read-only claude and opencode lanes may run `git diff` (their allowlists permit it), and
+    `git diff --output=PATH` writes a file.  Inside the sandbox the worktree is read-only and the agent home is
+    not even there, so neither the worktree nor the home (ledger, other tasks) gets the file."""
+    home_target = tmp_path / "agent-home" / "pwned-home.txt"
+    tree_target = repo / "pwned-tree.txt"
+
+    def script(req: ModelRequest) -> Reply:
+        if not req.tool_names:
+            return Reply(text="Review")
+        done = len(req.tool_results)
+        if done == 0:
+            return Reply(shell=f"git diff --output={home_target}", text=REVIEW_REPORT)
+        if done == 1:
+            return Reply(shell=f"git diff --output={tree_target}", text=REVIEW_REPORT)
+        return Reply(text=REVIEW_REPORT)
+
+    result, server = lane(cli, "reviewer", script)
+    why = explain(result, server)
+    ran = [r for req in server.requests for r in req.tool_results]
+    assert ran, why                                        # the CLI did run the allowed git diff
+    assert not home_target.exists() and not tree_target.exists(), why
+    assert git_status(repo) == "", why
+    assert result.status == "complete", why
 
 
 @pytest.mark.parametrize("cli,prices", [("codex", None), ("gemini", {"gemini": (100.0, 200.0)})])

@@ -84,6 +84,15 @@ class _Base:
     def version_argv(self, bin: str) -> list[str]:
         return [bin, "--version"]
 
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        """What the CLI must write to keep and resume its session (its config/session dir); the sandbox binds
+        these read-write.  ``env`` is the lane's environment (HOME and the vendor's variables)."""
+        return []
+
+    @staticmethod
+    def _home(env: dict[str, str]) -> Path:
+        return Path(env.get("HOME") or Path.home())
+
     def _no_session(self) -> Invocation:
         # The runner catches this and gives the lane one fresh retry instead (lanes/lane.py).
         raise AgentError(f"{self.name}: the first turn reported no session id; nothing to resume")
@@ -114,6 +123,9 @@ class Codex(_Base):
 
     def _last_file(self, ctx: LaneContext) -> Path:
         return ctx.run_dir / "codex-last-message.txt"
+
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        return [Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else self._home(env) / ".codex"]
 
     def build(self, ctx: LaneContext) -> Invocation:
         last = self._last_file(ctx)
@@ -180,6 +192,12 @@ class Claude(_Base):
     WRITE_TOOLS = "Bash,Edit,Write,MultiEdit,Read,Glob,Grep,NotebookEdit,TodoWrite"
     READ_TOOLS = "Read,Glob,Grep,Bash"
 
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        if env.get("CLAUDE_CONFIG_DIR"):
+            return [Path(env["CLAUDE_CONFIG_DIR"])]
+        home = self._home(env)
+        return [home / ".claude"] + ([home / ".claude.json"] if (home / ".claude.json").exists() else [])
+
     def _flags(self, ctx: LaneContext) -> list[str]:
         if ctx.writable:
             return ["--permission-mode", "acceptEdits", "--allowedTools", self.WRITE_TOOLS]
@@ -242,6 +260,12 @@ class OpenCode(_Base):
     default_bin = "opencode"
     PROMPT = "Follow the task specification below exactly; end with the final report it asks for."
     RESUME_PROMPT = "Read the note below and answer as it asks."
+
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        home = self._home(env)
+        dirs = (("XDG_DATA_HOME", ".local/share"), ("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
+                ("XDG_STATE_HOME", ".local/state"))
+        return [(Path(env[var]) if env.get(var) else home / rel) / "opencode" for var, rel in dirs]
 
     @staticmethod
     def permissions(writable: bool) -> dict:
@@ -328,6 +352,9 @@ class Aider(_Base):
     COMMON = ("--yes-always", "--no-auto-commits", "--no-dirty-commits", "--no-check-update", "--no-analytics",
               "--no-pretty", "--no-stream", "--no-gitignore", "--no-show-model-warnings", "--no-detect-urls",
               "--no-show-release-notes", "--no-fancy-input")
+
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        return [self._home(env) / ".aider"]      # its chat and LLM history files live in the run dir
 
     def chat_file(self, ctx: LaneContext) -> Path:
         return ctx.run_dir / "aider.chat.md"
@@ -428,6 +455,9 @@ class Grok(_Base):
     worktree_litter = (".grok/",)
     INLINE_MAX = 100_000      # bytes; Linux caps one argv string at 128 KiB
 
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        return [self._home(env) / ".grok"]
+
     def build(self, ctx: LaneContext) -> Invocation:
         if not ctx.writable:
             raise AgentError(f"grok has no read-only mode; configure another vendor for the {ctx.role} lane")
@@ -498,6 +528,9 @@ class Gemini(_Base):
     PROMPT = "Follow the task specification above exactly; end with the final report it asks for."
     RESUME_PROMPT = "Answer the note above."
     _AUTH = re.compile(r"API key not valid|API_KEY_INVALID|UNAUTHENTICATED|PERMISSION_DENIED", re.IGNORECASE)
+
+    def state_paths(self, env: dict[str, str]) -> list[Path]:
+        return [(Path(env["GEMINI_CLI_HOME"]) if env.get("GEMINI_CLI_HOME") else self._home(env)) / ".gemini"]
 
     def _argv(self, ctx: LaneContext, prompt: str, extra: list[str]) -> list[str]:
         mode = "yolo" if ctx.writable else "default"

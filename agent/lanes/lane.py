@@ -32,12 +32,14 @@ from typing import Any, Callable
 from agent import AgentError
 from agent.lanes.env import config_denylist, lane_env
 from agent.lanes.report import Report, parse_report, repair_note, verdict
+from agent.lanes.sandbox import SandboxUnavailable, lane_plan, require as require_sandbox, with_argv_files, wrap
 from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutput, get_vendor
 
 WRITABLE_ROLES = ("implementer",)
 REPORT_STATUSES = ("complete", "partial", "blocked")
 FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected")
 CAPABILITY_DRIFT = "capability_drift"
+MIRROR_TAMPERED = "git_tampered"
 VERSION_TIMEOUT = 20.0
 EXCERPT_CHARS = 2000
 _round = round  # run_lane has a parameter named `round`
@@ -107,6 +109,40 @@ def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
     return redact_shapes(text)
 
 
+def redact_file(path: Path | None, extra_env: dict[str, str] | None = None) -> None:
+    """Rewrite a lane's output file with its redacted text (before anything else reads or keeps it)."""
+    if path is None:
+        return
+    p = Path(path)
+    try:
+        if p.is_symlink() or not p.is_file():
+            return
+        raw = p.read_bytes()
+    except OSError:
+        return
+    text = raw.decode("utf-8", errors="replace")
+    clean = redact(text, extra_env)
+    if clean != text or raw != text.encode("utf-8"):
+        tmp = p.with_name(p.name + ".redacting")
+        tmp.write_text(clean, encoding="utf-8")
+        tmp.replace(p)
+
+
+OUR_FILES = ("result.json", "resume-note.md", "spec-retry.md", "sandbox-git-config")
+
+
+def redact_run_dir(run_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+    """Redact every file a lane (or its vendor CLI) left in its run dir: logs, last messages, chat histories."""
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return
+    for name in names:
+        if name in OUR_FILES or name.startswith("repair-") and name.endswith(".md"):
+            continue
+        redact_file(Path(run_dir) / name, extra_env)
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -165,18 +201,23 @@ _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cach
 
 def worktree_state(cwd: Path) -> dict[str, str]:
     """A comparable picture of a worktree: HEAD + every changed/untracked file's content hash (git),
-    or every file's content hash (not a git repo).  Ignored files do not count."""
-    try:
-        import git  # GitPython: git goes through it, not through proc
-        repo = git.Repo(cwd, search_parent_directories=True)
-    except Exception:
-        repo = None
+    or every file's content hash (not a git repo).  Ignored files do not count.  Git runs hardened
+    (agent.workspace.git) with the git dir read before the lane ran, never through a hook or fsmonitor."""
+    from agent.lanes.sandbox import git_paths
+    from agent.workspace import GitError, git
+
+    git_dir, common = git_paths(Path(cwd))
     state: dict[str, str] = {}
-    if repo is not None and repo.working_tree_dir:
-        root = Path(repo.working_tree_dir)
-        # one git process: porcelain v2 carries HEAD in its "# branch.oid" header
-        raw = repo.git.status("--porcelain=v2", "-z", "--branch", "--untracked-files=all",
-                              strip_newline_in_stdout=False)
+    raw = None
+    if git_dir is not None:
+        try:
+            # one git process: porcelain v2 carries HEAD in its "# branch.oid" header
+            raw = git("status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all", git_dir=git_dir,
+                      work_tree=Path(cwd), cwd=Path(cwd))
+        except GitError:
+            raw = None
+    if raw is not None:
+        root = Path(cwd)
         entries = raw.split("\0")
         state[":HEAD"] = "(no commits)"
         i = 0
@@ -222,6 +263,49 @@ def _file_hash(p: Path) -> str:
 def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
     keys = sorted(set(before) | set(after))
     return [("HEAD" if k == ":HEAD" else k) for k in keys if before.get(k) != after.get(k)]
+
+
+# ---------------------------------------------------------------------------- git integrity
+
+
+class GitGuard:
+    """The git files a lane must never change, captured before it runs: the common dir's config, hooks/ and
+    info/ (agent.workspace.protected_state), the worktree's git-dir records and its ``.git`` file.  After the
+    lane, any change is restored and named (the run is rejected)."""
+
+    def __init__(self, cwd: Path):
+        from agent.lanes.sandbox import git_paths
+        from agent.workspace import protected_state
+
+        self.cwd = Path(cwd)
+        self.git_dir, self.common = git_paths(self.cwd)
+        self.dot = self.cwd / ".git"
+        self.dot_bytes = self.dot.read_bytes() if self.dot.is_file() and not self.dot.is_symlink() else None
+        self.state = protected_state(self.common, self.git_dir) if self.common is not None else None
+
+    def check_and_restore(self) -> list[str]:
+        from agent.workspace import drift, restore
+
+        changed: list[str] = []
+        if self.dot_bytes is not None:
+            now = None
+            try:
+                now = self.dot.read_bytes() if self.dot.is_file() and not self.dot.is_symlink() else None
+            except OSError:
+                pass
+            if now != self.dot_bytes:
+                changed.append(str(self.dot))
+                if self.dot.is_dir() and not self.dot.is_symlink():
+                    shutil.rmtree(self.dot)
+                else:
+                    self.dot.unlink(missing_ok=True)
+                self.dot.write_bytes(self.dot_bytes)
+        if self.state is not None:
+            moved = drift(self.state, self.common, self.git_dir)
+            if moved:
+                changed += moved
+                restore(self.state, self.common, self.git_dir)
+        return changed
 
 
 # ---------------------------------------------------------------------------- the run
@@ -300,11 +384,14 @@ class _Run:
         base = self.run_dir / f"{self.turn_index:02d}-{slug}"
         remaining = self.deadline - time.time()
         env = lane_env(self.vendor_env, inv.env, deny=self.deny)
+        argv = list(inv.argv)
+        if self.bwrap is not None:
+            argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv, env), env)
 
         def on_start(pid: int) -> None:
-            self.record({"pid": pid})
+            self.record({"pid": pid, "pid_start": proc.start_time(pid)})
 
-        res = proc.run(inv.argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
+        res = proc.run(argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
                        stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
                        on_line=self.on_progress, on_start=on_start)
         if res.missing:
@@ -314,6 +401,9 @@ class _Run:
                 out = self.vendor.read_turn(res.stdout_text(), res.stderr_text(), res.exit_code, ctx)
             except Exception as exc:  # an adapter bug fails this turn closed, not the process
                 out = TurnOutput(message="", api_error=f"could not read the vendor's output ({exc})")
+        # the raw logs were needed to read the turn; from here on only their redacted text is kept
+        redact_file(res.stdout_path, self.secrets)
+        redact_file(res.stderr_path, self.secrets)
         self.add_turn(res, out)
         return res, out
 
@@ -389,7 +479,8 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     r = _Run(ledger=ledger, run_id=run_id, task_id=task_id, error_id=error_id, role=role, vendor=adapter,
-             run_dir=run_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress)
+             run_dir=run_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress,
+             bwrap=None, plan=None, secrets=lane_env(vc.env, deny=deny))
     r.record({"log_dir": str(run_dir)})
 
     def finish(status: str, reason: str | None, report: Report | None, mhash: str | None) -> LaneResult:
@@ -426,11 +517,21 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         r.event("lane.finished", {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status,
                                   "reason": reason, "findings": findings, "repairs": len(r.repairs),
                                   "cost_usd": r.cost, "cost_source": cost_source, "session_id": r.session_id})
+        redact_run_dir(run_dir, secrets)
+        doc = result.to_json()
+        if doc.get("report"):
+            doc["report"] = {k: (redact(v, secrets) if isinstance(v, str) else v) for k, v in doc["report"].items()}
         try:
-            (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
+            (run_dir / "result.json").write_text(json.dumps(doc, indent=2, default=str))
         except OSError:
             pass
         return result
+
+    # -- the sandbox (before any child starts): refuse rather than run a lane unconfined by accident
+    try:
+        r.bwrap = require_sandbox(config)
+    except SandboxUnavailable as exc:
+        return finish("unavailable", str(exc), None, None)
 
     # -- binary and manifest (before any child starts)
     bin_name = vc.bin or adapter.default_bin
@@ -477,6 +578,12 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
                 pass  # fall back to the fresh first turn built above
 
     before = None if writable else worktree_state(cwd)
+    guard = GitGuard(cwd)
+    if r.bwrap is not None:
+        state_env = lane_env(vc.env, first.env, deny=deny)
+        state = adapter.state_paths(state_env) if hasattr(adapter, "state_paths") else []
+        r.plan = lane_plan(cwd=cwd, writable=writable, agent_home=home, run_dir=run_dir, spec_paths=[spec_path],
+                           state_paths=state, extra_writable=list(getattr(vc, "writable", ()) or ()))
 
     if time.time() >= end:
         return finish("timeout", "deadline already passed before the lane started", None, mhash)
@@ -534,7 +641,12 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     if status is None:
         status = "malformed"
 
-    if before is not None:
+    tampered = guard.check_and_restore()
+    if tampered:
+        shown = ", ".join(tampered[:10]) + (f" (+{len(tampered) - 10} more)" if len(tampered) > 10 else "")
+        status, reason = "rejected", f"{MIRROR_TAMPERED}: the lane changed {shown}; restored"
+        r.event("lane.git_tampered", {"run_id": run_id, "role": role, "vendor": vendor_name, "paths": tampered[:50]})
+    elif before is not None:
         changed = changed_paths(before, worktree_state(cwd))
         if changed:
             shown = ", ".join(changed[:10]) + (f" (+{len(changed) - 10} more)" if len(changed) > 10 else "")

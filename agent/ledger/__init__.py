@@ -126,7 +126,7 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class Ledger:
@@ -367,3 +367,65 @@ class Ledger:
 def ledger_path(home: Path) -> Path:
     return Path(home) / "ledger.db"
 
+
+
+# ------------------------------------------------------------------ tamper evidence (agent doctor)
+
+
+def schema_objects(conn: sqlite3.Connection) -> dict[str, str]:
+    """``type name`` -> normalised SQL of every table, index and trigger (what a migration made)."""
+    out = {}
+    for typ, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+                                       "ORDER BY type, name"):
+        out[f"{typ} {name}"] = " ".join((sql or "").split())
+    return out
+
+
+def expected_schema(version: int) -> dict[str, str]:
+    """The schema objects the first ``version`` migrations make, built in memory."""
+    import sqlite_utils
+
+    from agent.ledger.migrations import MIGRATIONS
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+        db = sqlite_utils.Database(conn)
+        for _, fn in MIGRATIONS[:version]:
+            fn(db)
+        return schema_objects(conn)
+    finally:
+        conn.close()
+
+
+def tamper_findings(conn: sqlite3.Connection) -> list[str]:
+    """What no agent code path produces: schema objects (the append-only triggers included) missing, added or
+    changed against the migrations; events deleted (gaps in their ids); a task whose round cap its events do not
+    explain (``task.created``/``task.reset`` record it).  Empty when nothing looks tampered with."""
+    found: list[str] = []
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    want, have = expected_schema(version), schema_objects(conn)
+    missing = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    changed = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+    if missing:
+        found.append("missing " + ", ".join(missing[:6]))
+    if extra:
+        found.append("not made by a migration: " + ", ".join(extra[:6]))
+    if changed:
+        found.append("changed: " + ", ".join(changed[:6]))
+    if "table events" in have:
+        lo, hi, n = conn.execute("SELECT min(id), max(id), count(*) FROM events").fetchone()
+        if n and (lo != 1 or hi - lo + 1 != n):
+            found.append(f"events deleted: {hi - n} id(s) missing between 1 and {hi}")
+    if "table tasks" in have and "table events" in have:
+        rows = conn.execute(
+            "SELECT t.id, t.round_cap, (SELECT json_extract(e.payload, '$.round_cap') FROM events e "
+            " WHERE e.task_id = t.id AND e.kind IN ('task.created', 'task.reset') "
+            " AND json_extract(e.payload, '$.round_cap') IS NOT NULL ORDER BY e.id DESC LIMIT 1) "
+            "FROM tasks t").fetchall()
+        odd = [f"task {tid} ({cap}, events say {want_cap})" for tid, cap, want_cap in rows
+               if want_cap is not None and cap != want_cap]
+        if odd:
+            found.append("round cap changed outside `agent task reset`: " + ", ".join(odd[:5]))
+    return found

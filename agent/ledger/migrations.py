@@ -234,3 +234,10 @@ def m004_pr_feedback(db) -> None:
         "created_at": str, "replied_at": str,
     }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "round", "trigger"})
     db["pr_feedback_rounds"].create_index(["task_id", "round"], unique=True)
+
+
+@migration
+def m005_lane_pid_start(db) -> None:
+    """A lane's process identity is its pid AND its start time (/proc/PID/stat field 22): the orphan killer
+    signals a recorded lane only while both match, never a process that merely reuses the pid."""
+    db["lane_runs"].add_column("pid_start", int)

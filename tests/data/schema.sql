@@ -119,6 +119,7 @@ table lane_runs
   pid INTEGER
   started_at TEXT
   ended_at TEXT
+  pid_start INTEGER
   fk task_id -> tasks.id
   index (task_id, round, role) c
 table lessons

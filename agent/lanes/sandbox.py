@@ -1,0 +1,252 @@
+"""The lane sandbox: every lane (built-in vendor or plain command) runs inside bubblewrap (``bwrap``).
+
+What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
+- its own PID namespace; ``--die-with-parent``, so when the lane's main process ends (or the agent dies) every
+  process it started dies too, a ``setsid`` grandchild included; no capabilities (``--cap-drop ALL``: as root
+  a lane could otherwise remount its read-only view);
+- the whole filesystem read-only, a private ``/tmp`` and ``/dev``, its own ``/proc`` (so no other process's
+  environment is readable);
+- the agent home (ledger, config, other tasks' specs, worktrees and lane logs) replaced by an empty tmpfs, with only
+  this lane's worktree (read-write for the implementer, read-only for every other role), its spec (read-only) and
+  its run dir (read-write: vendors write their last message and chat files there) bound back in;
+- the git dir read-only: the worktree's ``.git`` file (so a lane cannot point it elsewhere), the mirror's objects
+  and refs, and in place of the mirror's ``config`` a sanitised copy (format version and extensions only: no remote
+  URL, nothing git would execute);
+- read-write: what the vendor must write to keep and resume its session (``state_paths`` of its adapter, e.g.
+  ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``) and the paths listed in ``vendors.X.writable``;
+- the network stays (lanes talk to their model API).
+
+``sandbox: none`` in config.yaml runs lanes without it (explicitly only; doctor warns).  With ``sandbox: bwrap``
+(the default) and no bwrap on PATH, lanes refuse to start with a one-line fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import AgentError
+
+INSTALL_FIX = ("install bubblewrap (`apt-get install bubblewrap`, or scripts/ci-bwrap), or set `sandbox: none` in "
+               "config.yaml to run lanes unsandboxed")
+
+
+class SandboxUnavailable(AgentError):
+    pass
+
+
+def bwrap_path() -> str | None:
+    for cand in (shutil.which("bwrap"), "/usr/bin/bwrap"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def mode(config) -> str:
+    return getattr(config, "sandbox", "bwrap") or "bwrap"
+
+
+def require(config) -> str | None:
+    """The bwrap binary to use, None for ``sandbox: none``; raises SandboxUnavailable (one line with the fix)."""
+    if mode(config) == "none":
+        return None
+    found = bwrap_path()
+    if found is None:
+        raise SandboxUnavailable(f"sandbox: bwrap is configured but bwrap is not installed; {INSTALL_FIX}")
+    return found
+
+
+@dataclass
+class Plan:
+    """What one sandboxed run may see and touch.  Paths are host paths (the sandbox shows them at the same place)."""
+    cwd: Path
+    writable_cwd: bool
+    hide: list[Path] = field(default_factory=list)          # replaced by an empty tmpfs
+    rw: list[Path] = field(default_factory=list)            # bound read-write
+    ro: list[Path] = field(default_factory=list)            # bound read-only (inside hidden or writable areas)
+    over: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, read-only
+
+
+def sanitized_git_config(common: Path, out: Path) -> Path:
+    """A copy of the repository's config with only what git needs to read the repository (format version and
+    extensions): no remote URL (it may carry credentials), no alias, filter, hook or command."""
+    try:
+        text = (Path(common) / "config").read_text(errors="replace")
+    except OSError:
+        text = ""
+    version = re.search(r"^\s*repositoryformatversion\s*=\s*(\d+)", text, re.M | re.I)
+    bare = re.search(r"^\s*bare\s*=\s*(\w+)", text, re.M | re.I)
+    lines = ["[core]", f"\trepositoryformatversion = {version.group(1) if version else 0}"]
+    if bare:
+        lines.append(f"\tbare = {'true' if bare.group(1).lower() in ('true', 'yes', 'on', '1') else 'false'}")
+    # an identity, so a CLI that checks for one (aider writes it into the config when missing) finds one
+    name = re.search(r"^\s*name\s*=\s*(.+)$", _section(text, "user"), re.M | re.I)
+    email = re.search(r"^\s*email\s*=\s*(.+)$", _section(text, "user"), re.M | re.I)
+    lines += ["[user]", f"\tname = {_plain(name.group(1)) if name else 'agent'}",
+              f"\temail = {_plain(email.group(1)) if email else 'agent@localhost'}"]
+    ext = re.search(r"^\s*\[extensions\]\s*$(.*?)(?=^\s*\[|\Z)", text, re.M | re.S | re.I)
+    if ext:
+        keep = [ln.strip() for ln in ext.group(1).splitlines()
+                if re.match(r"^\s*(objectformat|refstorage|worktreeconfig|partialclone|preciousobjects)\s*=",
+                            ln, re.I)]
+        if keep:
+            lines += ["[extensions]"] + [f"\t{k}" for k in keep]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _section(text: str, name: str) -> str:
+    m = re.search(r"^\s*\[" + name + r"\]\s*$(.*?)(?=^\s*\[|\Z)", text, re.M | re.S | re.I)
+    return m.group(1) if m else ""
+
+
+def _plain(value: str) -> str:
+    """A config value reduced to characters that cannot start another key or section."""
+    return re.sub(r"[^\w .@+-]", "", value.strip().strip('"'))[:100] or "agent"
+
+
+def git_paths(cwd: Path) -> tuple[Path | None, Path | None]:
+    """(the worktree's git dir, the common dir) as the worktree says before the lane runs, or (None, None)."""
+    from agent.workspace import WorkspaceError, find_common_dir
+
+    dot = Path(cwd) / ".git"
+    if not dot.exists():
+        return None, None
+    try:
+        common = find_common_dir(Path(cwd))
+    except WorkspaceError:
+        return None, None
+    if dot.is_dir():
+        return dot.resolve(), common
+    text = dot.read_text(errors="replace").strip()
+    gd = Path(text[len("gitdir:"):].strip()) if text.startswith("gitdir:") else None
+    if gd is not None and not gd.is_absolute():
+        gd = Path(cwd) / gd
+    return (gd.resolve() if gd else None), common
+
+
+def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
+              state_paths: list[Path], extra_writable: list[Path]) -> Plan:
+    """The plan for a lane in ``cwd`` (see the module doc)."""
+    cwd = Path(cwd).resolve()
+    plan = Plan(cwd=cwd, writable_cwd=writable)
+    plan.hide.append(Path(agent_home).resolve())
+    for p in [*state_paths, *extra_writable]:
+        p = Path(os.path.expanduser(str(p)))
+        try:
+            p.mkdir(parents=True, exist_ok=True) if not p.exists() else None
+        except OSError:
+            continue
+        plan.rw.append(p.resolve())
+    plan.rw.append(Path(run_dir).resolve())
+    (plan.rw if writable else plan.ro).append(cwd)
+    for s in spec_paths:
+        if s is not None and Path(s).exists():
+            plan.ro.append(Path(s).resolve())
+    git_dir, common = git_paths(cwd)
+    dot = cwd / ".git"
+    if dot.exists():
+        plan.ro.append(dot)
+    if common is not None:
+        plan.ro.append(common)
+        if git_dir is not None and git_dir != common:
+            plan.ro.append(git_dir)
+        if (common / "config").exists():
+            plan.over.append((sanitized_git_config(common, Path(run_dir) / "sandbox-git-config"),
+                              common / "config"))
+    return plan
+
+
+_ENV_NOT_PATHS = ("HOME", "PATH", "TMPDIR", "PWD", "OLDPWD", "SHELL")
+
+
+def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None) -> Plan:
+    """The plan plus, read-only, every existing file an absolute argv element names (a command vendor's script
+    and its arguments, from the trusted config) and every existing path a variable of the lane's environment
+    names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``): the private /tmp would otherwise hide them."""
+    extra = []
+    candidates = [a for a in argv if a.startswith("/") and os.path.isfile(a)]
+    candidates += [v for k, v in (env or {}).items()
+                   if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v and os.path.exists(v)
+                   and len(Path(v).parts) >= 3]
+    for a in candidates:
+        if a:
+            p = Path(a).resolve()
+            inside_rw = any(p == w or w in p.parents for w in plan.rw)
+            hidden = any(p == h or h in p.parents for h in plan.hide)     # never the ledger, even if named
+            if not inside_rw and not hidden and p not in plan.ro:
+                extra.append(p)
+    if not extra:
+        return plan
+    return Plan(cwd=plan.cwd, writable_cwd=plan.writable_cwd, hide=list(plan.hide), rw=list(plan.rw),
+                ro=list(plan.ro) + extra, over=list(plan.over))
+
+
+def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: Path) -> tuple[list[str], dict]:
+    """argv and environment of a repository check: it runs code a lane wrote, so it is sandboxed like a lane
+    (worktree read-write, the home hidden, no credential in its environment)."""
+    from agent.lanes.env import lane_env, secret_env_names
+
+    env = lane_env((), deny=secret_env_names(config))
+    argv = ["sh", "-c", command]
+    bwrap = require(config)
+    if bwrap is None:
+        return argv, env
+    scratch.mkdir(parents=True, exist_ok=True)
+    plan = lane_plan(cwd=worktree, writable=True, agent_home=agent_home, run_dir=scratch, spec_paths=[],
+                     state_paths=[], extra_writable=[])
+    return wrap(bwrap, argv, plan, env)
+
+
+LANE_UID = 1000
+
+
+def _uid_args() -> list[str]:
+    """Inside its own user namespace the lane is not root even when the agent is: a vendor CLI that sandboxes
+    its own tool calls with bwrap (codex) may then map its uid into a nested namespace, which root without
+    capabilities may not (mapping uid 0 needs CAP_SETFCAP).  Outside, its files still belong to the agent's user."""
+    return ["--uid", str(LANE_UID), "--gid", str(LANE_UID)] if os.getuid() == 0 else []
+
+
+def _depth(p: Path) -> int:
+    return len(Path(p).parts)
+
+
+def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The bwrap argv running ``argv`` under ``plan``, and the environment to give it (TMPDIR is the private
+    /tmp).  Mounts are ordered by depth, so a deeper path (the worktree's ``.git``) overrides a shallower one (the
+    worktree), and a hidden tree (the home) is emptied before what the lane may see is bound back into it."""
+    args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev",
+            "--proc", "/proc", "--tmpfs", "/tmp"]
+    mounts: list[tuple[int, int, list[str]]] = []
+    order = 0
+
+    def add(dest: Path, op: list[str]) -> None:
+        nonlocal order
+        order += 1
+        mounts.append((_depth(dest), order, op))
+
+    for p in plan.hide:
+        add(p, ["--tmpfs", str(p)])
+    for p in plan.rw:
+        add(p, ["--bind", str(p), str(p)])
+    for p in plan.ro:
+        add(p, ["--ro-bind", str(p), str(p)])
+    for src, dest in plan.over:
+        add(dest, ["--ro-bind", str(src), str(dest)])
+    env = dict(env)
+    tmpdir = env.get("TMPDIR") or "/tmp"
+    if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:
+        # a configured TMPDIR stays where the vendor expects it (codex refuses helper binaries under it), as a
+        # private tmpfs of its own
+        add(Path(tmpdir), ["--tmpfs", tmpdir])
+    else:
+        env["TMPDIR"] = "/tmp"
+    for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
+        args += op
+    args += ["--chdir", str(plan.cwd), "--"]
+    return args + list(argv), env
