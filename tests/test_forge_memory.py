@@ -57,6 +57,7 @@ def test_pr_text_update_that_failed_all_retries_is_retried_on_later_scans(world,
     patches = [c for c in proxy.calls if c[0] == "PATCH"]
     assert len(patches) >= 4 and all(c[2] == 503 for c in patches), proxy.calls
     created = the_pr(home, sim)["body"]
+    assert "pr:quality" not in created and "pr:logic" not in created   # the text from before the PR reviews
     owed = cli(home, "events", "--json")
     assert "pr.text_pending" in owed.stdout
     # still failing: the next scan tries again; it failed the same way, so it prints nothing (no news)
@@ -73,6 +74,7 @@ def test_pr_text_update_that_failed_all_retries_is_retried_on_later_scans(world,
     assert r.exit_code == 0 and "text updated" in r.output, r.output
     pr = the_pr(home, sim)
     assert pr["body"] != created and pr["body"] in cli(home, "pr", "show", "1").output
+    assert "`pr:quality`" in pr["body"] and "`pr:logic`" in pr["body"]     # the PR reviewers' verdicts
     calls = len(proxy.calls)
     assert cli(home, "watch", "pr-merged").output == ""          # nothing owed now, nothing printed
     assert not [c for c in proxy.calls[calls:] if c[0] == "PATCH"]

@@ -126,7 +126,7 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class Ledger:
@@ -336,7 +336,8 @@ class Ledger:
         since before ``finished_before`` (a ``now()`` timestamp)."""
         return self.all(
             "SELECT t.id, t.repo, t.state, t.worktree, t.branch, t.head_sha, p.state AS pr_state "
-            "FROM tasks t LEFT JOIN prs p ON p.task_id = t.id WHERE t.worktree IS NOT NULL "
+            "FROM tasks t INDEXED BY idx_tasks_with_worktree LEFT JOIN prs p ON p.task_id = t.id "
+            "WHERE t.worktree IS NOT NULL "
             "AND (t.state = 'failed' OR (t.state IN ('done', 'gate-blocked') AND p.state IN ('merged', 'closed'))) "
             "AND max(t.updated_at, coalesce(p.updated_at, '')) < ? ORDER BY t.id", (finished_before,))
 

@@ -270,6 +270,7 @@ table tasks
   wait_reason TEXT
   fk conclusion_id -> conclusions.id
   fk error_id -> errors.id
+  index (id) c
   index (state) c
   index unique (error_id) c
 trigger events_no_delete
