@@ -303,3 +303,11 @@ def test_events_with_positions_in_messages_keep_them(tmp_path):
     ingest(ledger, parse(json.dumps({"level": "error", "class": "KeyError",
                                      "message": "failed at web/sessions.py:321 and tokens.py:9"}) + "\n").events)
     assert ledger.scalar("SELECT message FROM errors") == "failed at web/sessions.py:321 and tokens.py:9"
+
+
+def test_auto_keeps_json_lines_whose_first_line_is_broken_as_jsonl():
+    text = "{oops\n" + good(1) + "\n[1, 2]\n" + good(2) + "\n"
+    r = parse(text)
+    assert r.format == "jsonl" and [x.line for x in r.rejected] == [1, 3] and len(r.events) == 2
+    log = "[2024-05-01 10:00:00] ERROR boom\n[2024-05-01 10:00:01] INFO fine\n" + good(1) + "\n"
+    assert parse(log).format == "traceback" and len(parse(log).events) == 2

@@ -872,9 +872,15 @@ def sniff(text: str) -> str:
                 return "sentry"
             if isinstance(obj, list) and "\n" not in s.rstrip():
                 return "sentry"
-            if all(ln.lstrip()[:1] in ("{", "[") for ln in s.split("\n") if ln.strip()):
-                return "jsonl"
+        if all(_json_ish(ln) for ln in s.split("\n") if ln.strip()):
+            return "jsonl"            # a broken line among JSON lines is rejected by name, not read as log text
     return "traceback"
+
+
+def _json_ish(line: str) -> bool:
+    """A line meant as JSON: an object, or an array that parses (``[2024-05-01 ...] ERROR`` is log text)."""
+    head = line.lstrip()[:1]
+    return head == "{" or (head == "[" and loads(line)[1] is None)
 
 
 def parse(text: str, fmt: str = "auto", *, service: str | None = None, environment: str | None = None,
