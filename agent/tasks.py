@@ -351,4 +351,6 @@ def task_detail(ledger: Ledger, task_id: int) -> dict:
                             "FROM gates WHERE task_id = ? ORDER BY id", (task_id,))
     t["pr"] = ledger.one("SELECT forge, repo, number, url, head_sha, state, draft FROM prs WHERE task_id = ?",
                          (task_id,))
+    t["pr_feedback"] = [{k: r[k] for k in ("key", "kind", "author", "path", "line", "state", "decision", "reason",
+                                            "round")} for r in ledger.feedback_items(task_id)]
     return t

@@ -141,6 +141,10 @@ def test_comment_by_user_without_write_access_is_ignored_and_recorded(done):
     assert one(home, "SELECT state, round FROM tasks") == {"state": "done", "round": 2}
     row = one(home, "SELECT decision, reason, author FROM pr_feedback")
     assert row["decision"] == "ignored" and row["author"] == "mallory" and "write access" in row["reason"]
+    shown = agent(home, "task", "show", str(t["id"])).stdout
+    assert "by mallory: ignored" in shown and "no write access" in shown
+    data = json.loads(agent(home, "task", "show", str(t["id"]), "--json").stdout)
+    assert [(f["author"], f["decision"]) for f in data["pr_feedback"]] == [("mallory", "ignored")]
     # review.allowed_users lets a named person steer without write access
     cfg = home / "config.yaml"
     cfg.write_text(cfg.read_text() + "review:\n  allowed_users: [bob]\n")

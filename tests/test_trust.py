@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -605,3 +606,44 @@ def test_sandbox_config_key():
     with pytest.raises(ConfigError, match=r"sandbox: expected one of bwrap\|none, got \"docker\""):
         parse_config({"sandbox": "docker"})
     assert ".agent/" in parse_config({"repos": {"a/b": {"url": "x"}}}).repos["a/b"].blocked_paths
+
+
+# ----------------------------------------------------------------------- the agent's own runtime under /tmp
+
+RUNTIME_PROBE = r'''
+import sys
+import agent
+print(f"prefix={sys.prefix}")
+print(f"agent={agent.__file__}")
+print("STATUS: complete\nSUMMARY: the agent's own interpreter and package are visible\n")
+'''
+
+
+@needs_bwrap
+def test_a_lane_running_the_agents_own_interpreter_sees_it_when_installed_under_tmp(tmp_path, monkeypatch):
+    """A CI clone (or any install) under /tmp: the private /tmp must not hide the venv and the package that demo
+    lanes and ``python -m`` command vendors run.  A real venv under tmp_path (inside /tmp) with the agent's
+    source tree on its path stands for that install; before the fix the lane saw neither."""
+    import agent
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    src = tmp_path / "src"
+    shutil.copytree(Path(agent.__file__).resolve().parent, src / "agent",
+                    ignore=shutil.ignore_patterns("__pycache__"))            # an editable install's tree
+    site = next((venv / "lib").glob("python3*")) / "site-packages"
+    (site / "agent-src.pth").write_text(f"{src}\n")
+    monkeypatch.setattr(sys, "prefix", str(venv))                          # the agent "runs from" there
+    monkeypatch.setattr(agent, "__file__", str(src / "agent" / "__init__.py"))
+    script = tmp_path / "probe.py"
+    script.write_text(RUNTIME_PROBE)
+    config = make_config({"probe": {"command": [str(venv / "bin" / "python"), str(script)]}},
+                         {"implementer": {"vendor": "probe", "timeout": 30}})
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    spec = tmp_path / "spec.md"
+    spec.write_text("x")
+    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=spec, cwd=repo)
+    out = (res.log_dir / "01-turn.stdout").read_text()
+    assert res.status == "complete", (res.status, res.reason, out)
+    assert f"prefix={venv}" in out and f"agent={src / 'agent' / '__init__.py'}" in out, out

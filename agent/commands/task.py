@@ -73,7 +73,7 @@ def task_list(state, as_json):
 @click.argument("task_id", type=int)
 @json_option
 def task_show(task_id, as_json):
-    """Show a task with its steps, lane runs, checks, gates and PR.
+    """Show a task with its steps, lane runs, checks, gates, PR and the PR feedback read.
 
     \b
     Example:
@@ -97,6 +97,10 @@ def task_show(task_id, as_json):
             click.echo(f"  check r{ch['round']} {'pass' if ch['passed'] else 'FAIL'} at {(ch['head_sha'] or '')[:12]}")
         if t["pr"]:
             click.echo(f"  pr: {t['pr']['url']} ({t['pr']['state']}, draft)")
+        for f in t.get("pr_feedback") or []:
+            where = f" {f['path']}" + (f":{f['line']}" if f["line"] else "") if f["path"] else ""
+            why = f" ({f['reason']})" if f["reason"] else ""
+            click.echo(f"  pr feedback {f['key']} by {f['author']}{where}: {f['decision']} r{f['round']}{why}")
 
     emit(t, as_json, human)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,6 +130,18 @@ def git_paths(cwd: Path) -> tuple[Path | None, Path | None]:
     return (gd.resolve() if gd else None), common
 
 
+def runtime_paths() -> list[Path]:
+    """Where the agent itself runs from, when the private /tmp would hide it: its interpreter's prefix (a venv)
+    and the tree its package was imported from (an editable install, which may hold the vendor CLIs too).  Demo
+    lanes and ``python -m`` command vendors run the agent's own interpreter; a CI clone under /tmp is the usual
+    case.  Read-only, like the rest of the filesystem outside /tmp."""
+    import agent
+
+    tmp = Path("/tmp")
+    roots = {Path(sys.prefix).absolute(), Path(agent.__file__).resolve().parent.parent}
+    return sorted(p for p in roots if tmp in p.parents)
+
+
 def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
               state_paths: list[Path], extra_writable: list[Path]) -> Plan:
     """The plan for a lane in ``cwd`` (see the module doc)."""
@@ -144,6 +157,7 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
         plan.rw.append(p.resolve())
     plan.rw.append(Path(run_dir).resolve())
     (plan.rw if writable else plan.ro).append(cwd)
+    plan.ro.extend(runtime_paths())
     for s in spec_paths:
         if s is not None and Path(s).exists():
             plan.ro.append(Path(s).resolve())
