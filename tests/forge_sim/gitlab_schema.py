@@ -9,8 +9,11 @@ Sources (GitLab's own API description and reference pages):
    their operationIds, the path parameters (``id``: string or integer, "The ID or URL-encoded path of the
    project"; ``merge_request_iid``: integer), the list's query parameters (``source_branch``, ``target_branch``,
    ``state``, ``page`` default 1, ``per_page`` default 20, ...) and the declared statuses (post: 201 400 401 404
-   409 422; get: 200 400 404; put: 200 400 404 409 422).  A 401 for a missing or wrong token is answered before
-   any operation (and so is not checked per operation).
+   409 422; get: 200 400 404; put: 200 400 404 409 422).  Also read there (tag "Members", around character
+   1,445,000-1,452,000): ``/api/v4/projects/{id}/members/all/{user_id}`` (get,
+   ``getApiV4ProjectsIdMembersAllUserId``: "Returns direct members and members inherited or invited through
+   ancestor groups"; ``user_id`` integer; 200 ``APIEntitiesMember``, 400, 404).  A 401 for a missing or wrong
+   token is answered before any operation (and so is not checked per operation).
 2. Where that file could not be read for an endpoint or an entity, GitLab's REST reference pages in the same
    repository, ``doc/api/*.md`` (the pages the OpenAPI tags link to): ``merge_requests.md`` (the
    ``RequestBody`` of create/update and the merge request entity's fields), ``notes.md`` (merge request notes),
@@ -18,9 +21,10 @@ Sources (GitLab's own API description and reference pages):
    ``members.md`` (``members/all/:user_id``, access levels), ``users.md`` (``GET /user``, ``GET /users``) and
    ``rest/_index.md`` (pagination headers), ``administration/settings/user_and_ip_rate_limits.md`` (429 headers).
    The 3.9 M-character OpenAPI file is generated from the same Grape entities these pages document; its notes,
-   discussions, statuses, pipelines, members and users operations (and the ``components/schemas`` the merge request
-   operations reference: ``APIEntitiesMergeRequest``, ``RequestBody_d48c5188ea01``, ``RequestBody_e430517b7941``)
-   could not be located with the paged reader available here, so their fields come from the pages above.
+   discussions, statuses, pipelines and users operations (and the ``components/schemas`` the operations above
+   reference: ``APIEntitiesMergeRequest``, ``APIEntitiesMember``, ``RequestBody_d48c5188ea01``,
+   ``RequestBody_e430517b7941``) could not be located with the paged reader available here (16,000 characters a
+   read, paths in the file's own order), so their fields come from the pages above.
 
 Choices made while deriving:
 - Only the properties agent reads or sends are listed for entities, with their documented types; objects refuse
@@ -154,8 +158,8 @@ OPERATIONS = [
      "path": "/projects/{id}/merge_requests/{merge_request_iid}/discussions", "path_params": _MR, "query": _PAGE,
      "responses": {"200": _list("Discussion"), "401": ANY, "404": ANY}},
     {"id": "getApiV4ProjectsIdMembersAllUserId", "method": "GET", "path": "/projects/{id}/members/all/{user_id}",
-     "path_params": {**_ID, "user_id": _I},
-     "responses": {"200": _ref("Member"), "401": ANY, "403": ANY, "404": ANY}},
+     "path_params": {**_ID, "user_id": _I},                                   # from openapi_v3 (tag Members)
+     "responses": {"200": _ref("Member"), "400": ANY, "404": ANY}},
     {"id": "getApiV4ProjectsIdRepositoryCommitsShaStatuses", "method": "GET",
      "path": "/projects/{id}/repository/commits/{sha}/statuses", "path_params": {**_ID, "sha": _S},
      "query": {"ref": _S, "stage": _S, "name": _S, "pipeline_id": _I, "all": _B,
