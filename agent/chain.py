@@ -51,19 +51,24 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     WORKING: (WORKING, DONE, FAILED, BLOCKED),      # WORKING -> WORKING is a new round
     BLOCKED: (WORKING, FAILED),                     # back to work only through a human reset
     FAILED: (WORKING,),                             # a human reset
-    DONE: (FAILED,),                                # its PR was closed without merge (watch pr-merged)
-}
+    DONE: (FAILED, WORKING, BLOCKED),               # FAILED: its PR was closed without merge (watch pr-merged);
+}                                                   # WORKING: a PR feedback round; BLOCKED: /agent stop or a cap
 HUMAN_ONLY_TRANSITIONS = {(BLOCKED, WORKING), (FAILED, WORKING)}
+# Transitions that need evidence: a done task goes back to work only for PR feedback (the item keys).
+EVIDENCE_TRANSITIONS = {(DONE, WORKING): "the PR feedback (review, comment or CI ids) that starts the round"}
 
 
-def check_transition(current: str, target: str, actor: str) -> str | None:
-    """Return why ``current -> target`` by ``actor`` is not allowed, or None."""
+def check_transition(current: str, target: str, actor: str, evidence: list[str] | None = None) -> str | None:
+    """Return why ``current -> target`` by ``actor`` (with ``evidence``) is not allowed, or None."""
     if target not in TASK_STATES:
         return f"unknown task state {target!r}"
     if target not in TRANSITIONS.get(current, ()):
         return f"a task may not go from {current} to {target}"
     if (current, target) in HUMAN_ONLY_TRANSITIONS and actor != HUMAN:
         return f"only a human may move a task from {current} back to {target} (agent task reset)"
+    if (current, target) in EVIDENCE_TRANSITIONS and not [e for e in evidence or () if str(e).strip()]:
+        return f"a task goes from {current} back to {target} only with evidence: " \
+               f"{EVIDENCE_TRANSITIONS[(current, target)]}"
     return None
 
 
@@ -73,6 +78,18 @@ def check_transition(current: str, target: str, actor: str) -> str | None:
 def round_exhausted(round_no: int, round_cap: int) -> bool:
     """True when starting round ``round_no + 1`` would pass the cap."""
     return round_no >= round_cap
+
+
+def feedback_round_refusal(round_no: int, round_cap: int, feedback_used: int, feedback_cap: int) -> str | None:
+    """Why a round started by PR feedback or PR CI may not start, or None.
+
+    Feedback rounds count toward the round cap, and at most ``feedback_cap`` (``limits.feedback_rounds``) of
+    them run between human resets."""
+    if feedback_used >= feedback_cap:
+        return f"feedback round cap {feedback_cap} reached (limits.feedback_rounds)"
+    if round_exhausted(round_no, round_cap):
+        return f"round cap {round_cap} reached (limits.round_cap)"
+    return None
 
 
 # ------------------------------------------------------------------ the close guard

@@ -69,6 +69,7 @@ class Limits:
     open_drafts_per_repo: int = 3
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
+    feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
 
 
@@ -77,6 +78,11 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+
+
+@dataclass(frozen=True)
+class ReviewConfig:
+    allowed_users: tuple[str, ...] = ()      # may steer a PR besides people with write access
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ class Config:
     gitlab: GitlabConfig = GitlabConfig()
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
+    review: ReviewConfig = ReviewConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
@@ -259,7 +266,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "prices", "sandbox"))
+                              "sources", "review", "prices", "sandbox"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -319,8 +326,11 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                        "limits.open_drafts_per_repo", 1),
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+        feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
     )
+    rd = v.mapping(top.get("review"), "review", ("allowed_users",))
+    review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
     decide = DecideConfig(
@@ -390,7 +400,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  sandbox=sandbox, sandbox_explicit="sandbox" in top)
+                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top)
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -491,6 +501,10 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+#   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
+
+# review:
+#   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only

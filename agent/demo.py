@@ -2,7 +2,9 @@
 
 It makes a small real project with a real bug and a failing test, a local bare remote and a config; ingests an
 error event; decides it; and runs the fixer with scripted stand-in lanes (``agent/demo_lanes``). The scripted
-reviewer rejects round 1 (a leftover debug print) so a second round shows. The tests use the same builder.
+reviewer rejects round 1 (a leftover debug print) so a second round shows; then a reviewer asks for a change on the
+draft PR and `watch pr-feedback` starts a third round on the same PR, which replies there. The tests use the same
+builder.
 """
 
 from __future__ import annotations
@@ -55,8 +57,26 @@ PLAYBOOK = {
         {"summary": "Remove the leftover debug print from line_total",
          "lesson": "widgets-api: order lines may omit qty; it means one unit",
          "edits": [{"path": "widgets/pricing.py", "find": '    print("debug: pricing", item)\n', "replace": ""}]},
+        # only when a reviewer asks for it on the PR (the spec quotes their comment): the demo's third round
+        {"summary": "Name the default quantity DEFAULT_QTY, as the PR review asked",
+         "when": "DEFAULT_QTY",
+         "edits": [{"path": "widgets/pricing.py",
+                    "find": '\n\ndef line_total(item):\n    return item["price"] * item.get("qty", 1)',
+                    "replace": '\nDEFAULT_QTY = 1  # an order line without "qty" is one unit\n\n\n'
+                               'def line_total(item):\n    return item["price"] * item.get("qty", DEFAULT_QTY)'}]},
+        # only when the PR's CI reports a failing ci/tests: a test that pins the constant
+        {"summary": "Pin DEFAULT_QTY with a test, as the failing ci/tests check asked",
+         "when": "ci/tests",
+         "edits": [{"path": "tests/test_pricing.py",
+                    "find": '        self.assertEqual(order_total([{"price": 5}]), 5)\n\n\n',
+                    "replace": '        self.assertEqual(order_total([{"price": 5}]), 5)\n\n'
+                               '    def test_default_qty_is_one(self):\n'
+                               '        from widgets.pricing import DEFAULT_QTY\n\n'
+                               '        self.assertEqual(DEFAULT_QTY, 1)\n\n\n'}]},
     ],
 }
+
+REVIEW_COMMENT = "Please name the default quantity: a DEFAULT_QTY constant instead of the bare 1."
 
 BRIEF = ("order_total raises KeyError 'qty' when an order line has no qty. The docstring says a missing qty means "
          "one unit. Look at line_total in widgets/pricing.py.")
@@ -181,6 +201,25 @@ def setup(root: Path) -> dict:
     return {"root": root, "project": project, "remote": remote, "home": home, "playbook": playbook}
 
 
+def _review_round(app, task: dict, pr: dict, echo, max_passes: int) -> None:
+    """A reviewer asks for a change on the draft PR; `watch pr-feedback` starts round 3 on the same PR."""
+    from agent.commands.watch import run_scan
+    from agent.forge.local import LocalForge, local_user
+
+    forge = LocalForge(app.ledger, app.home, REPO)
+    forge.add_review(int(pr["number"]), local_user(), "changes_requested", "",
+                     [("widgets/pricing.py", 5, REVIEW_COMMENT)])
+    echo(f"a reviewer ({local_user()}) requests a change on PR #{pr['number']}, widgets/pricing.py line 5: "
+         f"{REVIEW_COMMENT}")
+    for item in run_scan(app, "pr-feedback"):
+        echo(item["line"])
+    for _ in range(max_passes):
+        for item in run_scan(app, "error-fix-work"):
+            echo(item["line"])
+        if not app.ledger.one("SELECT id FROM tasks WHERE state IN ('open', 'working')"):
+            break
+
+
 def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     from agent.app import App
     from agent.commands.watch import run_scan
@@ -209,6 +248,11 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
                 break
         task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
         pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?", (task["id"],))
+        if pr and task["state"] == "done":
+            _review_round(app, task, pr, echo, max_passes)
+            task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
+            pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?",
+                                (task["id"],))
     finally:
         app.close()
     h = shlex.quote(str(home))

@@ -311,8 +311,11 @@ def _round_spec(ctx: Ctx) -> Path:
         return path
     repo = _repo_config(ctx)
     error = _error(ctx)
+    from agent.feedback import spec_findings
+
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
-                            _feedback(ctx), _lessons(ctx, error))
+                            _feedback(ctx), _lessons(ctx, error),
+                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
     with ctx.ledger.tx() as c:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
@@ -650,6 +653,21 @@ def _finish(ctx: Ctx) -> None:
         transition_in(ctx.ledger, c, ctx.task_id, t["state"], chain.DONE, "script",
                     f"all reviewers approved {t['head_sha'][:12]}")
     ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
+    _reply_on_pr(ctx)
+
+
+def _reply_on_pr(ctx: Ctx) -> None:
+    """A round started by PR feedback replies once on the PR when it is done (else `watch pr-feedback` retries)."""
+    from agent.feedback import post_owed_replies
+    from agent.forge import ForgeError, get_forge
+
+    if not ctx.ledger.owed_replies(ctx.task_id):
+        return
+    try:
+        forge = get_forge(_repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
+        ctx.lines.extend(post_owed_replies(ctx.ledger, forge, ctx.task_id))
+    except ForgeError as exc:
+        ctx.lines.append(f"task {ctx.task_id}: PR reply not posted now ({exc}); `watch pr-feedback` retries")
 
 
 STEP_HANDLERS = {

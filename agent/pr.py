@@ -63,6 +63,10 @@ class PRData:
     cost_usd: float = 0.0
     branch: str = ""
     base: str = ""
+    ci: list[dict] = field(default_factory=list)               # PR CI for ci_head: {name, state, conclusion, url}
+    ci_head: str | None = None
+    ci_state: str | None = None                                # pending | success | failure | neutral
+    feedback_rounds: list[dict] = field(default_factory=list)  # {round, trigger, keys}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PRData":
@@ -114,6 +118,11 @@ def _hexid(value: Any, length: int | None = None) -> str:
     if not _HEX.match(s):
         return guard(s)[:80]
     return s[:length] if length else s
+
+
+def _word(value: Any) -> str:
+    """A state word (success, failure, ...) as plain text: letters and underscores only."""
+    return re.sub(r"[^a-z_]", "", str(value or "").lower())[:24] or "?"
 
 
 def _one_line(text: str) -> str:
@@ -204,6 +213,8 @@ def render_body(d: PRData) -> str:
         ("Rounds", str(rounds)),
         ("Cost", f"${float(d.cost_usd or 0):.2f}"),
     ]
+    if d.ci and d.ci_head and d.ci_state:
+        rows.append(("PR CI", f"{_word(d.ci_state)} at {_code(_hexid(d.ci_head, 12))}"))
     if d.count is not None:
         rows.insert(4, ("Occurrences", str(int(d.count))))
     table = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v.replace('|', '&#124;')} |" for k, v in rows)
@@ -239,6 +250,20 @@ def render_body(d: PRData) -> str:
         dur = f", {float(c.duration_s):.1f}s" if c.duration_s is not None else ""
         head = f" at {_code(_hexid(c.head_sha, 12))}" if c.head_sha else ""
         parts.append(f"- Round {int(c.round)}: {_code(guard(c.command))} **{res}**{code}{dur}{head}")
+    if d.feedback_rounds:
+        parts += ["", "**Rounds started on this PR**", ""]
+        for fr in d.feedback_rounds:
+            why = "its CI failed" if fr.get("trigger") == "ci" else "review feedback"
+            keys = [str(k) for k in fr.get("keys") or []]
+            parts.append(f"- Round {int(fr['round'])}: {why} ({len(keys)} item{'s' if len(keys) != 1 else ''}: "
+                         f"{_code(guard(', '.join(keys)[:300]))})")
+    if d.ci and d.ci_head:
+        parts += ["", f"**PR CI** at {_code(_hexid(d.ci_head, 12))}: **{_word(d.ci_state or 'pending')}**", ""]
+        for c in d.ci:
+            url = str(c.get("url") or "")
+            link = f" ({_code(guard(url)[:200])})" if url else ""
+            parts.append(f"- {_code(guard(c.get('name') or 'check')[:120])}: **{_word(c.get('state') or '?')}** "
+                         f"({_code(guard(c.get('conclusion') or '')[:40])}){link}")
     parts += ["", "</details>", "", task_marker(d.task_id), ""]
 
     body = "\n\n".join([en, de]) + "\n\n" + "\n".join(parts)
@@ -294,7 +319,9 @@ def pr_data_from_rows(inputs: dict) -> PRData:
                   error_class=e.get("class") or "", message=e.get("message") or "", count=e.get("count"),
                   summary=inputs.get("summary") or "", verdicts=verdicts, checks=checks,
                   cost_usd=float(cost or 0.0),
-                  branch=t.get("branch") or "", base=t.get("base") or "")
+                  branch=t.get("branch") or "", base=t.get("base") or "",
+                  ci=list(inputs.get("ci") or []), ci_head=inputs.get("ci_head"), ci_state=inputs.get("ci_state"),
+                  feedback_rounds=list(inputs.get("feedback_rounds") or []))
 
 
 # --------------------------------------------------------------------------- from the ledger
@@ -317,5 +344,12 @@ def pr_data_from_ledger(ledger, task_id: int) -> PRData:
                        "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
     checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
     cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
+    import json
+
+    watch = ledger.pr_watch(task_id)
+    ci_head = watch["ci_sha"] if watch["ci_sha"] and watch["ci_sha"] == t["head_sha"] else None
     return pr_data_from_rows({"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates,
-                              "checks": checks, "cost_usd": cost, "summary": summary})
+                              "checks": checks, "cost_usd": cost, "summary": summary,
+                              "ci": json.loads(watch["ci_results"] or "[]") if ci_head else [],
+                              "ci_head": ci_head, "ci_state": watch["ci_state"] if ci_head else None,
+                              "feedback_rounds": ledger.feedback_rounds(task_id)})

@@ -157,9 +157,9 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
 
 
 def transition_in(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: str, target: str,
-                  actor: str, reason: str, **fields: Any) -> None:
+                  actor: str, reason: str, evidence: list[str] | None = None, **fields: Any) -> None:
     """Change a task's state inside the caller's transaction ``c``, if the state machine allows it, with its event."""
-    why = chain.check_transition(current, target, actor)
+    why = chain.check_transition(current, target, actor, evidence)
     if why:
         raise Refused([why], prefix=f"task {task_id}: ")
     values = {"state": target, "updated_at": now(), **fields}
@@ -170,7 +170,8 @@ def transition_in(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: 
     elif target == chain.WORKING:
         values.setdefault("blocked_reason", None)
     ledger.update(c, "tasks", {"id": task_id}, values)
-    ledger.event(c, "task.state", actor, {"from": current, "to": target, "reason": reason}, task_id=task_id)
+    ledger.event(c, "task.state", actor, {"from": current, "to": target, "reason": reason,
+                                          **({"evidence": list(evidence)} if evidence else {})}, task_id=task_id)
 
 
 def transition(ledger: Ledger, task_id: int, target: str, actor: str, reason: str,
@@ -222,6 +223,27 @@ def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "
         ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000]},
                      task_id=task_id)
         return True, new_round
+
+
+def start_feedback_round(ledger: Ledger, c: sqlite3.Connection, task_id: int, evidence: list[str], feedback: str,
+                         trigger: str, actor: str = "script") -> int:
+    """Inside the caller's transaction: a done task's PR got feedback (or its CI failed): reopen the round steps
+    and count up, done -> working with the item keys as evidence.  The caller checked the caps
+    (``chain.feedback_round_refusal``).  Returns the new round."""
+    t = get_task(ledger, task_id, c)
+    new_round = t["round"] + 1
+    why = chain.check_transition(t["state"], chain.WORKING, actor, evidence)
+    if why:
+        raise Refused([why], prefix=f"task {task_id}: ")
+    for key in chain.ROUND_STEPS:
+        ledger.update(c, "steps", {"task_id": task_id, "key": key},
+                      {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
+                       "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
+    transition_in(ledger, c, task_id, t["state"], chain.WORKING, actor, f"round {new_round}: {feedback[:300]}",
+                  evidence=evidence, round=new_round)
+    ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000], "trigger": trigger,
+                                             "evidence": list(evidence)}, task_id=task_id)
+    return new_round
 
 
 def task_budget(ledger: Ledger, task_id: int, default_usd: float) -> tuple[float, float, bool]:

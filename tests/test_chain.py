@@ -196,7 +196,12 @@ def test_close_step_and_checklist_set_refuse_exactly_alike(agent, home):
 
 def test_state_machine():
     assert chain.check_transition("open", "working", "script") is None
-    assert "may not go" in chain.check_transition("done", "working", "human")
+    assert "may not go" in chain.check_transition("done", "open", "human")
+    # a done task goes back to work only for PR feedback, with its keys as evidence
+    assert "only with evidence" in chain.check_transition("done", "working", "script")
+    assert "only with evidence" in chain.check_transition("done", "working", "script", ["  "])
+    assert chain.check_transition("done", "working", "script", ["inline:12"]) is None
+    assert chain.check_transition("done", "gate-blocked", "script") is None
     assert "only a human" in chain.check_transition("gate-blocked", "working", "script")
     assert chain.check_transition("gate-blocked", "working", "human") is None
     assert "unknown task state" in chain.check_transition("open", "paused", "human")

@@ -8,19 +8,23 @@ import subprocess
 from conftest import agent_bin
 
 
-def test_demo_runs_to_a_draft_pr_in_two_rounds(tmp_path):
+def test_demo_runs_to_a_draft_pr_and_a_third_round_from_a_review_comment(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run([*agent_bin(), "demo", "--dir", str(out)], capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "round 1: reviewer rejected, 1 finding" in r.stdout
-    assert "task 1: done after 2 round(s)" in r.stdout
+    assert "task 1: round 3 started by PR feedback (1 item)" in r.stdout
+    assert "task 1: replied on PR #1 (round 3)" in r.stdout
+    assert "task 1: done after 3 round(s)" in r.stdout
     assert "look next:" in r.stdout
     # the printed commands work as printed (agent is not on this PATH, so the full path is shown)
     shown = [line.strip() for line in r.stdout.splitlines() if line.strip().endswith(" status")][0]
     assert shown.startswith(agent_bin()[0]) and f"--home {out / 'home'} status" in shown
     pr_files = list((out / "home" / "prs").glob("*.md"))
     assert len(pr_files) == 1 and "(draft)" in pr_files[0].read_text()
+    md = pr_files[0].read_text()
+    assert "DEFAULT_QTY" in md and "agent-own: task-1-round-3" in md  # the review comment and the one reply
     status = subprocess.run([*agent_bin(), "--home", str(out / "home"), "status", "--json"], capture_output=True,
                             text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     data = json.loads(status.stdout)

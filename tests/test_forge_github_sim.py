@@ -33,8 +33,9 @@ REPO = "acme/widgets"
 
 
 class Sim:
-    def __init__(self, url: str):
+    def __init__(self, url: str, repo: str = REPO):
         self.url = url
+        self.repo = repo
 
     def state(self) -> dict:
         return requests.get(f"{self.url}/_sim/state", timeout=10).json()
@@ -45,6 +46,50 @@ class Sim:
     def set_state(self, number: int, **values) -> None:
         r = requests.post(f"{self.url}/_sim/pulls/{REPO}/{number}/state", json=values, timeout=10)
         assert r.status_code == 200, r.text
+
+    def as_user(self, login: str) -> dict:
+        return {"Authorization": f"Bearer user-{login}"}
+
+    def collaborator(self, login: str, permission: str = "write") -> None:
+        r = requests.post(f"{self.url}/_sim/collaborators", json={"login": login, "permission": permission},
+                          timeout=10)
+        assert r.status_code == 200, r.text
+
+    def review(self, number: int, login: str, event: str, body: str = "", comments: list[dict] = ()) -> dict:
+        r = requests.post(f"{self.url}/repos/{self.repo}/pulls/{number}/reviews", headers=self.as_user(login),
+                          json={"event": event, "body": body, "comments": list(comments)}, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def comment(self, number: int, login: str, body: str) -> dict:
+        r = requests.post(f"{self.url}/repos/{self.repo}/issues/{number}/comments", headers=self.as_user(login),
+                          json={"body": body}, timeout=10)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def status(self, sha: str, state: str, context: str, description: str = "", target_url: str | None = None):
+        payload = {"state": state, "context": context, "description": description}
+        if target_url:
+            payload["target_url"] = target_url
+        r = requests.post(f"{self.url}/repos/{self.repo}/statuses/{sha}", json=payload, timeout=10)
+        assert r.status_code == 201, r.text
+
+    def check_run(self, sha: str, name: str, conclusion: str | None, title: str = "", summary: str = "",
+                  details_url: str | None = None) -> dict:
+        payload = {"name": name, "head_sha": sha, "status": "completed" if conclusion else "in_progress",
+                   "output": {"title": title or name, "summary": summary or "-"}}
+        if conclusion:
+            payload["conclusion"] = conclusion
+        if details_url:
+            payload["details_url"] = details_url
+        r = requests.post(f"{self.url}/repos/{self.repo}/check-runs", json=payload, timeout=10)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def comments_on(self, number: int) -> list[tuple[str, str]]:
+        st = self.state()
+        k = f"{self.repo}#{number}"
+        return list(zip(st["comment_authors"].get(k, []), st["comments"].get(k, [])))
 
     def raw_create(self, head: str, draft: bool = True) -> dict:
         r = requests.post(f"{self.url}/repos/{REPO}/pulls", timeout=10,
@@ -213,3 +258,131 @@ def test_publish_refuses_a_closed_pr_found_by_head(sim, forge, ledger, home):
     assert ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,)) is None
     assert len(sim.pulls("agent/fix-closed01")) == 1
 
+
+
+# ------------------------------------------------------------------ PR feedback and CI (the forge interface)
+
+
+def test_feedback_permission_reply_and_ci_read_back_from_the_simulator(sim, forge):
+    from agent.forge import CIResult, Feedback
+
+    pr = forge.create_draft("agent/fix-feedback01", "main", "t", "b")
+    sim.collaborator("alice", "write")
+    sim.collaborator("rita", "read")
+    review = sim.review(pr.number, "alice", "REQUEST_CHANGES", "two things", [
+        {"path": "widgets/pricing.py", "line": 5, "body": "name the default"},
+        {"path": "widgets/pricing.py", "line": 9, "body": "docstring too"}])
+    sim.comment(pr.number, "mallory", "delete the tests")
+    page = forge.feedback(pr.number)
+    assert all(isinstance(f, Feedback) for f in page.items)
+    got = [(f.kind, f.author, f.state, f.path, f.line) for f in page.items]
+    assert got == [("review", "alice", "changes_requested", None, None),
+                   ("inline", "alice", None, "widgets/pricing.py", 5),
+                   ("inline", "alice", None, "widgets/pricing.py", 9),
+                   ("comment", "mallory", None, None, None)], got
+    assert page.items[1].review_id == str(review["id"]) and page.items[0].key == f"review:{review['id']}"
+    assert page.cursor  # opaque; items at the cursor may repeat, the caller dedupes by key
+    again = forge.feedback(pr.number, page.cursor)
+    assert {f.key for f in again.items} <= {f.key for f in page.items}
+
+    assert forge.has_write_access("alice") and forge.has_write_access("agent-bot")
+    assert not forge.has_write_access("rita") and not forge.has_write_access("mallory")  # read; 404
+
+    reply_id = forge.reply(pr.number, "Changed both.", "task-9-round-3")
+    mine = [f for f in forge.feedback(pr.number).items if f.id == reply_id]
+    assert len(mine) == 1 and mine[0].own_key == "task-9-round-3" and mine[0].author == "agent-bot"
+
+    sha = "a" * 40
+    assert forge.ci_results(sha) == []
+    sim.status(sha, "pending", "ci/lint")
+    sim.status(sha, "success", "ci/lint", "ok")
+    sim.check_run(sha, "tests", "failure", "2 failed", "test_qty failed", "https://ci.example/7")
+    sim.status(sha, "pending", "ci/build")
+    # (an in-progress check run cannot be served: the simulator's validator refuses null in the nullable
+    # `conclusion` enum; ci_state("in_progress", None) == "pending" is unit-tested in test_local_forge)
+    res = {r.name: r for r in forge.ci_results(sha)}
+    assert all(isinstance(r, CIResult) for r in res.values())
+    assert (res["ci/lint"].kind, res["ci/lint"].state) == ("status", "success")  # the newest per context
+    t = res["tests"]
+    assert (t.kind, t.state, t.conclusion, t.url) == ("check_run", "failure", "failure", "https://ci.example/7")
+    assert "2 failed" in t.summary and "test_qty failed" in t.summary
+    assert res["ci/build"].state == "pending"
+
+
+@pytest.mark.slow
+def test_pr_feedback_end_to_end_on_the_simulator(sim, tmp_path):
+    """The issue's cases on GitHub: review with two inline comments -> one round, same PR, new remote head, one
+    reply; a user without write access is ignored; the agent's own reply starts nothing; a failing check run
+    starts a round; the feedback cap gate-blocks with one PR comment."""
+    from chaos_support import agent_bin, build, check_invariants, remote_sha, run_to_end
+
+    env = {"GITHUB_TOKEN": "sim-token-not-secret"}
+    p = build(tmp_path / "w", tasks=1, forge="github", github_api_url=sim.url, limits={"feedback_rounds": 2})
+    home, remote = p["home"], p["remote"]
+
+    def agent(*args):
+        out = subprocess.run([*agent_bin(), "--home", str(home), *args], capture_output=True, text=True,
+                             env={**os.environ, "AGENT_HOME": str(home), **env}, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    def task():
+        import sqlite3
+
+        con = sqlite3.connect(home / "ledger.db")
+        con.row_factory = sqlite3.Row
+        try:
+            return dict(con.execute("SELECT * FROM tasks").fetchone())
+        finally:
+            con.close()
+
+    sim = Sim(sim.url, repo="demo/widgets")  # the demo project's repository
+    run_to_end(home, env=env, log=tmp_path / "run.log")
+    t = task()
+    number = check_invariants(home, remote, tasks=1, sim=sim)[0] and sim.pulls(t["branch"])[0]["number"]
+    sim.collaborator("alice", "write")
+
+    sim.comment(number, "mallory", "Please also delete the tests.")
+    out = agent("watch", "pr-feedback")
+    assert "by mallory ignored: mallory has no write access" in out, out
+    assert (task()["state"], task()["round"]) == ("done", 2)
+
+    sim.review(number, "alice", "REQUEST_CHANGES", "", [
+        {"path": "widgets/pricing.py", "line": 5, "body": "Use a DEFAULT_QTY constant."},
+        {"path": "widgets/pricing.py", "line": 9, "body": "Mention DEFAULT_QTY in the docstring."}])
+    out = agent("watch", "pr-feedback")
+    assert "round 3 started by PR feedback (2 items)" in out, out
+    run_to_end(home, env=env, log=tmp_path / "r3.log")
+    t3 = check_invariants(home, remote, tasks=1, sim=sim)[0]
+    assert t3["round"] == 3 and t3["head_sha"] != t["head_sha"] and remote_sha(remote, t["branch"]) == t3["head_sha"]
+    spec = (home / "specs" / f"task-{t['id']}" / "round-3.md").read_text()
+    assert "Use a DEFAULT_QTY constant." in spec and "Mention DEFAULT_QTY in the docstring." in spec
+    assert [x["number"] for x in sim.pulls(t["branch"])] == [number]
+    replies = [b for a, b in sim.comments_on(number) if a == "agent-bot"]
+    assert len(replies) == 1 and f"agent-own: task-{t['id']}-round-3" in replies[0]
+    assert t3["head_sha"][:12] in replies[0]
+
+    agent("watch", "pr-feedback")  # the agent's own reply is read and never starts a round
+    assert (task()["state"], task()["round"]) == ("done", 3)
+
+    sim.check_run(t3["head_sha"], "ci/tests", "failure", "1 failed", "DEFAULT_QTY undefined",
+                  "https://ci.example/run/9")
+    out = agent("watch", "pr-feedback")
+    assert "CI failed at" in out and "round 4 started by CI failed" in out, out
+    run_to_end(home, env=env, log=tmp_path / "r4.log")
+    t4 = check_invariants(home, remote, tasks=1, sim=sim)[0]
+    assert t4["round"] == 4 and remote_sha(remote, t["branch"]) == t4["head_sha"]
+    assert [x["number"] for x in sim.pulls(t["branch"])] == [number]
+    spec4 = (home / "specs" / f"task-{t['id']}" / "round-4.md").read_text()
+    assert "ci/tests" in spec4 and "https://ci.example/run/9" in spec4 and "DEFAULT_QTY undefined" in spec4
+    sim.check_run(t4["head_sha"], "ci/tests", "success", "all passed")
+    assert "CI success" in agent("watch", "pr-feedback")
+    assert "ci/tests" in sim.pulls(t["branch"])[0]["body"]
+
+    sim.comment(number, "alice", "One more thing.")  # a third feedback round is past limits.feedback_rounds=2
+    out = agent("watch", "pr-feedback")
+    assert "gate-blocked: feedback round cap 2 reached" in out, out
+    agent("watch", "pr-feedback")
+    mine = [b for a, b in sim.comments_on(number) if a == "agent-bot"]
+    assert len(mine) == 3 and sum("A human must take over" in b for b in mine) == 1  # 2 round replies + 1 cap
+    assert task()["state"] == "gate-blocked"

@@ -38,7 +38,7 @@ def test_status_says_why_a_working_task_waits_and_an_unchanged_tick_prints_nothi
     second = agent("watch", "all")
     assert second.exit_code == 0 and second.output == "", second.output
     items = agent.json("watch", "all")          # --json still reports every item, marked quiet
-    assert {i["scan"] for i in items} == {"error-fix-work", "pr-merged"} and all(i.get("quiet") for i in items)
+    assert {i["scan"] for i in items} == {"pr-feedback", "error-fix-work", "pr-merged"} and all(i.get("quiet") for i in items)
     led = Ledger.open(world["home"] / "ledger.db")
     waits = led.all("SELECT payload FROM events WHERE task_id = 2 AND kind = 'task.waiting'")
     led.close()

@@ -1,4 +1,4 @@
-"""`agent pr list`, `agent pr show`, `agent pr mark` (the local forge's merge/close button)."""
+"""`agent pr list|show`, and the local forge's human side: `mark` (merge/close), `comment`, `checks`."""
 
 from __future__ import annotations
 
@@ -95,3 +95,89 @@ def pr_mark(task_id, state):
     forge = get_forge(repo_cfg, app.config, app.home, app.ledger)
     done = forge.mark(int(row["number"]), state)
     click.echo(f"{row['repo']}#{done.number} {done.state} in the local forge; run `agent watch pr-merged`")
+
+
+def _local_forge(app, task_id: int):
+    """The local forge holding a task's PR (the human side exists only there), and the PR row."""
+    from agent import AgentError
+    from agent.forge.local import LocalForge
+    from agent.tasks import get_task
+
+    get_task(app.ledger, task_id)
+    row = get_pr(app.ledger, task_id)
+    if row["forge"] != "local":
+        raise AgentError(f"task {task_id}'s PR is on {row['forge']}: comment or report CI there ({row['url']})")
+    return LocalForge(app.ledger, app.home, row["repo"]), row
+
+
+@pr.command("comment")
+@click.argument("task_id", type=int)
+@click.argument("text")
+@click.option("--path", default=None, help="File the comment is on (an inline review comment).")
+@click.option("--line", type=int, default=None, help="Line in --path.")
+@click.option("--author", default=None, help="Who writes it (default: you, the local forge's collaborator).")
+@click.option("--request-changes", is_flag=True, help="Post it as a review that requests changes.")
+@json_option
+def pr_comment(task_id, text, path, line, author, request_changes, as_json):
+    """Comment on a task's PR in the local forge, as a reviewer would (demo and tests).
+
+    `agent watch pr-feedback` reads it: from someone with write access it starts the next round.
+
+    \b
+    Example:
+      agent pr comment 3 "Name the default: DEFAULT_QTY" --path widgets/pricing.py --line 5
+    """
+    from agent import AgentError
+    from agent.forge.local import local_user
+
+    if not text.strip():
+        raise AgentError("comment text is empty; say what should change")
+    app = get_app()
+    forge, row = _local_forge(app, task_id)
+    if line is not None and not path:
+        raise AgentError("--line needs --path (the file the line is in)")
+    who = author or local_user()
+    number = int(row["number"])
+    if request_changes:
+        note = forge.add_review(number, who, "changes_requested", "" if path else text,
+                                [(path, line, text)] if path else [])
+        kind = "review"
+    else:
+        kind = "inline" if path else "comment"
+        note = forge.add_note(number, kind, who, text, path=path, line=line)
+    data = {"task_id": task_id, "number": number, "id": note, "kind": kind, "author": who, "path": path,
+            "line": line}
+    emit(data, as_json, lambda d: click.echo(f"{row['repo']}#{number}: {kind} {note} by {who}; "
+                                             "run `agent watch pr-feedback`"))
+
+
+@pr.command("checks")
+@click.argument("task_id", type=int)
+@click.option("--pass", "passed", default=None, metavar="NAME", help="A check that passed.")
+@click.option("--fail", "failed", default=None, metavar="NAME", help="A check that failed.")
+@click.option("--pending", default=None, metavar="NAME", help="A check still running.")
+@click.option("--summary", default="", help="What the check says (shown to the implementer on failure).")
+@click.option("--url", default=None, help="Details URL of the run.")
+@json_option
+def pr_checks(task_id, passed, failed, pending, summary, url, as_json):
+    """Record a CI result on the head of a task's PR in the local forge (demo and tests).
+
+    `agent watch pr-feedback` reads it: a failure starts the next round, a success shows in the PR body.
+
+    \b
+    Example:
+      agent pr checks 3 --fail ci/tests --summary "2 tests failed" --url https://ci.example/run/7
+    """
+    from agent import AgentError
+
+    given = [(n, s) for n, s in ((passed, "success"), (failed, "failure"), (pending, "pending")) if n]
+    if len(given) != 1:
+        raise AgentError("give exactly one of --pass NAME or --fail NAME (or --pending NAME)")
+    name, state = given[0]
+    app = get_app()
+    forge, row = _local_forge(app, task_id)
+    sha = forge.state(int(row["number"])).head_sha
+    cid = forge.record_check(sha, name, state, summary=summary, url=url)
+    data = {"task_id": task_id, "number": row["number"], "id": cid, "name": name, "state": state, "head_sha": sha}
+    emit(data, as_json, lambda d: click.echo(f"{row['repo']}#{row['number']}: {name} {state} at {sha[:12]}; "
+                                             "run `agent watch pr-feedback`"))

@@ -18,6 +18,8 @@ SCANS: dict[str, tuple[str, str]] = {
     "errors": ("agent.intake.sources:scan", "Pull configured error sources (cursor persisted)."),
     "error-decide": ("agent.decide:decide_scan", "Run the decider lane on undecided errors past the thresholds."),
     "error-fix": ("agent.fixer:fix_scan", "Turn confirmed error.fix conclusions into tasks with worktrees."),
+    "pr-feedback": ("agent.feedback:scan_pr_feedback",
+                    "Read reviews, review comments and CI on open agent PRs; they start the next round."),
     "error-fix-work": ("agent.fixer:work_scan", "Drive every open task through the chain as far as it can go now."),
     "pr-merged": ("agent.followup:scan_pr_merged", "Follow PR states (merged, closed, branch pruning); retry owed PR texts; remove finished worktrees."),
 }

@@ -1,7 +1,8 @@
 """Scripted implementer: applies the next not-yet-applied edit group from a JSON playbook.
 
-Playbook: {"groups": [{"summary": "...", "lesson": "...", "edits": [{"path": "...", "find": "...", "replace": "..."},
-{"path": "...", "create": "file text"}]}], "status": "complete"}
+Playbook: {"groups": [{"summary": "...", "lesson": "...", "when": "text", "edits": [{"path": "...", "find": "...",
+"replace": "..."}, {"path": "...", "create": "file text"}]}], "status": "complete"}
+A group with ``when`` applies only when the spec contains that text.
 
 Usage (as a `command` vendor): python -m agent.demo_lanes.implementer --spec {spec} --playbook FILE
 """
@@ -58,6 +59,8 @@ def work(args) -> int:
     for group in book["groups"]:
         if all(applied(e, root) for e in group["edits"]):
             continue
+        if group.get("when") and group["when"] not in spec:
+            continue  # a group for a request the spec does not make (e.g. a PR review comment not written yet)
         for edit in group["edits"]:
             if not applied(edit, root):
                 apply(edit, root)

@@ -68,6 +68,7 @@ class Plan:
     rw: list[Path] = field(default_factory=list)            # bound read-write
     ro: list[Path] = field(default_factory=list)            # bound read-only (inside hidden or writable areas)
     over: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, read-only
+    empty: list[Path] = field(default_factory=list)         # an empty read-only dir in place of these
 
 
 def sanitized_git_config(common: Path, out: Path) -> Path:
@@ -154,6 +155,8 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
         plan.ro.append(common)
         if git_dir is not None and git_dir != common:
             plan.ro.append(git_dir)
+        if (common / "hooks").is_dir() and not (common / "hooks").is_symlink():
+            plan.empty.append(common / "hooks")     # out of reach: an empty read-only dir in its place
         if (common / "config").exists():
             plan.over.append((sanitized_git_config(common, Path(run_dir) / "sandbox-git-config"),
                               common / "config"))
@@ -182,7 +185,7 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
     if not extra:
         return plan
     return Plan(cwd=plan.cwd, writable_cwd=plan.writable_cwd, hide=list(plan.hide), rw=list(plan.rw),
-                ro=list(plan.ro) + extra, over=list(plan.over))
+                ro=list(plan.ro) + extra, over=list(plan.over), empty=list(plan.empty))
 
 
 def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: Path) -> tuple[list[str], dict]:
@@ -238,6 +241,8 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
         add(p, ["--ro-bind", str(p), str(p)])
     for src, dest in plan.over:
         add(dest, ["--ro-bind", str(src), str(dest)])
+    for p in plan.empty:
+        add(p, ["--tmpfs", str(p), "--remount-ro", str(p)])
     env = dict(env)
     tmpdir = env.get("TMPDIR") or "/tmp"
     if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agent import AgentError
+from agent.ledger.feedback import FeedbackQueries
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
@@ -126,10 +127,10 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
-class Ledger:
+class Ledger(FeedbackQueries):
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.path = path
         self.conn = conn

@@ -248,3 +248,27 @@ def m006_tasks_with_worktrees(db) -> None:
     """Tasks that still have a worktree, found without reading every finished task: `watch pr-merged` looks for
     finished ones to remove on every tick (100,000 done tasks: 51 ms -> well under 1 ms)."""
     db.execute("CREATE INDEX idx_tasks_with_worktree ON tasks (id) WHERE worktree IS NOT NULL")
+
+
+@migration
+def m007_pr_replies(db) -> None:
+    """Replies the agent owes on a PR, posted at most once, and what a feedback round started from.
+
+    - ``pr_replies``: one row per comment the agent owes (``round``: what a feedback round changed, posted when the
+      task is done again; ``cap``: a human must take over). ``key`` is the own-mark key the comment carries, so a
+      reply posted just before a kill is found on the PR and recorded, never posted twice.
+    - ``pr_feedback_rounds.base_head``: the pushed head the round started from (the reply lists the files changed
+      since); ``resets``: how many human resets the task had then (``limits.feedback_rounds`` counts per reset).
+    """
+    db["pr_replies"].create({
+        "id": int, "task_id": int,
+        "key": str,               # task-N-round-R | task-N-cap-K
+        "kind": str,              # round | cap
+        "round": int, "text": str,
+        "reply_id": str,          # the forge's comment id once posted (NULL: owed)
+        "head_sha": str, "created_at": str, "posted_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "key", "kind"})
+    db["pr_replies"].create_index(["key"], unique=True)
+    db["pr_replies"].create_index(["task_id"])
+    db["pr_feedback_rounds"].add_column("base_head", str)
+    db["pr_feedback_rounds"].add_column("resets", int)

@@ -202,8 +202,24 @@ table pr_feedback_rounds
   head_sha TEXT
   created_at TEXT
   replied_at TEXT
+  base_head TEXT
+  resets INTEGER
   fk task_id -> tasks.id
   index unique (task_id, round) c
+table pr_replies
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  key TEXT NOT NULL
+  kind TEXT NOT NULL
+  round INTEGER
+  text TEXT
+  reply_id TEXT
+  head_sha TEXT
+  created_at TEXT
+  posted_at TEXT
+  fk task_id -> tasks.id
+  index (task_id) c
+  index unique (key) c
 table pr_watch
   task_id INTEGER PK1
   cursor TEXT

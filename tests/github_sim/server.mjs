@@ -8,7 +8,11 @@
 // so their shape is GitHub's, with our state laid over them.
 //
 // Usage: GITHUB_SIM_DIR=<folder with node_modules> node server.mjs   (prints "LISTENING <port>")
-// Test-only routes (not GitHub's): GET /_sim/state, POST /_sim/pulls/:number/state {state, merged}.
+// Test-only routes (not GitHub's): GET /_sim/state, POST /_sim/pulls/:number/state {state, merged},
+// POST /_sim/collaborators {login, permission}.
+// Who is calling: a token "user-<login>" acts as <login> (tests play reviewers that way); any other token is
+// the agent's own account, "agent-bot".  Reviews, review comments, issue comments, commit statuses and check
+// runs are stateful here too (PR feedback and CI, `agent watch pr-feedback`).
 
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -29,10 +33,34 @@ const pulls = new Map(); // "owner/repo#number" -> full pull-request object
 const labels = new Map(); // same key -> [label]
 const comments = new Map(); // same key -> [comment]
 const counters = new Map(); // "owner/repo" -> last number
+const reviews = new Map(); // "owner/repo#number" -> [review]
+const reviewComments = new Map(); // same key -> [review comment]
+const statuses = new Map(); // "owner/repo@sha" -> [status], newest first
+const checkRuns = new Map(); // "owner/repo@sha" -> [check run]
+const collaborators = new Map(); // login -> permission (admin | write | read | none)
 let nextId = 5000;
 
 const key = (owner, repo, number) => `${owner}/${repo}#${number}`;
 const now = () => new Date().toISOString().replace(/\.\d+Z$/, "Z");
+
+function login(request) {
+  const auth = request.get("authorization") || "";
+  const token = auth.replace(/^(bearer|token)\s+/i, "");
+  return token.startsWith("user-") ? token.slice(5) : "agent-bot";
+}
+
+function userOf(request, name) {
+  const user = clone(examples["issue-comment"].value.user);
+  const who = name ?? login(request);
+  Object.assign(user, { login: who, id: [...who].reduce((h, ch) => (h * 31 + ch.charCodeAt(0)) % 1000000, 7),
+    url: `${hostOf(request)}/users/${who}`, html_url: `https://github.example/${who}` });
+  return user;
+}
+
+function since(request, items) {
+  const s = request.query.since;
+  return s ? items.filter((c) => c.updated_at >= s) : items;
+}
 
 function hostOf(request) {
   return `${request.protocol}://${request.headers.host}`;
@@ -215,9 +243,121 @@ const handlers = () => ({
       html_url: `${pr.html_url}#issuecomment-${id}`,
       issue_url: pr.issue_url,
     });
+    comment.user = userOf(request);
+    comment.author_association = "NONE";
     comments.set(k, [...(comments.get(k) ?? []), comment]);
     pr.comments += 1;
     return { status: 201, json: comment };
+  },
+  "issues/list-comments": async (context, request, response) => {
+    const { owner, repo, issue_number } = context.request.params;
+    const k = key(owner, repo, issue_number);
+    if (!pulls.get(k)) return notFound();
+    return { status: 200, json: paginate(request, response, since(request, comments.get(k) ?? [])) };
+  },
+  "pulls/create-review": async (context, request) => {
+    const { owner, repo, pull_number } = context.request.params;
+    const k = key(owner, repo, pull_number);
+    const pr = pulls.get(k);
+    if (!pr) return notFound();
+    const event = request.body.event ?? "PENDING";
+    const state = { REQUEST_CHANGES: "CHANGES_REQUESTED", COMMENT: "COMMENTED", APPROVE: "APPROVED" }[event] ?? "PENDING";
+    const review = clone(examples["pull-request-review"].value);
+    const id = nextId++;
+    Object.assign(review, {
+      id, node_id: `PRR_${id}`, user: userOf(request), body: request.body.body ?? "", state,
+      html_url: `${pr.html_url}#pullrequestreview-${id}`, pull_request_url: pr.url,
+      commit_id: request.body.commit_id ?? pr.head.sha, submitted_at: state === "PENDING" ? undefined : now(),
+      author_association: "COLLABORATOR",
+    });
+    if (state === "PENDING") delete review.submitted_at;
+    review._links.html.href = review.html_url;
+    review._links.pull_request.href = pr.url;
+    reviews.set(k, [...(reviews.get(k) ?? []), review]);
+    for (const c of request.body.comments ?? []) {
+      const comment = clone(examples["pull-request-review-comment"].value);
+      const cid = nextId++;
+      Object.assign(comment, {
+        id: cid, node_id: `PRRC_${cid}`, pull_request_review_id: id, user: userOf(request), body: c.body,
+        path: c.path, line: c.line, original_line: c.line, side: "RIGHT", position: c.position ?? 1,
+        original_position: 1, subject_type: c.line ? "line" : "file",
+        commit_id: review.commit_id, original_commit_id: review.commit_id, created_at: now(), updated_at: now(),
+        url: `${hostOf(request)}/repos/${owner}/${repo}/pulls/comments/${cid}`,
+        html_url: `${pr.html_url}#discussion_r${cid}`, pull_request_url: pr.url,
+      });
+      // absent, not null: the description's enums and integers do not admit null here
+      for (const f of ["in_reply_to_id", "start_line", "original_start_line", "start_side"]) delete comment[f];
+      if (!c.line) { delete comment.line; delete comment.original_line; }
+      comment._links.self.href = comment.url;
+      comment._links.html.href = comment.html_url;
+      comment._links.pull_request.href = pr.url;
+      reviewComments.set(k, [...(reviewComments.get(k) ?? []), comment]);
+    }
+    return { status: 200, json: review };
+  },
+  "pulls/list-reviews": async (context, request, response) => {
+    const { owner, repo, pull_number } = context.request.params;
+    return { status: 200, json: paginate(request, response, reviews.get(key(owner, repo, pull_number)) ?? []) };
+  },
+  "pulls/list-review-comments": async (context, request, response) => {
+    const { owner, repo, pull_number } = context.request.params;
+    const items = since(request, reviewComments.get(key(owner, repo, pull_number)) ?? []);
+    return { status: 200, json: paginate(request, response, items) };
+  },
+  "repos/get-collaborator-permission-level": async (context, request) => {
+    const { username } = context.request.params;
+    const permission = username === "agent-bot" ? "write" : collaborators.get(username);
+    if (!permission) return notFound();
+    const body = clone(examples["repository-collaborator-permission-response-if-user-has-admin-permissions"].value);
+    body.permission = permission;
+    body.role_name = permission;
+    body.user = { ...body.user, login: username, role_name: permission };
+    return { status: 200, json: body };
+  },
+  "repos/create-commit-status": async (context, request) => {
+    const { owner, repo, sha } = context.request.params;
+    const status = clone(examples["status"].value);
+    const id = nextId++;
+    Object.assign(status, {
+      id, node_id: `SC_${id}`, state: request.body.state, description: request.body.description ?? null,
+      target_url: request.body.target_url ?? null, context: request.body.context ?? "default",
+      created_at: now(), updated_at: now(), url: `${hostOf(request)}/repos/${owner}/${repo}/statuses/${sha}`,
+      creator: userOf(request),
+    });
+    const k = `${owner}/${repo}@${sha}`;
+    statuses.set(k, [status, ...(statuses.get(k) ?? [])]);
+    return { status: 201, json: status };
+  },
+  "repos/list-commit-statuses-for-ref": async (context, request, response) => {
+    const { owner, repo, ref } = context.request.params;
+    return { status: 200, json: paginate(request, response, statuses.get(`${owner}/${repo}@${ref}`) ?? []) };
+  },
+  "checks/create": async (context, request) => {
+    const { owner, repo } = context.request.params;
+    const b = request.body;
+    const run = clone(examples["check-run"].value);
+    const id = nextId++;
+    Object.assign(run, {
+      id, node_id: `CR_${id}`, name: b.name, head_sha: b.head_sha, status: b.status ?? (b.conclusion ? "completed" : "queued"),
+      conclusion: b.conclusion ?? null, details_url: b.details_url ?? null, external_id: b.external_id ?? "",
+      started_at: now(), completed_at: b.conclusion ? now() : null,
+      url: `${hostOf(request)}/repos/${owner}/${repo}/check-runs/${id}`,
+      html_url: `https://github.example/${owner}/${repo}/runs/${id}`,
+      output: { ...run.output, title: b.output?.title ?? null, summary: b.output?.summary ?? null, text: null,
+        annotations_count: 0 },
+      pull_requests: [],
+    });
+    const k = `${owner}/${repo}@${b.head_sha}`;
+    checkRuns.set(k, [...(checkRuns.get(k) ?? []), run]);
+    return { status: 201, json: run };
+  },
+  "checks/list-for-ref": async (context, request, response) => {
+    const { owner, repo, ref } = context.request.params;
+    const runs = checkRuns.get(`${owner}/${repo}@${ref}`) ?? [];
+    const latest = new Map();
+    for (const r of runs) latest.set(r.name, r); // filter=latest (the default): the newest run per name
+    const items = request.query.filter === "all" ? runs : [...latest.values()];
+    return { status: 200, json: { total_count: items.length, check_runs: paginate(request, response, items) } };
   },
 });
 
@@ -242,7 +382,12 @@ const app = simulation({
             labels: p.labels.map((l) => l.name),
           })),
           comments: Object.fromEntries([...comments].map(([k, v]) => [k, v.map((c) => c.body)])),
+          comment_authors: Object.fromEntries([...comments].map(([k, v]) => [k, v.map((c) => c.user.login)])),
         });
+      });
+      router.post("/_sim/collaborators", (req, res) => {
+        collaborators.set(req.body.login, req.body.permission ?? "write");
+        res.json({ ok: true });
       });
       router.post("/_sim/pulls/:owner/:repo/:number/state", (req, res) => {
         const pr = pulls.get(key(req.params.owner, req.params.repo, req.params.number));
