@@ -70,9 +70,14 @@ class App:
     def config(self) -> Config:
         if self._config is None:
             self.require_home()
-            from agent.config import load_config
+            from agent.config import check_open_tasks, load_config
 
-            self._config = load_config(self.config_path, required=self.config_file is not None)
+            config = load_config(self.config_path, required=self.config_file is not None)
+            if ledger_path(self.home).is_file():  # a config must still serve the tasks that are open
+                from agent.tasks import open_task_needs
+
+                check_open_tasks(config, self.home, open_task_needs(self.ledger), str(self.config_path))
+            self._config = config
         return self._config
 
     def reload_config(self) -> Config:

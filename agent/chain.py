@@ -54,17 +54,24 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     DONE: (FAILED, WORKING, BLOCKED),               # FAILED: its PR was closed without merge (watch pr-merged);
 }                                                   # WORKING: a PR feedback round; BLOCKED: /agent stop or a cap
 HUMAN_ONLY_TRANSITIONS = {(BLOCKED, WORKING), (FAILED, WORKING)}
+# A gate-block whose reason starts with this was caused by the config (repository not configured, no lane for a
+# role): the one back-to-work move a script may make, once the config is valid again (no human decision is needed).
+CONFIG_BLOCK = "config:"
 # Transitions that need evidence: a done task goes back to work only for PR feedback (the item keys).
 EVIDENCE_TRANSITIONS = {(DONE, WORKING): "the PR feedback (review, comment or CI ids) that starts the round"}
 
 
-def check_transition(current: str, target: str, actor: str, evidence: list[str] | None = None) -> str | None:
-    """Return why ``current -> target`` by ``actor`` (with ``evidence``) is not allowed, or None."""
+def check_transition(current: str, target: str, actor: str, evidence: list[str] | None = None,
+                     blocked_reason: str | None = None) -> str | None:
+    """Return why ``current -> target`` by ``actor`` (with ``evidence``) is not allowed, or None.
+    ``blocked_reason`` is the task's current one (a config block may be lifted by the script)."""
     if target not in TASK_STATES:
         return f"unknown task state {target!r}"
     if target not in TRANSITIONS.get(current, ()):
         return f"a task may not go from {current} to {target}"
     if (current, target) in HUMAN_ONLY_TRANSITIONS and actor != HUMAN:
+        if (current, target) == (BLOCKED, WORKING) and (blocked_reason or "").startswith(CONFIG_BLOCK):
+            return None
         return f"only a human may move a task from {current} back to {target} (agent task reset)"
     if (current, target) in EVIDENCE_TRANSITIONS and not [e for e in evidence or () if str(e).strip()]:
         return f"a task goes from {current} back to {target} only with evidence: " \

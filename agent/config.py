@@ -15,6 +15,7 @@ from typing import Any
 from agent import AgentError
 
 ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
+FIXER_ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic")   # the roles every task's chain runs
 BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
 FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
@@ -69,6 +70,7 @@ class Limits:
     open_drafts_per_repo: int = 3
     prs_per_hour: int = 2
     task_wall_time: int = 4 * 3600
+    workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
     feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
 
@@ -326,6 +328,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                        "limits.open_drafts_per_repo", 1),
         prs_per_hour=v.integer(ld.get("prs_per_hour", dflt.prs_per_hour), "limits.prs_per_hour", 1),
         task_wall_time=v.integer(ld.get("task_wall_time", dflt.task_wall_time), "limits.task_wall_time", 1),
+        workspace_failures=v.integer(ld.get("workspace_failures", dflt.workspace_failures),
+                                     "limits.workspace_failures", 1),
         feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
     )
@@ -447,6 +451,40 @@ def load_config(path: Path, required: bool = False) -> Config:
     return parse_config(_read_yaml(path), filename=str(path), path=path)
 
 
+def task_gaps(config: Config, home: Path, task: dict) -> list[str]:
+    """What the config lacks for a task (``repo``, ``base_sha``): ``repos.<repo>`` and ``lanes.<role>`` for each
+    chain role set neither there nor in the repository's own .agent/config.yaml (at the task's base commit)."""
+    repo = task["repo"]
+    gaps = [] if repo in config.repos else [f"repos.{repo}"]
+    missing = [r for r in FIXER_ROLES if r not in config.lanes]
+    if missing and task.get("base_sha"):
+        from agent.workspace import mirror_path
+
+        try:
+            own = load_repo_settings(mirror_path(home, repo), task["base_sha"]).lanes
+        except ConfigError:
+            own = {}
+        missing = [r for r in missing if r not in own]
+    return gaps + [f"lanes.{r}" for r in missing]
+
+
+def check_open_tasks(config: Config, home: Path, tasks: list[dict], filename: str = "config.yaml") -> None:
+    """Refuse a config that drops a repository or a lane that open tasks need, as invalid YAML is refused: one
+    line naming what is missing and the tasks, and nothing runs (rather than gate-blocking every task)."""
+    needed: dict[str, list[int]] = {}
+    for t in tasks:
+        for gap in task_gaps(config, home, t):
+            needed.setdefault(gap, []).append(t["id"])
+    if not needed:
+        return
+    parts = []
+    for gap, ids in needed.items():
+        shown = ", ".join(str(i) for i in ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        parts.append(f"{gap} (open task{'s' if len(ids) > 1 else ''} {shown})")
+    raise ConfigError(f"{filename}: missing {'; '.join(parts)}, which open tasks need; put "
+                      f"{'it' if len(parts) == 1 else 'them'} back (nothing ran)")
+
+
 REPO_SETTINGS_PATH = ".agent/config.yaml"
 
 
@@ -501,11 +539,12 @@ DEFAULT_CONFIG = """\
 #   daily_budget_usd: 50.0
 #   open_drafts_per_repo: 3
 #   prs_per_hour: 2
+#   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
 #   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
+#   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
-#   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in

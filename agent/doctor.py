@@ -21,11 +21,12 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from agent.config import FIXER_ROLES
+
 MIN_GIT = (2, 25)
 MIN_FREE_BYTES = 1 << 30          # warn under 1 GiB: mirrors and worktrees live in the home
 PROBE_TIMEOUT = 10.0
 LS_REMOTE_TIMEOUT = 20.0
-FIXER_ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic")
 
 # Built-in vendors: the variables their CLIs read a key from, and the credential files their own login writes
 # (relative to HOME; the lane gets our HOME).  Presence only: doctor never sends a key anywhere but GitHub.

@@ -4,23 +4,27 @@
   it, renews the lease while a lane or check runs, and passes its token to every write (``tasks._check_claim``
   checks it inside the same transaction), so a worker that lost its claim cannot write its result.
   A claim is stale when its lease expired or its pid is dead on this host; a stale claim is reclaimed.
-- **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` held with ``fcntl.flock`` for the life of the scan, its content
-  naming pid and token. The kernel drops a flock when its process dies, so a killed scan never leaves a lock behind;
-  the pid/token content is for humans and `agent status`.
+- **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` names its holder (pid and process start time, host, token) and
+  carries a lease renewed by a heartbeat thread. Another scan is refused while the holder is live; a holder that
+  died, whose pid now names another process, or that stopped beating (SIGSTOP) past its lease is replaced. The
+  read-check-write of the file happens under a flock held for that moment only, never across a scan.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from agent.ledger import Ledger
 
 LEASE_S = 120.0
+SCAN_LEASE_S = 60.0   # a scan lock's holder must beat within this; a stopped or dead holder blocks no longer
 HOST = os.uname().nodename  # = socket.gethostname(); socket + secrets cost ~7 ms of import on every tick
 
 
@@ -129,24 +133,110 @@ class ScanBusy(Exception):
     pass
 
 
+@dataclass
+class ScanLock:
+    token: str
+    took_over: dict | None = None   # the stale holder this lock replaced (stopped past its lease, dead, pid reused)
+
+
+def _read_holder(path: Path) -> dict | None:
+    try:
+        record = json.loads(path.read_text(errors="replace"))
+    except FileNotFoundError:
+        return None
+    except ValueError:  # empty, half-written by a killed process, or an older agent's format: no live holder
+        return None
+    return record if isinstance(record, dict) and record.get("token") else None
+
+
+def _write_holder(path: Path, record: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(json.dumps(record, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # readers see the old record or the new one, never half of one
+
+
+def holder_live(record: dict, now: float | None = None) -> bool:
+    """Whether a scan lock's recorded holder still holds it: its heartbeat is within its lease and, on this host,
+    it is the very process that took it (pid and process start time: a reused pid is someone else)."""
+    now = time.time() if now is None else now
+    if now - float(record.get("heartbeat") or 0) > float(record.get("lease") or SCAN_LEASE_S):
+        return False
+    if record.get("host") != HOST:
+        return True
+    from agent.proc import start_time
+
+    pid = record.get("pid")
+    return pid_alive(pid) and start_time(pid) == record.get("start")
+
+
 @contextmanager
-def scan_lock(home: Path, name: str, wait: bool = False) -> Iterator[str]:
-    """Hold ``locks/<name>.lock`` for one scan; raises ScanBusy if another live process holds it."""
+def _guard(folder: Path, name: str) -> Iterator[None]:
+    """Serialise the read-check-write of one lock file. The flock is held only for that moment, never across a
+    scan, so a stopped holder cannot keep it; waiting for it is bounded."""
     import fcntl
+
+    fd = os.open(folder / f"{name}.guard", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ScanBusy(f"scan {name}: its lock file stayed busy for 5 s") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+@contextmanager
+def scan_lock(home: Path, name: str, lease: float = SCAN_LEASE_S) -> Iterator[ScanLock]:
+    """Hold ``locks/<name>.lock`` for one scan, with a lease renewed by a heartbeat thread.
+
+    Raises ScanBusy while another holder is live (``holder_live``). A holder that died, whose pid now names another
+    process, or that stopped beating (SIGSTOP, a hung machine) for longer than its lease is replaced."""
+    from agent.proc import start_time
 
     folder = Path(home) / "locks"
     folder.mkdir(exist_ok=True)  # never parents: a home that does not exist is refused, not made here
     path = folder / f"{name}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    token = os.urandom(8).hex()
+    with _guard(folder, name):
+        held = _read_holder(path)
+        if held and holder_live(held):
+            age = time.time() - float(held.get("heartbeat") or 0)
+            raise ScanBusy(f"scan {name} is already running (pid {held.get('pid')}, heartbeat {age:.0f}s ago)")
+        now = time.time()
+        record = {"pid": os.getpid(), "start": start_time(os.getpid()), "host": HOST, "token": token,
+                  "since": now, "heartbeat": now, "lease": lease}
+        _write_holder(path, record)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(lease / 4):
+            try:
+                with _guard(folder, name):
+                    current = _read_holder(path)
+                    if not current or current.get("token") != token:
+                        return  # replaced while we were stopped: the new holder owns it now
+                    current["heartbeat"] = time.time()
+                    _write_holder(path, current)
+            except (ScanBusy, OSError):
+                continue  # the next beat tries again; the lease covers a few missed ones
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"scan-lock-{name}")
+    thread.start()
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            holder = path.read_text(errors="replace").strip()
-            raise ScanBusy(f"scan {name} is already running ({holder or 'unknown holder'})") from None
-        token = os.urandom(8).hex()
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid={os.getpid()} token={token} since={time.time():.0f}\n".encode())
-        yield token
+        yield ScanLock(token, took_over=held)
     finally:
-        os.close(fd)  # closing drops the flock
+        stop.set()
+        thread.join(5)
+        try:
+            with _guard(folder, name):
+                current = _read_holder(path)
+                if current and current.get("token") == token:
+                    path.unlink(missing_ok=True)
+        except (ScanBusy, OSError):
+            pass  # a lock we could not remove expires with its lease

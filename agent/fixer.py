@@ -112,7 +112,8 @@ def _repo_config(ctx: Ctx) -> RepoConfig:
     t = ctx.task
     repo = ctx.config.repos.get(t["repo"])
     if repo is None:
-        _block(ctx, f"repository {t['repo']} is not configured; add it under repos: in config.yaml")
+        _block(ctx, f"{chain.CONFIG_BLOCK} repository {t['repo']} is not configured; add it under repos: in "
+                    "config.yaml (the task goes on by itself once it is there)")
     return repo
 
 
@@ -201,12 +202,25 @@ def _check_budgets(ctx: Ctx) -> None:
         _wait(ctx, f"waiting: daily budget spent ({_usd(daily)} of {_usd(limits.daily_budget_usd)})")
 
 
+def _require_lane(ctx: Ctx, role: str) -> None:
+    """No lane for the role is a config problem: gate-block at once with the fix; it clears by itself once the
+    config has the lane again (see ``lift_config_blocks``)."""
+    from agent.lanes.lane import LaneNotConfigured, _lane_settings
+
+    settings = _settings(ctx)
+    try:
+        _lane_settings(ctx.config, role, settings.lanes if settings else None, None)
+    except LaneNotConfigured as exc:
+        _block(ctx, f"{chain.CONFIG_BLOCK} {exc}; the task goes on by itself once it is there")
+
+
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
     from agent.fence import lease_keeper
     from agent.lanes.lane import run_lane
     from agent.proc import kill_group_if_same, same_process
 
+    _require_lane(ctx, role)
     t = ctx.task
     settings = _settings(ctx)
     inflight = ctx.ledger.one("SELECT id, pid, pid_start, started_at FROM lane_runs WHERE task_id = ? AND round = ? "
@@ -398,7 +412,9 @@ def step_committed(ctx: Ctx) -> None:
       "--cleanup=verbatim", "-F", "-", input=message.encode())
     sha = g.head()
     crashpoint("commit.done")
-    _record_commit(ctx, sha, previous, message)
+    # the parent git really used (never a recorded head the repository may no longer hold)
+    parent = (g("rev-list", "--parents", "-n", "1", sha).split()[1:] or [previous])[0]
+    _record_commit(ctx, sha, parent, message)
     crashpoint("commit.recorded")
     _close(ctx, "committed", f"commit {sha[:12]}: {subject}")
 
@@ -569,6 +585,8 @@ def step_pr_reviews(ctx: Ctx) -> None:
     t = ctx.task
     snap = snapshot(ctx.ledger, ctx.task_id)
     todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
+    for d in todo:  # a missing lane blocks here, on the task's own thread, before either reviewer starts
+        _require_lane(ctx, f"pr-{d}")
     specs = {d: _review_spec(ctx, d) for d in todo}
     results: dict[str, object] = {}
     stopped_dims: set[str] = set()
@@ -684,24 +702,95 @@ STEP_HANDLERS = {
 
 
 def _ensure_workspace(ctx: Ctx) -> None:
-    from agent.workspace import branch_name, ensure_worktree
+    """Make sure the task has a working worktree: made once, and made again when it (or the whole mirror) was
+    deleted. A failure is an event; ``limits.workspace_failures`` in a row gate-block the task with git's first
+    error line and the fix."""
+    import shutil
+
+    from agent.workspace import WorkspaceError, branch_name, ensure_worktree, intact, mirror_path
 
     t = ctx.task
+    lost = bool(t["worktree"])  # it had a workspace: anything we make now replaces a lost one
     if t["worktree"] and Path(t["worktree"]).exists():
-        return
+        if intact(Path(t["worktree"]), mirror_path(ctx.home, t["repo"])):
+            return
+        # the mirror was deleted (or the worktree's link into it): the folder is no git worktree any more and
+        # every git command in it fails; what it held is unreachable without its git data, so it goes
+        shutil.rmtree(t["worktree"], ignore_errors=True)
     repo = _repo_config(ctx)
     branch = t["branch"] or branch_name(repo.branch_prefix, t["error_id"], ctx.task_id)
     try:
         ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id)
-    except AgentError as exc:
-        ctx.say(f"workspace not ready, will retry: {exc}")
-        raise Stop()
-    with ctx.ledger.tx() as c:
+    except WorkspaceError as exc:
+        _workspace_failed(ctx, str(exc))
+    from agent.workspace import has_commit
+
+    # the ledger never keeps a commit the repository lacks: a base that a re-cloned mirror no longer has is replaced
+    base_sha = t["base_sha"] if has_commit(ws.mirror, t["base_sha"]) else ws.base_sha
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {
-            "worktree": str(ws.path), "branch": ws.branch, "base_sha": t["base_sha"] or ws.base_sha,
-            "updated_at": now()})
+            "worktree": str(ws.path), "branch": ws.branch, "base_sha": base_sha, "updated_at": now()})
         ctx.ledger.event(c, "workspace.ready", "script", {"path": str(ws.path), "branch": ws.branch,
-                                                         "created": ws.created}, task_id=ctx.task_id)
+                                                         "created": ws.created, "replaced_lost": lost and ws.created},
+                         task_id=ctx.task_id)
+        if t["base_sha"] and base_sha != t["base_sha"]:
+            ctx.ledger.event(c, "workspace.base_replaced", "script", {"old": t["base_sha"], "new": base_sha},
+                             task_id=ctx.task_id)
+    if lost and ws.created:
+        _reconcile_lost_work(ctx, ws)
+
+
+def _reconcile_lost_work(ctx: Ctx, ws) -> None:
+    """The worktree was made again (its folder or the whole mirror was deleted). If the round's work did not
+    survive (an unpushed commit, or edits not yet committed), the ledger must not go on from it: the round starts
+    again from what the repository still has (the pushed head, else the base), without counting against the cap."""
+    from agent.workspace import TaskGit, has_commit
+
+    t = ctx.task
+    head = TaskGit(ws.path, ws.mirror).head()
+    snap = snapshot(ctx.ledger, ctx.task_id)
+    done_this_round = [k for k in chain.ROUND_STEPS if snap.steps.get(k) in chain.CLOSED]
+    uncommitted = "implementer_done" in done_this_round and "committed" not in done_this_round
+    if not uncommitted and (t["head_sha"] == head or (t["head_sha"] is None and not done_this_round)):
+        return  # nothing was lost: the recorded head is what the new worktree holds
+    known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    new_head = head if head in known else None
+    pushed = t["pushed_sha"] if has_commit(ws.mirror, t["pushed_sha"]) else None
+    lost = t["head_sha"][:12] if t["head_sha"] and t["head_sha"] != head else "the uncommitted edits"
+    source = "the pushed branch" if new_head else "the base"
+    gone = [r for r in ctx.ledger.all("SELECT id, sha, round FROM commits WHERE task_id = ? ORDER BY id",
+                                      (ctx.task_id,)) if not has_commit(ws.mirror, r["sha"])]
+    if gone:  # commits the repository no longer has leave the commits table; the events keep their history
+        with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+            for r in gone:
+                ctx.ledger.delete(c, "commits", {"id": r["id"]})
+                ctx.ledger.event(c, "commit.lost", "script", {"sha": r["sha"], "round": r["round"]},
+                                 task_id=ctx.task_id)
+    _, rnd = start_next_round(ctx.ledger, ctx.task_id,
+                              f"The workspace was lost and made again from {source}; the previous round's work "
+                              f"({lost}) is gone. Make the change again.", claim_token=ctx.token, free=True,
+                              head_sha=new_head, pushed_sha=pushed)
+    ctx.say(f"workspace made again; {lost} was lost, round {rnd} starts from {source} "
+            "(not counted against the round cap)")
+
+
+def _workspace_failed(ctx: Ctx, error: str) -> None:
+    """One workspace failure: an event; the Nth in a row (limits.workspace_failures) gate-blocks the task."""
+    limit = ctx.config.limits.workspace_failures
+    error = _redact(error)[:600]
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+        ctx.ledger.event(c, "workspace.failed", "script", {"error": error}, task_id=ctx.task_id)
+        streak = ctx.ledger.event_streak(c, ctx.task_id, "workspace.failed", ("workspace.ready", "task.reset"))
+        state = get_task(ctx.ledger, ctx.task_id, c)["state"]
+        blocked = streak >= limit and state in (chain.OPEN, chain.WORKING)
+        if blocked:
+            transition_in(ctx.ledger, c, ctx.task_id, state, chain.BLOCKED, "script",
+                          f"workspace failed {streak} times in a row: {error}")
+    if blocked:
+        ctx.say(f"gate-blocked: workspace failed {streak} times in a row: {error}")
+    else:
+        ctx.say(f"workspace not ready ({streak} of {limit} failures before it gate-blocks), will retry: {error}")
+    raise Stop()
 
 
 def _clear_stale_git_locks(ctx: Ctx) -> None:
@@ -732,11 +821,8 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
     """Record an unexpected error; the third in a row without progress gate-blocks the task for a human."""
     with claimed_tx(ledger, task_id, token) as c:
         ledger.event(c, "task.error", "script", {"error": _redact(error)[:1000]}, task_id=task_id)
-        last_progress = c.execute("SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN "
-                                  "('step.closed', 'round.started', 'task.reset')", (task_id,)).fetchone()[0]
-        streak = c.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = 'task.error' AND id > ?",
-                           (task_id, last_progress)).fetchone()[0]
-        state = c.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+        streak = ledger.event_streak(c, task_id, "task.error", ("step.closed", "round.started", "task.reset"))
+        state = get_task(ledger, task_id, c)["state"]
         if streak >= MAX_UNEXPECTED and state in (chain.OPEN, chain.WORKING):
             transition_in(ledger, c, task_id, state, chain.BLOCKED, "script",
                         f"unexpected error {streak} times in a row: {_redact(error)[:300]}")
@@ -807,11 +893,32 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
     return ctx.lines
 
 
+def lift_config_blocks(ledger: Ledger, home: Path, config: Config, blocked: list[dict]) -> list[dict]:
+    """Tasks gate-blocked by the config (repository not configured, no lane for a role; ``blocked`` from
+    ``tasks.config_blocked_tasks``) go back to work, with an event, once the config has what they need again."""
+    from agent.config import task_gaps
+    from agent.tasks import lift_config_block
+
+    items = []
+    for t in blocked:
+        if task_gaps(config, home, t):
+            continue
+        if lift_config_block(ledger, t["id"], "the config has what it needs again"):
+            items.append({"task_id": t["id"], "line": f"task {t['id']}: config fixed, back to work "
+                                                      f"(was: {t['blocked_reason']})"})
+    return items
+
+
 def work_scan(app, jobs: int = 1) -> list[dict]:
-    """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once."""
+    """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once (first putting
+    back to work the tasks whose config block the config no longer causes)."""
+    from agent.tasks import config_blocked_tasks
+
+    blocked = config_blocked_tasks(app.ledger)  # the config is loaded only when there is something to check
+    lifted = lift_config_blocks(app.ledger, app.home, app.config, blocked) if blocked else []
     ids = [r["id"] for r in app.ledger.all("SELECT id FROM tasks WHERE state IN ('open', 'working') ORDER BY id")]
     if not ids:
-        return []
+        return lifted
     config = app.config
 
     def one(task_id: int) -> dict:
@@ -825,11 +932,11 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
                 **({} if lines else {"quiet": True})}
 
     if jobs <= 1 or len(ids) == 1:
-        return [one(i) for i in ids]
+        return lifted + [one(i) for i in ids]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, ids))
+        return lifted + list(pool.map(one, ids))
 
 
 def app_task_state(home: Path, task_id: int) -> dict:

@@ -159,7 +159,10 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
 def transition_in(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: str, target: str,
                   actor: str, reason: str, evidence: list[str] | None = None, **fields: Any) -> None:
     """Change a task's state inside the caller's transaction ``c``, if the state machine allows it, with its event."""
-    why = chain.check_transition(current, target, actor, evidence)
+    blocked_reason = None
+    if current == chain.BLOCKED:
+        blocked_reason = c.execute("SELECT blocked_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+    why = chain.check_transition(current, target, actor, evidence, blocked_reason)
     if why:
         raise Refused([why], prefix=f"task {task_id}: ")
     values = {"state": target, "updated_at": now(), **fields}
@@ -201,26 +204,31 @@ def note_wait(ledger: Ledger, task_id: int, reason: str | None, claim_token: str
 
 
 def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "script",
-                     claim_token: str | None = None) -> tuple[bool, int]:
+                     claim_token: str | None = None, free: bool = False, **fields: Any) -> tuple[bool, int]:
     """A rejected round: reopen the round steps and count up, or fail the task at the round cap.
 
+    ``free``: the round is not the work's fault (its workspace was lost): the cap grows by one with it.
+    ``fields`` are written to the task with the new round (e.g. the head the round starts from).
     Returns (started, round) — started is False when the cap failed the task.
     """
     with ledger.tx() as c:
         _check_claim(c, task_id, claim_token)
         t = get_task(ledger, task_id, c)
-        if chain.round_exhausted(t["round"], t["round_cap"]):
+        if not free and chain.round_exhausted(t["round"], t["round_cap"]):
             transition_in(ledger, c, task_id, t["state"], chain.FAILED, actor,
                         f"round cap {t['round_cap']} reached; last feedback: {feedback[:300]}")
             return False, t["round"]
         new_round = t["round"] + 1
+        if free:
+            fields["round_cap"] = t["round_cap"] + 1
         for key in chain.ROUND_STEPS:
             ledger.update(c, "steps", {"task_id": task_id, "key": key},
                           {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
                            "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
         transition_in(ledger, c, task_id, t["state"], chain.WORKING, actor,
-                    f"round {new_round}", round=new_round)
-        ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000]},
+                    f"round {new_round}", round=new_round, **fields)
+        ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000], "free": free,
+                                                 **{k: v for k, v in fields.items() if k != "round_cap"}},
                      task_id=task_id)
         return True, new_round
 
@@ -289,6 +297,31 @@ def reset_task(ledger: Ledger, task_id: int, reason: str, rounds: int | None = N
         ledger.event(c, "task.reset", "human", {"reason": reason.strip(), "rounds": rounds, "budget": budget,
                                                 "from": t["state"], "round_cap": cap}, task_id=task_id)
         return {"task_id": task_id, "state": chain.WORKING, "round": t["round"], "round_cap": cap, "budget": budget}
+
+
+def open_task_needs(ledger: Ledger) -> list[dict]:
+    """Open and working tasks with what they need from the config: their repository (and base commit, for the
+    repository's own .agent/config.yaml lanes)."""
+    return ledger.all("SELECT id, repo, base_sha FROM tasks WHERE state IN (?, ?) ORDER BY id",
+                      (chain.OPEN, chain.WORKING))
+
+
+def config_blocked_tasks(ledger: Ledger) -> list[dict]:
+    """Gate-blocked tasks whose block the config caused (``chain.CONFIG_BLOCK``)."""
+    return ledger.all("SELECT id, repo, base_sha, blocked_reason FROM tasks WHERE state = ? AND "
+                      "substr(blocked_reason, 1, ?) = ? ORDER BY id",
+                      (chain.BLOCKED, len(chain.CONFIG_BLOCK), chain.CONFIG_BLOCK))
+
+
+def lift_config_block(ledger: Ledger, task_id: int, why: str) -> bool:
+    """Put a config-blocked task back to work (the config is valid for it again); False if it is no longer one."""
+    with ledger.tx() as c:
+        t = get_task(ledger, task_id, c)
+        if t["state"] != chain.BLOCKED or not (t["blocked_reason"] or "").startswith(chain.CONFIG_BLOCK):
+            return False
+        transition_in(ledger, c, task_id, t["state"], chain.WORKING, "script", why)
+        ledger.event(c, "task.unblocked", "script", {"reason": why, "was": t["blocked_reason"]}, task_id=task_id)
+        return True
 
 
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:

@@ -25,7 +25,40 @@ from agent import AgentError
 
 
 class WorkspaceError(AgentError):
-    pass
+    """The mirror or worktree could not be made; the message has git's own first error line and the fix."""
+
+
+def git_error_line(exc) -> str:
+    """Git's first error line (``fatal: repository '/x' does not exist``) from a failed git command's stderr.
+
+    Git may print progress first and hints after: the first ``fatal:``/``error:`` line is the one that says what
+    went wrong (the last line can be a hint, or, as GitPython quoted it, a lone ``'``)."""
+    text = str(getattr(exc, "stderr", "") or "")
+    lines = [line.strip() for line in text.splitlines() if line.strip().strip("'")]
+    for line in lines:
+        if line.lower().startswith(("fatal:", "error:")):
+            return line
+    return lines[0] if lines else str(exc)
+
+
+def _fix_for(line: str, repo: str) -> str:
+    low = line.lower()
+    if "could not resolve host" in low or "name or service not known" in low or "connection refused" in low \
+            or "could not connect" in low or "failed to connect" in low or "timed out" in low:
+        return f"the host in repos.{repo}.url cannot be reached: check the URL and the network"
+    if "permission denied" in low or "authentication failed" in low or "could not read username" in low \
+            or "access denied" in low or "403" in low:
+        return f"access to repos.{repo}.url was refused: check the credentials or SSH key of this user"
+    return f"check repos.{repo}.url: it must be a git repository this user can clone"
+
+
+def _git_failed(exc, what: str, repo: str, fix: str | None = None) -> WorkspaceError:
+    line = git_error_line(exc)
+    if "no space left on device" in str(getattr(exc, "stderr", "")).lower():
+        from agent.ledger import disk_full
+
+        return disk_full(what)
+    return WorkspaceError(f"{what}: {line}; {fix or _fix_for(line, repo)}")
 
 
 @dataclass(frozen=True)
@@ -391,9 +424,7 @@ def ensure_mirror(home: Path, repo: str, url: str) -> Path:
         staging.rename(mirror)
         return mirror
     except GitError as exc:
-        detail = exc.stderr.strip().splitlines()
-        raise WorkspaceError(f"{repo}: cannot clone or fetch {url}: {detail[-1] if detail else exc}; "
-                             "check repos.<name>.url and access") from None
+        raise _git_failed(exc, f"{repo}: cannot clone or fetch {url}", repo) from None
 
 
 def _worktree_branches(mirror: Path) -> dict[str, str]:
@@ -431,17 +462,48 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
     git("worktree", "prune", git_dir=mirror)
     _restore_kept_branch(mirror, branch, task_id)
     branch_exists = bool(git("branch", "--list", branch, git_dir=mirror).strip())
+    pushed = _has_ref(mirror, f"refs/remotes/origin/{branch}")
     try:
         if branch_exists:  # made by an earlier attempt whose worktree was lost: keep its commits
             git("worktree", "add", str(staging), branch, git_dir=mirror, cwd=root)
+        elif pushed:  # the mirror was lost and cloned again: go on from what was pushed, not from the base
+            git("worktree", "add", "-b", branch, str(staging), f"refs/remotes/origin/{branch}", git_dir=mirror,
+                cwd=root)
         else:
             git("worktree", "add", "-b", branch, str(staging), f"refs/remotes/origin/{base}", git_dir=mirror,
                 cwd=root)
         git("worktree", "move", str(staging), str(final), git_dir=mirror, cwd=root)
     except GitError as exc:
-        detail = exc.stderr.strip().splitlines()
-        raise WorkspaceError(f"task {task_id}: cannot create worktree: {detail[-1] if detail else exc}") from None
+        raise _git_failed(exc, f"task {task_id}: cannot create worktree", repo,
+                          f"move {final} aside if it is in the way, or reset the task") from None
     return Workspace(final, branch, base_sha, mirror, created=True)
+
+
+def _has_ref(mirror: Path, ref: str) -> bool:
+    return git("rev-parse", "--verify", "--quiet", ref, git_dir=mirror, check=False) != ""
+
+
+def has_commit(mirror: Path, sha: str | None) -> bool:
+    """Whether the repository at ``mirror`` holds commit ``sha``."""
+    if not sha or not (Path(mirror) / "HEAD").exists():
+        return False
+    try:
+        git("cat-file", "-e", f"{sha}^{{commit}}", git_dir=mirror)
+        return True
+    except GitError:
+        return False
+
+
+def intact(worktree: Path, mirror: Path) -> bool:
+    """Whether a task's worktree folder is still a worktree registered in ``mirror`` (a deleted mirror leaves a
+    folder that is no git worktree: every git command there fails). Asked of the mirror's own records, never of
+    the worktree's ``.git`` file (a lane can write that)."""
+    if not (Path(mirror) / "HEAD").exists():
+        return False
+    try:
+        return (worktree_git_dir(mirror, worktree) / "HEAD").exists()
+    except WorkspaceError:
+        return False
 
 
 def remove_worktree(mirror: Path, path: Path) -> None:

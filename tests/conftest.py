@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from agent.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
+# A lane for every chain role: a config must serve the open tasks (else it is refused like invalid YAML).
+LANES_YAML = "lanes: {implementer: codex, reviewer: claude, pr-quality: claude, pr-logic: codex}\n"
 
 
 @pytest.fixture

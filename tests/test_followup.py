@@ -13,7 +13,7 @@ from agent.forge import get_forge, publish_pr
 from agent.ledger import now
 from agent.push import push_branch, remote_branch_sha
 from agent.tasks import create_task, transition
-from conftest import remote_with_branch
+from conftest import LANES_YAML, remote_with_branch
 
 EID = "0a1b2c3d4e5f6789"
 BRANCH = "agent/fix-0a1b2c3d"
@@ -35,7 +35,8 @@ def setup(tmp_path, ledger, home):
     forge = get_forge(config.repos["acme/widgets"], config, home, ledger)
     pr, _ = publish_pr(ledger, forge, task_id, BRANCH, "main", "fix: it", "body", head)
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.yaml").write_text(f"repos:\n  acme/widgets:\n    url: {remote}\n    forge: local\n")
+    (home / "config.yaml").write_text(f"repos:\n  acme/widgets:\n    url: {remote}\n    forge: local\n"
+                                      + LANES_YAML)
     return {"task_id": task_id, "forge": forge, "pr": pr, "config": config, "remote": remote}
 
 

@@ -12,7 +12,7 @@ from agent.forge import ForgeError, PR, get_forge, publish_pr
 from agent.forge.local import LocalForge
 from agent.push import push_branch
 from agent.tasks import create_task
-from conftest import git, remote_with_branch
+from conftest import LANES_YAML, git, remote_with_branch
 
 BRANCH = "agent/fix-0a1b2c3d"
 
@@ -92,7 +92,7 @@ def test_mark_merged_and_closed_then_a_new_pr_for_the_branch(forge, ledger):
 
 def write_config(home: Path, remote: Path) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.yaml").write_text(f"repos:\n  acme/widgets:\n    url: {remote}\n    forge: local\n")
+    (home / "config.yaml").write_text(f"repos:\n  acme/widgets:\n    url: {remote}\n    forge: local\n" + LANES_YAML)
 
 
 def test_publish_and_the_pr_cli(agent, ledger, home, remote):

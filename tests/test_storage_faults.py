@@ -9,6 +9,7 @@ process holding SQLite's write lock (BEGIN IMMEDIATE).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,9 +141,11 @@ def test_busy_ledger_waits_one_bounded_budget_then_says_busy(home, tmp_path):
     assert run(home, "init").returncode == 0
     events = tmp_path / "events.jsonl"
     events.write_text(error_events(1))
+    assert run(home, "error", "ingest", str(events)).returncode == 0
+    eid = json.loads(run(home, "error", "list", "--json").stdout)[0]["id"]
     holder = _hold_write_lock(home / "ledger.db")
     try:
-        for args in (("error", "ingest", str(events)), ("task", "create", "--repo", "a/b", "--title", "t")):
+        for args in (("error", "ingest", str(events)), ("error", "decide", eid[:8], "--skip", "--reason", "x")):
             started = time.monotonic()
             r = run(home, *args, env={"AGENT_LEDGER_BUSY_TIMEOUT": "2"}, timeout=25)
             waited = time.monotonic() - started

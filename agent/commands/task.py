@@ -7,6 +7,7 @@ import time
 
 import click
 
+from agent import AgentError
 from agent.commands.common import emit, get_app, json_option
 
 STATES = ("open", "working", "gate-blocked", "done", "failed")
@@ -33,6 +34,8 @@ def task_create(repo, title, error_id, base, as_json):
     from agent.tasks import create_task, resolve_error
 
     app = get_app()
+    if repo not in app.config.repos:  # a task the config cannot serve would make every later config refused
+        raise AgentError(f"repository {repo} is not configured; add it under repos: in config.yaml first")
     eid = resolve_error(app.ledger, error_id)["id"] if error_id else None
     task_id, created = create_task(app.ledger, repo, title, error_id=eid, base=base,
                                    round_cap=app.config.limits.round_cap, actor="human")

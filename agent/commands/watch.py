@@ -8,6 +8,7 @@ each item has a human ``line``.  The registry maps scan names to ``module:functi
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
 
@@ -31,8 +32,11 @@ def run_scan(app, name: str, jobs: int = 1) -> list[dict]:
 
     module, attr = SCANS[name][0].split(":")
     try:
-        with scan_lock(app.home, name):
+        with scan_lock(app.home, name) as lock:
             items = getattr(importlib.import_module(module), attr)(app, jobs=jobs)
+        if lock.took_over and lock.took_over.get("pid") != os.getpid():
+            items.insert(0, {"line": f"scan {name}: took the lock over from pid {lock.took_over.get('pid')} "
+                                     "(dead, or no heartbeat within its lease)"})
     except ScanBusy as exc:
         items = [{"skipped": True, "line": f"{exc}; skipped"}]
     for item in items:

@@ -311,6 +311,10 @@ class GitGuard:
 # ---------------------------------------------------------------------------- the run
 
 
+class LaneNotConfigured(AgentError):
+    """No lane (vendor) is configured for a role: a config problem, fixed in config.yaml."""
+
+
 def _lane_settings(config, role: str, repo_lanes: dict | None, vendor: str | None):
     lane = None
     if repo_lanes and role in repo_lanes:
@@ -324,8 +328,8 @@ def _lane_settings(config, role: str, repo_lanes: dict | None, vendor: str | Non
         lane = config.lanes.get(role)
     name = vendor or (lane.vendor if lane else None)
     if not name:
-        raise AgentError(f"no vendor configured for role {role}; set lanes.{role}.vendor in config.yaml "
-                         "or pass --vendor")
+        raise LaneNotConfigured(f"no vendor configured for role {role}; add lanes.{role}: {{vendor: NAME}} to "
+                                "config.yaml (or lanes: in the repository's .agent/config.yaml)")
     same = lane is not None and lane.vendor == name
     model = lane.model if same else None
     timeout = (lane.timeout if lane and lane.timeout else None) or config.limits.lane_timeout

@@ -277,10 +277,22 @@ class Ledger(FeedbackQueries):
             (now(), task_id, error_id, kind, actor, json.dumps(payload or {}, sort_keys=True, default=str)))
         return cur.lastrowid
 
+    def event_streak(self, conn: sqlite3.Connection, task_id: int, kind: str, reset_kinds: tuple[str, ...]) -> int:
+        """How many ``kind`` events the task has had since its last event of one of ``reset_kinds``."""
+        marks = ", ".join("?" for _ in reset_kinds)
+        last = conn.execute(f"SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN ({marks})",
+                            (task_id, *reset_kinds)).fetchone()[0]
+        return conn.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = ? AND id > ?",
+                            (task_id, kind, last)).fetchone()[0]
+
     def insert(self, conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> int:
         cols = ", ".join(f'"{k}"' for k in row)
         marks = ", ".join("?" for _ in row)
         return conn.execute(f'INSERT INTO "{table}" ({cols}) VALUES ({marks})', tuple(row.values())).lastrowid
+
+    def delete(self, conn: sqlite3.Connection, table: str, where: dict[str, Any]) -> int:
+        conds = " AND ".join(f'"{k}" = ?' for k in where)
+        return conn.execute(f'DELETE FROM "{table}" WHERE {conds}', tuple(where.values())).rowcount
 
     def update(self, conn: sqlite3.Connection, table: str, where: dict[str, Any], values: dict[str, Any]) -> int:
         sets = ", ".join(f'"{k}" = ?' for k in values)
