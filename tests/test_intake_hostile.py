@@ -311,3 +311,8 @@ def test_auto_keeps_json_lines_whose_first_line_is_broken_as_jsonl():
     assert r.format == "jsonl" and [x.line for x in r.rejected] == [1, 3] and len(r.events) == 2
     log = "[2024-05-01 10:00:00] ERROR boom\n[2024-05-01 10:00:01] INFO fine\n" + good(1) + "\n"
     assert parse(log).format == "traceback" and len(parse(log).events) == 2
+
+
+def test_a_quoted_secret_longer_than_the_scan_bound_leaks_no_tail():
+    out = redact('config token="' + "S" * 5_000 + 'TAIL" rest\nnext line')
+    assert "TAIL" not in out and "SSSS" not in out and out.endswith("\nnext line")

@@ -96,7 +96,9 @@ def _sub_jwt(text: str) -> str:
 # A key is a whole run of key characters (it can only start where such a run starts), optionally quoted,
 # followed by = : or => ; the value is matched only for keys that name a secret.
 _KEY_SEP = re.compile(r"[\"']?(?<![A-Za-z0-9_.-])(?P<run>[A-Za-z0-9_.-]++)[\"']?(?P<s>\s{0,16}+(?:=>|=|:)\s{0,16}+)")
-_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.){0,4096}+\"?|'(?:[^'\\\n]|\\.){0,4096}+'?|[^\s,;&\"'}\])<>]++")
+# A quoted value not closed within 4096 characters is redacted to the end of its line (no tail leaks).
+_VALUE = re.compile(r"\"(?:[^\"\\\n]|\\.){0,4096}+(?:\"|[^\n]*+)|'(?:[^'\\\n]|\\.){0,4096}+(?:'|[^\n]*+)"
+                    r"|[^\s,;&\"'}\])<>]++")
 # File names are not keys: ``web/sessions.py:321`` is a position, ``tokens.js: 12`` too.
 _FILE_EXTS = frozenset(
     "py pyc pyx pyi js mjs cjs jsx ts tsx java kt kts scala groovy clj cljs rb erb go rs php c cc cpp cxx h hh hpp cs "
