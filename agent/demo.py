@@ -173,6 +173,12 @@ def write_config(home: Path, remote: Path, playbook: Path, implementer_status: s
         config["github"] = {"api_url": github_api_url}
     if api_url and forge in ("github", "gitlab", "gitea"):
         config[forge] = {"api_url": api_url}
+    from agent.lanes.sandbox import bwrap_path
+
+    if bwrap_path() is None:
+        # the demo's lanes are its own scripted stand-ins (trusted code, no model): on a machine without
+        # bubblewrap they run unsandboxed so the demo still works; run_demo says so.  Real lanes never do this.
+        config["sandbox"] = "none"
     if "--log" in lane_args:       # the lanes append to that log from inside their sandbox
         folder = str(Path(lane_args[lane_args.index("--log") + 1]).resolve().parent)
         for vendor in config["vendors"].values():
@@ -232,6 +238,9 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     echo(f"demo project with a bug and a failing test: {paths['project']}")
     echo(f"local bare remote: {paths['remote']}")
     app = App(home=home)
+    if getattr(app.config, "sandbox", "bwrap") == "none":
+        echo("bubblewrap is not installed: the demo's own scripted lanes run without a sandbox "
+             "(real lanes need it: apt-get install bubblewrap)")
     try:
         result, fmt = ingest_text(app.ledger, error_events(), "auto", actor="script", source="demo")
         echo(f"ingested 3 error events ({fmt}): {result.new} new error, {result.deduplicated} deduplicated")

@@ -37,3 +37,18 @@ def test_demo_refuses_a_non_empty_dir(tmp_path, agent):
     r = agent("demo", "--dir", str(tmp_path / "full"))
     assert r.exit_code == 1 and "is not empty" in r.stderr
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_demo_runs_without_bubblewrap_and_says_so(tmp_path, monkeypatch):
+    """A fresh machine has no bubblewrap: the README's first command must still reach a draft PR.  The demo's lanes
+    are its own scripted stand-ins, so it runs them unsandboxed and says so.  bwrap's absence is simulated by
+    patching its lookup (it is installed here, and removing it would break concurrent tests)."""
+    from agent.demo import run_demo
+    from agent.lanes import sandbox
+
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    lines: list[str] = []
+    run_demo(tmp_path / "demo", echo=lines.append)
+    text = "\n".join(lines)
+    assert "bubblewrap is not installed" in text and "task 1: done after 3 round(s)" in text, text
+    assert "sandbox: none" in (tmp_path / "demo" / "home" / "config.yaml").read_text()
