@@ -284,9 +284,9 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     fr = next((r for r in ledger.feedback_rounds(task["id"]) if r["round"] == rnd), None)
     if fr and fr["base_head"] and repo_path is not None and task["head_sha"]:
         try:
-            import git
+            from agent.workspace import TaskGit     # hardened: never GitPython on a worktree a lane wrote
 
-            files = git.Repo(repo_path).git.diff("--name-only", fr["base_head"], task["head_sha"]).split()
+            files = TaskGit(repo_path).diff("--name-only", fr["base_head"], task["head_sha"]).split()
             if files:
                 lines.append("- files: " + ", ".join(code(_one_line(f, 120)) for f in files[:20]))
         except Exception:  # the worktree is gone or the old head unknown: the list is a nicety

@@ -125,6 +125,7 @@ def test_changes_requested_review_with_two_inline_comments_is_one_round_same_pr_
     assert f"<!-- agent-own: task-{t['id']}-round-3 -->" in body.splitlines()[-1]
     assert "review comment" in body and "widgets/pricing.py` line 5" in body and "line 9" in body
     assert t3["head_sha"][:12] in body and "passed" in body
+    assert "- files: `widgets/pricing.py`" in body, body   # the round's changed files, from hardened git
     # the reply never starts a round: it is recorded as the agent's own
     agent(home, "watch", "pr-feedback")
     assert one(home, "SELECT state, round FROM tasks") == {"state": "done", "round": 3}
