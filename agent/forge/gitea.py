@@ -25,7 +25,7 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError, ci_state,
+from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
                          own_key, with_own_mark)
 from agent.forge.hosted import HostedForge, pr_from_pulls_json
 
@@ -99,8 +99,6 @@ class GiteaForge(HostedForge):
         return "the token needs write access to the repository (write:repository, write:issue)"
 
     def check_more(self, resp, what: str, msg: str) -> None:
-        if resp.status_code == 409:
-            raise ForgeConflict(f"gitea {self.repo}: {what} conflicts (409): {msg}")
         if resp.status_code == 423:
             raise ForgeError(f"gitea {self.repo}: the repository is archived (423) on {what}; unarchive it or "
                              "remove it from repos: in config.yaml")

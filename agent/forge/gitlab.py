@@ -30,7 +30,7 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError, ci_state,
+from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
                          own_key, with_own_mark)
 from agent.forge.hosted import HostedForge
 
@@ -111,8 +111,6 @@ class GitlabForge(HostedForge):
         return "the token's user needs at least the Developer role on the project"
 
     def check_more(self, resp, what: str, msg: str) -> None:
-        if resp.status_code == 409:
-            raise ForgeConflict(f"gitlab {self.repo}: {what} conflicts (409): {msg}")
         if resp.status_code in (400, 422):
             raise ForgeError(f"gitlab {self.repo}: {what} was rejected ({resp.status_code}: {msg}); check the "
                              "branch exists on the remote and differs from the target branch")

@@ -93,6 +93,8 @@ class HostedForge:
             raise ForgeAuthError(f"{where}: not found (404) on {what}; the repository does not exist or the token "
                                  f"cannot see it: check repos: in config.yaml and {self.name}.api_url "
                                  f"({self.api_url})")
+        if resp.status_code == 409:
+            raise ForgeConflict(f"{where}: {what} conflicts (409): {msg}")
         self.check_more(resp, what, msg)
 
     def _create(self, head: str, base: str, title: str, body: str) -> PR:
