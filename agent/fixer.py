@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import AgentError, chain
-from agent.fence import crashpoint
+from agent.fence import crashpoint, pausepoint
 from agent.ledger import Ledger, ledger_path, now
 from agent.ledger.outbox import TASK_BUDGET_SPENT, daily_budget_reached
 from agent.shutdown import STOP
@@ -533,6 +533,11 @@ def step_pushed(ctx: Ctx) -> None:
     _close(ctx, "pushed", f"{t['branch']} at {res.sha[:12]}" + ("" if res.pushed else " (already on the remote)"))
 
 
+PR_OPEN_LEASE = "pr-open"   # held across runners around the PR limits' check and the PR create
+PR_OPEN_LEASE_S = 60.0
+PR_OPEN_WAIT_S = 10.0
+
+
 def _pr_limits_reached(ctx: Ctx, repo: str) -> str | None:
     limits = ctx.config.limits
     open_drafts = ctx.ledger.scalar("SELECT count(*) FROM prs WHERE repo = ? AND state = 'open' AND task_id != ?",
@@ -562,13 +567,21 @@ def _publish(ctx: Ctx):
 def step_pr_opened(ctx: Ctx) -> None:
     from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient
 
+    from agent.fence import LeaseBusy, named_lease
+
     t = ctx.task
-    if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
-        why = _pr_limits_reached(ctx, t["repo"])
-        if why:
-            _wait(ctx, f"waiting to open a PR: {why}")
     try:
-        pr, action = _publish(ctx)
+        # runners sharing the ledger take turns here: the limits count every runner's PRs, and the count and the
+        # create happen under one `pr-open` lease, so two runners can never both pass the check for one slot
+        with named_lease(ctx.ledger, PR_OPEN_LEASE, ttl=PR_OPEN_LEASE_S, wait=PR_OPEN_WAIT_S):
+            if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
+                why = _pr_limits_reached(ctx, t["repo"])
+                if why:
+                    _wait(ctx, f"waiting to open a PR: {why}")
+                pausepoint("pr.limits_checked")  # fault injection (tests): widen the check -> create window
+            pr, action = _publish(ctx)
+    except LeaseBusy as exc:
+        _wait(ctx, f"waiting to open a PR: {exc} (another runner is opening one)")
     except ForgeAuthError as exc:
         _block(ctx, f"forge refused: {exc}")
     except (ForgeRateLimited, ForgeTransient) as exc:

@@ -214,6 +214,7 @@ def _group_alive(pgid: int) -> bool:
 
 # Process groups started by run() and not yet finished: kill_all() ends them (daemon's second signal).
 _RUNNING: dict[int, str] = {}
+_STARTED_BY: dict[int, int] = {}   # pgid -> the thread that started it (kill_groups_of: a lease keeper's worker)
 _RUNNING_LOCK = threading.Lock()
 
 
@@ -235,6 +236,21 @@ def halted() -> bool:
 def resume_starting() -> None:
     """Undo kill_all's halt (the daemon calls it when it returns, for in-process callers and tests)."""
     _HALTED.clear()
+
+
+def kill_groups_of(thread_ident: int, grace: float = 2.0) -> int:
+    """SIGTERM, then SIGKILL after ``grace``, every running group that thread ``thread_ident`` started (a worker
+    whose task lease was lost: its lane or check must not go on). Returns how many groups there were."""
+    with _RUNNING_LOCK:
+        groups = [g for g, t in _STARTED_BY.items() if t == thread_ident and g in _RUNNING]
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(_group_alive(g) for g in groups) and time.monotonic() < end:
+        time.sleep(0.05)
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGKILL)
+    return len(groups)
 
 
 def kill_all(grace: float = 2.0) -> int:
@@ -312,12 +328,14 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     pgid = proc.pid  # start_new_session: the child leads its own group
     with _RUNNING_LOCK:
         _RUNNING[pgid] = os.path.basename(argv[0])
+        _STARTED_BY[pgid] = threading.get_ident()
     try:
         return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
                           max_bytes, tail_bytes, on_line, on_start, hard_cap)
     finally:
         with _RUNNING_LOCK:
             _RUNNING.pop(pgid, None)
+            _STARTED_BY.pop(pgid, None)
 
 
 def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path, max_bytes,

@@ -12,6 +12,9 @@ from typing import Any, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
+# ClaimLost: a worker's claim token no longer matches the task's; LeaseLost (a ClaimLost) is what the fencing check
+# raises. Both live with the claim records in agent.ledger.leases.
+from agent.ledger.leases import ClaimLost, LeaseLost, check_claim  # noqa: F401
 
 
 HUMAN_STEP_PENDING = "human step pending:"
@@ -25,8 +28,6 @@ class Refused(AgentError):
         super().__init__(prefix + "; ".join(reasons))
 
 
-class ClaimLost(AgentError):
-    """A worker's claim token no longer matches the task's: someone else owns it now."""
 
 
 def resolve_error(ledger: Ledger, ref: str) -> dict:
@@ -53,11 +54,8 @@ def get_task(ledger: Ledger, task_id: int, conn: sqlite3.Connection | None = Non
 
 
 def _check_claim(conn: sqlite3.Connection, task_id: int, token: str | None) -> None:
-    if token is None:
-        return
-    held = conn.execute("SELECT claim_token FROM tasks WHERE id = ?", (task_id,)).fetchone()
-    if held is None or held[0] != token:
-        raise ClaimLost(f"task {task_id}: claim lost to another worker; result not written")
+    """The fencing check (agent.ledger.leases.check_claim): LeaseLost unless ``token`` is the current claim."""
+    check_claim(conn, task_id, token)
 
 
 @contextmanager

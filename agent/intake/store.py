@@ -17,7 +17,7 @@ import functools
 import json
 import secrets
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from agent.intake.fingerprint import fingerprint, signature
 from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
@@ -137,11 +137,13 @@ def _chunks(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
 
 def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", source: str | None = None,
            cursor: tuple[str, str] | None = None, batch: int | None = BATCH,
-           result: IngestResult | None = None) -> IngestResult:
+           result: IngestResult | None = None, guard: Callable[[Any], None] | None = None) -> IngestResult:
     """Store events (deduplicated) in one transaction per ``batch`` events.
 
     With ``cursor=(source_key, value)`` everything goes in ONE transaction together with the
     cursor, so a crash either keeps both or neither (no double counting on the next pull).
+    ``guard(conn)`` runs first inside each write transaction and may raise to write nothing (a source's pull
+    checks there that it still holds the source's lease and that the cursor is still the one it read).
     Redaction and fingerprinting happen before each transaction starts.
     """
     result = result or IngestResult()
@@ -150,10 +152,12 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
     wrote_cursor = False
     for chunk in chunks:
         touched = _prepare_batch(chunk, result)
-        _write_batch(ledger, touched, actor, source, cursor, result)
+        _write_batch(ledger, touched, actor, source, cursor, result, guard)
         wrote_cursor = True
     if cursor is not None and not wrote_cursor:
         with ledger.tx() as c:
+            if guard is not None:
+                guard(c)
             c.execute(_CURSOR, (cursor[0], cursor[1], now()))
     return result
 
@@ -185,10 +189,13 @@ def _prepare_batch(events: list[Event], result: IngestResult) -> dict[str, dict]
 
 
 def _write_batch(ledger: Ledger, touched: dict[str, dict], actor: str, source: str | None,
-                 cursor: tuple[str, str] | None, result: IngestResult) -> None:
+                 cursor: tuple[str, str] | None, result: IngestResult,
+                 guard: Callable[[Any], None] | None = None) -> None:
     if not touched and cursor is None:
         return
     with ledger.tx() as c:
+        if guard is not None:
+            guard(c)
         for fp, t in touched.items():
             row = c.execute(_FIND, (fp,)).fetchone()
             t["id"], t["new"] = (row[0], False) if row else (new_error_id(), True)

@@ -24,6 +24,8 @@ from typing import Any, Iterator
 from agent import AgentError
 from agent.ledger import outbox
 from agent.ledger.feedback import FeedbackQueries
+from agent.ledger.leases import LeaseQueries
+from agent.ledger.status import StatusQueries
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
@@ -128,10 +130,10 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
-class Ledger(FeedbackQueries):
+class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.path = path
         self.conn = conn
