@@ -285,6 +285,7 @@ def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | N
     finally:
         stop.set()
         t.join(timeout=5)
+        proc.resume_thread(worker)
 
 
 # --------------------------------------------------------------------------- named leases

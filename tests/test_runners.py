@@ -453,3 +453,49 @@ def test_the_open_draft_limit_counts_across_two_runners(tmp_path, monkeypatch):
     finally:
         con.close()
     assert {r["role"] for r in read_log(log) if r["event"] == "start"} >= {"implementer", "reviewer"}
+
+
+@pytest.mark.slow
+def test_a_runner_stopped_past_its_lease_loses_the_task_and_stops_its_lane_without_writing(tmp_path):
+    """`fixer.advance` in a real process (runner A, lease 1.5 s) runs the implementer lane (sleeping 30 s); A is
+    stopped (SIGSTOP, the lane keeps running) past its lease, runner B claims the task, A resumes: A's lease keeper
+    finds the claim gone and kills the lane at once, A says so, and nothing A does after B's claim reaches the
+    ledger; B's claim stands."""
+    from chaos_support import build, read_log
+
+    log = tmp_path / "lanes.log"
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "30", "--log", str(log)))
+    home = p["home"]
+    code = ("import sys; from pathlib import Path; from agent.app import App; from agent import fixer; "
+            "h = Path(sys.argv[1]); print('\\n'.join(fixer.advance(h, App(home=h).config, 1)), flush=True)")
+    env = _runner_env(home, AGENT_CLAIM_LEASE_S="1.5", AGENT_RUNNER_ID="runner-a")
+    a = subprocess.Popen([sys.executable, "-c", code, str(home)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    led = Ledger.open(home / "ledger.db", create=False)
+    try:
+        deadline = time.monotonic() + 60
+        while not read_log(log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (started,) = read_log(log)
+        os.kill(a.pid, signal.SIGSTOP)
+        time.sleep(2.0)                                             # A's lease runs out
+        b = take(led, 1, runner="runner-b")
+        assert b is not None and b.took_over and b.previous_runner == "runner-a"
+        before = dump(home / "ledger.db")
+        t0 = time.monotonic()
+        os.kill(a.pid, signal.SIGCONT)
+        out, _ = a.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGCONT)
+            a.kill()
+        led.close()
+    assert "lease lost while its implementer lane ran" in out or "claim lost" in out, out
+    assert took < 15, f"A went on for {took:.1f}s: its lane was not stopped"        # not the lane's 30 s
+    assert [r["event"] for r in read_log(log)] == ["start"] and started["role"] == "implementer"
+    after = dump(home / "ledger.db")
+    for table in ("tasks", "steps", "commits", "checks", "gates", "prs"):
+        rows = [line for line in before if line.startswith(f'INSERT INTO "{table}"')]
+        assert rows == [line for line in after if line.startswith(f'INSERT INTO "{table}"')], \
+            f"runner A wrote to {table} after runner B claimed the task"
