@@ -205,6 +205,14 @@ def note_wait(ledger: Ledger, task_id: int, reason: str | None, claim_token: str
         return True
 
 
+def _reopen_round_steps(ledger: Ledger, c: sqlite3.Connection, task_id: int, new_round: int, feedback: str) -> None:
+    """A new round: every step after ``spec_written`` reopened (``nein``) with the feedback as evidence."""
+    for key in chain.ROUND_STEPS:
+        ledger.update(c, "steps", {"task_id": task_id, "key": key},
+                      {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
+                       "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
+
+
 def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "script",
                      claim_token: str | None = None, free: bool = False, **fields: Any) -> tuple[bool, int]:
     """A rejected round: reopen the round steps and count up, or fail the task at the round cap.
@@ -223,10 +231,7 @@ def start_next_round(ledger: Ledger, task_id: int, feedback: str, actor: str = "
         new_round = t["round"] + 1
         if free:
             fields["round_cap"] = t["round_cap"] + 1
-        for key in chain.ROUND_STEPS:
-            ledger.update(c, "steps", {"task_id": task_id, "key": key},
-                          {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
-                           "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
+        _reopen_round_steps(ledger, c, task_id, new_round, feedback)
         transition_in(ledger, c, task_id, t["state"], chain.WORKING, actor,
                     f"round {new_round}", round=new_round, **fields)
         ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000], "free": free,
@@ -245,10 +250,7 @@ def start_feedback_round(ledger: Ledger, c: sqlite3.Connection, task_id: int, ev
     why = chain.check_transition(t["state"], chain.WORKING, actor, evidence)
     if why:
         raise Refused([why], prefix=f"task {task_id}: ")
-    for key in chain.ROUND_STEPS:
-        ledger.update(c, "steps", {"task_id": task_id, "key": key},
-                      {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
-                       "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
+    _reopen_round_steps(ledger, c, task_id, new_round, feedback)
     transition_in(ledger, c, task_id, t["state"], chain.WORKING, actor, f"round {new_round}: {feedback[:300]}",
                   evidence=evidence, round=new_round)
     ledger.event(c, "round.started", actor, {"round": new_round, "feedback": feedback[:2000], "trigger": trigger,
