@@ -364,6 +364,27 @@ def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None
         ctx.ledger.event(c, "commit.recorded", "script", {"sha": sha, "round": t["round"]}, task_id=ctx.task_id)
 
 
+def _push_task_ref(ctx: Ctx, sha: str) -> None:
+    """Put the round's commit on the remote's hidden ref ``refs/agent/task-N`` before it is recorded, so a recorded
+    commit is always reachable for any runner (DESIGN.md "Takeover"). A crash after the push and before the record
+    leaves an unrecorded child of the head there, which the next commit step adopts (here or in another home).
+    A ref that moved to a commit outside this history (another runner pushed) gate-blocks; a remote that cannot be
+    reached now makes the task wait (the commit is adopted and pushed on the next scan)."""
+    from agent.push import PushError, push_task_ref
+    from agent.workspace import mirror_path, task_ref
+
+    t = ctx.task
+    repo_cfg = _repo_config(ctx)
+    try:
+        push_task_ref(mirror_path(ctx.home, t["repo"]), repo_cfg.url, ctx.task_id, sha, expected=t["head_sha"])
+    except PushError as exc:
+        if "refusing" in str(exc):
+            _block(ctx, f"commit {sha[:12]} not recorded: {exc}")
+        _wait(ctx, f"waiting: commit {sha[:12]} not recorded until it is on the remote as {task_ref(ctx.task_id)}: "
+                   f"{exc}")
+    crashpoint("commit.ref_pushed")
+
+
 def step_committed(ctx: Ctx) -> None:
     from agent.workspace import unsafe_changes
 
@@ -381,6 +402,7 @@ def step_committed(ctx: Ctx) -> None:
         parents = g("rev-list", "--parents", "-n", "1", head).split()[1:]
         if parents and parents[0] == previous and not g("status", "--porcelain", "--untracked-files=all"):
             # a crash after `git commit` and before the ledger write: adopt that commit, do not commit again
+            _push_task_ref(ctx, head)
             _record_commit(ctx, head, previous, g("log", "-1", "--format=%B", head) + "\n")
             _close(ctx, "committed", f"commit {head[:12]} (recovered after a crash)")
             return
@@ -416,6 +438,7 @@ def step_committed(ctx: Ctx) -> None:
     crashpoint("commit.done")
     # the parent git really used (never a recorded head the repository may no longer hold)
     parent = (g("rev-list", "--parents", "-n", "1", sha).split()[1:] or [previous])[0]
+    _push_task_ref(ctx, sha)
     _record_commit(ctx, sha, parent, message)
     crashpoint("commit.recorded")
     _close(ctx, "committed", f"commit {sha[:12]}: {subject}")
@@ -485,7 +508,7 @@ def _review_spec(ctx: Ctx, dimension: str) -> Path:
     from agent.spec import reviewer_spec, write_spec
 
     t = ctx.task
-    spec_text = Path(t["spec_path"]).read_text(encoding="utf-8") if t["spec_path"] else ""
+    spec_text = _round_spec(ctx).read_text(encoding="utf-8")   # this home's copy (another runner may have written it)
     check = ctx.ledger.one("SELECT command, exit_code FROM checks WHERE task_id = ? AND head_sha = ? AND passed = 1 "
                            "ORDER BY id DESC LIMIT 1", (ctx.task_id, t["head_sha"]))
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
@@ -704,25 +727,40 @@ STEP_HANDLERS = {
 
 
 def _ensure_workspace(ctx: Ctx) -> None:
-    """Make sure the task has a working worktree: made once, and made again when it (or the whole mirror) was
-    deleted. A failure is an event; ``limits.workspace_failures`` in a row gate-block the task with git's first
-    error line and the fix."""
+    """Make sure the task has a working worktree in this runner's home: made once, made again when it (or the whole
+    mirror) was deleted, and rebuilt when another runner's home advanced the task last (a takeover). A rebuilt
+    worktree starts at the task's last recorded commit, fetched from the remote's hidden ref ``refs/agent/task-N``
+    (DESIGN.md "Takeover"). A failure is an event; ``limits.workspace_failures`` in a row gate-block the task with
+    git's first error line and the fix."""
+    import os
     import shutil
 
-    from agent.workspace import WorkspaceError, branch_name, ensure_worktree, intact, mirror_path
+    from agent.workspace import (WorkspaceError, branch_name, ensure_worktree, intact, mirror_path, own_worktree,
+                                 remove_worktree)
 
     t = ctx.task
+    own = own_worktree(ctx.home, ctx.task_id)
+    mirror = mirror_path(ctx.home, t["repo"])
+    # the worktree the ledger names lives in another runner's home: that runner advanced the task last (and may be
+    # dead); its folder is never touched from here
+    foreign = bool(t["worktree"]) and os.path.realpath(t["worktree"]) != os.path.realpath(own)
     lost = bool(t["worktree"])  # it had a workspace: anything we make now replaces a lost one
-    if t["worktree"] and Path(t["worktree"]).exists():
-        if intact(Path(t["worktree"]), mirror_path(ctx.home, t["repo"])):
+    if not foreign and t["worktree"] and own.exists():
+        if intact(own, mirror):
             return
         # the mirror was deleted (or the worktree's link into it): the folder is no git worktree any more and
         # every git command in it fails; what it held is unreachable without its git data, so it goes
-        shutil.rmtree(t["worktree"], ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
     repo = _repo_config(ctx)
     branch = t["branch"] or branch_name(repo.branch_prefix, t["error_id"], ctx.task_id)
+    start_at = None
     try:
-        ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id)
+        if lost:
+            start_at = _rebuild_point(ctx, repo)
+            if foreign and start_at is None and own.exists():
+                remove_worktree(mirror, own)   # this home's own old worktree of the task is stale: made again
+        ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id,
+                             start_at=start_at)
     except WorkspaceError as exc:
         _workspace_failed(ctx, str(exc))
     from agent.workspace import has_commit
@@ -733,13 +771,62 @@ def _ensure_workspace(ctx: Ctx) -> None:
         ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {
             "worktree": str(ws.path), "branch": ws.branch, "base_sha": base_sha, "updated_at": now()})
         ctx.ledger.event(c, "workspace.ready", "script", {"path": str(ws.path), "branch": ws.branch,
-                                                         "created": ws.created, "replaced_lost": lost and ws.created},
+                                                         "created": ws.created, "replaced_lost": lost and ws.created,
+                                                         "start_at": start_at},
                          task_id=ctx.task_id)
+        if foreign:
+            interrupted = _interrupt_foreign_lanes(ctx, c)
+            ctx.ledger.event(c, "task.taken_over", "script", {"from_worktree": t["worktree"], "to": str(ws.path),
+                                                              "head": t["head_sha"], "start_at": start_at,
+                                                              "interrupted_runs": interrupted},
+                             task_id=ctx.task_id)
         if t["base_sha"] and base_sha != t["base_sha"]:
             ctx.ledger.event(c, "workspace.base_replaced", "script", {"old": t["base_sha"], "new": base_sha},
                              task_id=ctx.task_id)
+    if foreign:
+        ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
+                f"{(start_at or 'the pushed branch or base')[:12]}")
     if lost and ws.created:
         _reconcile_lost_work(ctx, ws)
+
+
+def _rebuild_point(ctx: Ctx, repo) -> str | None:
+    """The commit a rebuilt worktree starts at: the task's last recorded commit (its head, else its base), fetched
+    from the remote's hidden ref; or that ref's tip when it is an unrecorded child of it (pushed, then the runner
+    died before recording it: the commit step adopts it). None when the mirror cannot have the recorded head (a
+    task from before hidden refs): the old way then (the local or pushed branch, else the base) and the lost
+    round starts again."""
+    from agent.workspace import (GitError, WorkspaceError, ensure_mirror, fetch_task_ref, has_commit, parent_of,
+                                 git_error_line)
+
+    t = ctx.task
+    mirror = ensure_mirror(ctx.home, t["repo"], repo.url)
+    try:
+        tip = fetch_task_ref(mirror, repo.url, ctx.task_id)
+    except GitError as exc:
+        raise WorkspaceError(f"task {ctx.task_id}: cannot fetch its commits from {repo.url}: "
+                             f"{git_error_line(exc)}") from None
+    previous = t["head_sha"] or t["base_sha"]
+    if not previous or not has_commit(mirror, previous):
+        return None
+    if tip and tip != previous and parent_of(mirror, tip) == previous:
+        return tip
+    return previous
+
+
+def _interrupt_foreign_lanes(ctx: Ctx, c) -> list[int]:
+    """Lane runs of this task left ``running`` by another runner's home (it died or lost its claim): marked
+    ``interrupted``, so the step runs its lane again here. The only case in which a (task, round, role) lane
+    launches twice; their vendor sessions live in that other home, so nothing is resumed."""
+    own_lanes = str(Path(ctx.home).resolve() / "lanes") + "/"
+    rows = c.execute("SELECT id, log_dir FROM lane_runs WHERE task_id = ? AND status = 'running'",
+                     (ctx.task_id,)).fetchall()
+    ids = [r[0] for r in rows if not (r[1] or "").startswith(own_lanes)]
+    for run_id in ids:
+        ctx.ledger.update(c, "lane_runs", {"id": run_id, "status": "running"},
+                          {"status": "interrupted", "reason": "its runner stopped; the task was taken over",
+                           "ended_at": now()})
+    return ids
 
 
 def _reconcile_lost_work(ctx: Ctx, ws) -> None:
@@ -748,18 +835,23 @@ def _reconcile_lost_work(ctx: Ctx, ws) -> None:
     again from what the repository still has (the pushed head, else the base), without counting against the cap."""
     from agent.workspace import TaskGit, has_commit
 
+    from agent.workspace import parent_of
+
     t = ctx.task
     head = TaskGit(ws.path, ws.mirror).head()
     snap = snapshot(ctx.ledger, ctx.task_id)
     done_this_round = [k for k in chain.ROUND_STEPS if snap.steps.get(k) in chain.CLOSED]
-    uncommitted = "implementer_done" in done_this_round and "committed" not in done_this_round
+    uncommitted = "implementer_done" in done_this_round and "committed" not in done_this_round \
+        and not (snap.committed_round and t["head_sha"] == head)   # a recorded commit whose step is not closed yet
     if not uncommitted and (t["head_sha"] == head or (t["head_sha"] is None and not done_this_round)):
         return  # nothing was lost: the recorded head is what the new worktree holds
     known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    if uncommitted and head not in known and parent_of(ws.mirror, head) == (t["head_sha"] or t["base_sha"]):
+        return  # the round's commit was pushed to the task's ref before its runner died: the commit step adopts it
     new_head = head if head in known else None
     pushed = t["pushed_sha"] if has_commit(ws.mirror, t["pushed_sha"]) else None
     lost = t["head_sha"][:12] if t["head_sha"] and t["head_sha"] != head else "the uncommitted edits"
-    source = "the pushed branch" if new_head else "the base"
+    source = "the last recorded commit" if new_head else "the base"
     gone = [r for r in ctx.ledger.all("SELECT id, sha, round FROM commits WHERE task_id = ? ORDER BY id",
                                       (ctx.task_id,)) if not has_commit(ws.mirror, r["sha"])]
     if gone:  # commits the repository no longer has leave the commits table; the events keep their history
@@ -997,6 +1089,8 @@ def advance_workspace_only(home: Path, config: Config, task_id: int) -> str:
     ledger = Ledger.open(ledger_path(home), create=False)
     ctx = Ctx(home, config, ledger, task_id)
     try:
+        if ctx.task["worktree"]:  # prepared already (maybe in another runner's home): the work scan, under the
+            return f"worktree {ctx.task['worktree']}"   # task's claim, is what takes a task over
         _ensure_workspace(ctx)
         return f"worktree {ctx.task['worktree']}"
     except Stop:

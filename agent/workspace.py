@@ -439,6 +439,11 @@ def _worktree_branches(mirror: Path) -> dict[str, str]:
     return out
 
 
+def own_worktree(home: Path, task_id: int) -> Path:
+    """Where this home keeps the task's worktree (each runner has its own home, so its own copy)."""
+    return Path(home) / "worktrees" / f"task-{task_id}"
+
+
 def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, task_id: int,
                     start_at: str | None = None) -> Workspace:
     """Find or make the task's worktree. Idempotent; safe to call again after a crash at any point.
@@ -447,9 +452,9 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
     own worktree of the task, if it has one, is reset there (its branch moves, whatever it held is dropped: the
     ledger's head is the truth), else one is made there."""
     mirror = ensure_mirror(home, repo, url)
-    root = Path(home) / "worktrees"
+    final = own_worktree(home, task_id)
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"task-{task_id}"
     staging = root / f".staging-task-{task_id}"
     try:
         base_sha = git("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{base}^{{commit}}", git_dir=mirror)
