@@ -242,3 +242,26 @@ def lane_host_pid(home: Path, timeout: float = 10.0) -> int:
         if row or time.monotonic() > end:
             return row[0] if row else 0
         time.sleep(0.05)
+
+
+def share_ledger(p: dict) -> Path:
+    """Move the built home's SQLite ledger next to the homes and link it back, so several runner homes (each with
+    its own mirrors, worktrees, locks and logs) share one ledger file, as runners on one machine would."""
+    shared = Path(p["root"]) / "shared-ledger.db"
+    own = Path(p["home"]) / "ledger.db"
+    if not shared.exists():
+        own.rename(shared)
+        own.symlink_to(shared)
+    return shared
+
+
+def add_home(p: dict, name: str) -> Path:
+    """Another runner home: the same config.yaml, its own everything else, the shared ledger (``share_ledger``)."""
+    import shutil
+
+    shared = share_ledger(p)
+    home = Path(p["root"]) / name
+    home.mkdir(mode=0o700)
+    shutil.copy(Path(p["home"]) / "config.yaml", home / "config.yaml")
+    (home / "ledger.db").symlink_to(shared)
+    return home
