@@ -735,8 +735,8 @@ def _ensure_workspace(ctx: Ctx) -> None:
     import os
     import shutil
 
-    from agent.workspace import (WorkspaceError, branch_name, ensure_worktree, intact, mirror_path, own_worktree,
-                                 remove_worktree)
+    from agent.workspace import (WorkspaceError, branch_name, ensure_worktree, intact, mirror_lock, mirror_path,
+                                 own_worktree, remove_worktree)
 
     t = ctx.task
     own = own_worktree(ctx.home, ctx.task_id)
@@ -755,12 +755,13 @@ def _ensure_workspace(ctx: Ctx) -> None:
     branch = t["branch"] or branch_name(repo.branch_prefix, t["error_id"], ctx.task_id)
     start_at = None
     try:
-        if lost:
-            start_at = _rebuild_point(ctx, repo)
-            if foreign and start_at is None and own.exists():
-                remove_worktree(mirror, own)   # this home's own old worktree of the task is stale: made again
-        ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id,
-                             start_at=start_at)
+        with mirror_lock(ctx.home, t["repo"]):   # the other --jobs threads of this runner use the same mirror
+            if lost:
+                start_at = _rebuild_point(ctx, repo)
+                if foreign and start_at is None and own.exists():
+                    remove_worktree(mirror, own)   # this home's own old worktree of the task is stale: made again
+            ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id,
+                                 start_at=start_at)
     except WorkspaceError as exc:
         _workspace_failed(ctx, str(exc))
     from agent.workspace import has_commit

@@ -18,8 +18,10 @@ import hashlib
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from agent import AgentError
 
@@ -405,10 +407,54 @@ def _write_excludes(mirror: Path) -> None:
         path.write_text(text)
 
 
+_THREAD_LOCKS: dict[str, "threading.Lock"] = {}
+_THREAD_LOCKS_GUARD = __import__("threading").Lock()
+MIRROR_LOCK_WAIT = 600.0   # a clone of a large repository can take minutes
+
+
+@contextmanager
+def mirror_lock(home: Path, repo: str, wait: float = MIRROR_LOCK_WAIT) -> Iterator[None]:
+    """Serialise what changes one home's mirror of a repository (clone, fetch, worktree add/move/prune): the
+    threads of one runner (``--jobs``) and the processes sharing the home (a cron tick next to the daemon). A
+    thread lock plus an flock on ``mirrors/<name>.git.lock``, waited for at most ``wait`` seconds."""
+    import fcntl
+    import threading
+    import time
+
+    path = mirror_path(home, repo)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(path)
+    with _THREAD_LOCKS_GUARD:
+        lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
+    if not lock.acquire(timeout=wait):
+        raise WorkspaceError(f"{repo}: the mirror {path} stayed busy for {wait:.0f}s; the next scan tries again")
+    try:
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise WorkspaceError(f"{repo}: the mirror {path} stayed busy for {wait:.0f}s (another "
+                                             "process of this home holds it); the next scan tries again") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
+    finally:
+        lock.release()
+
+
 def ensure_mirror(home: Path, repo: str, url: str) -> Path:
-    """Clone the bare mirror once (into a staging path, then rename); fetch it every later time."""
+    """Clone the bare mirror once (into a staging path, then rename); fetch it every later time. Callers that may
+    run in parallel in one home hold ``mirror_lock``."""
     mirror = mirror_path(home, repo)
     try:
+        if mirror.exists() and not (mirror / "HEAD").exists():
+            shutil.rmtree(mirror)   # half there (a rename or delete cut short): no git repository, cloned again
         if mirror.exists():
             git("fetch", url, "+refs/heads/*:refs/remotes/origin/*", "--prune", "--quiet", git_dir=mirror,
                 network=True)

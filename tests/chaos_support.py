@@ -107,8 +107,10 @@ def remote_sha(remote: Path, branch: str) -> str | None:
     return out.split()[0] if out else None
 
 
-def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_done: bool = True) -> list[dict]:
-    """The exactly-once guarantees, asserted from the ledger, the remote, the forge and the PR files."""
+def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_done: bool = True,
+                     homes: list[Path] | None = None) -> list[dict]:
+    """The exactly-once guarantees, asserted from the ledger, the remote, the forge and the PR files (written by the
+    local forge into the home of the runner that opened the PR: one of ``homes`` when several share the ledger)."""
     from agent import chain
 
     con = sqlite3.connect(home / "ledger.db", timeout=30)
@@ -139,8 +141,8 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
                                     (t["branch"],)).fetchall()
                 assert len(local) == 1, f"task {tid}: {len(local)} local PRs on {t['branch']}"
                 assert local[0]["number"] == pr["number"]
-                md = home / "prs" / f"{pr['repo'].replace('/', '-')}-{pr['number']}.md"
-                assert md.exists(), md
+                mds = [h / "prs" / f"{pr['repo'].replace('/', '-')}-{pr['number']}.md" for h in homes or [home]]
+                assert any(md.exists() for md in mds), mds
             if sim is not None:
                 on_sim = sim.pulls(t["branch"])
                 assert len(on_sim) == 1, f"task {tid}: {len(on_sim)} PRs on the GitHub simulator"
@@ -152,6 +154,9 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
             assert len(commits) == len({c["sha"] for c in commits})
             assert t["head_sha"] == commits[-1]["sha"] == t["pushed_sha"]
             assert remote_sha(remote, t["branch"]) == t["head_sha"]
+            # every recorded commit is reachable from the task's hidden ref on the remote (pushed before recorded)
+            hidden = git(remote, "rev-parse", f"refs/agent/task-{tid}")
+            assert hidden == t["head_sha"], f"task {tid}: hidden ref {hidden} vs head {t['head_sha']}"
             chain_shas = git(remote, "rev-list", "--reverse", f"{t['base_sha']}..{t['branch']}").split()
             assert chain_shas == [c["sha"] for c in commits], f"task {tid}: branch {chain_shas} vs {commits}"
             assert pr["head_sha"] == t["head_sha"]

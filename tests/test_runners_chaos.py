@@ -1,0 +1,104 @@
+"""Three runners on one ledger, one killed mid-lane: its tasks are taken over and every task ends done, once.
+
+Three real `agent daemon` processes, each with its own AGENT_HOME (mirrors, worktrees, locks, logs), all on one
+ledger (one shared SQLite file; PostgreSQL when the suite runs with ``--ledger=postgres``) and one bare remote.
+12 errors concluded `error.fix`; scripted lanes (the `command` vendor) that sleep 2 s, then edit a file and report
+`STATUS: complete`. When the first runner has a lane running it is SIGKILLed (its whole process group).
+
+Asserted: every task done with exactly one PR (ledger, local forge rows and files, remote branch == head == hidden
+ref, one commit per round); no (task, round, role) lane launched twice except runs recorded as interrupted; the
+tasks the killed runner held were taken over by the others (a `task.taken_over` event from its home after the kill).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from chaos_support import add_home, build, check_invariants, kill_group, lane_launches, share_ledger, wait_for, watcher
+
+TASKS = 12
+# one round per task: the scripted reviewer approves a change without a leftover print()
+ONE_ROUND = {"groups": [{"summary": "Default a missing qty to one unit in line_total",
+                         "edits": [{"path": "widgets/pricing.py", "find": '    return item["price"] * item["qty"]',
+                                    "replace": '    return item["price"] * item.get("qty", 1)'}]}]}
+
+
+def db(home):
+    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con.row_factory = sqlite3.Row
+    return con
+
+
+def runner(home, log, jobs=2):
+    return watcher(home, log=log, command=("daemon", "--interval", "0.2", "--jobs", str(jobs)))
+
+
+@pytest.mark.slow
+def test_three_runners_one_killed_mid_lane(tmp_path):
+    started = time.monotonic()
+    p = build(tmp_path / "w", tasks=TASKS, lane_args=("--sleep", "2", "--log", str(tmp_path / "lanes.log")))
+    p["playbook"].write_text(json.dumps(ONE_ROUND))
+    share_ledger(p)
+    homes = [p["home"], add_home(p, "runner-2"), add_home(p, "runner-3")]
+    procs = [runner(h, tmp_path / f"runner-{i + 1}.log") for i, h in enumerate(homes)]
+    victim, victim_home = procs[0], homes[0]
+    try:
+        def victim_in_a_lane():
+            con = db(victim_home)
+            try:
+                return con.execute("SELECT count(*) FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL "
+                                   "AND log_dir LIKE ?", (f"{victim_home}/%",)).fetchone()[0] > 0
+            finally:
+                con.close()
+
+        assert wait_for(victim_in_a_lane, 60), (tmp_path / "runner-1.log").read_text()
+        con = db(victim_home)
+        held = [r[0] for r in con.execute("SELECT id FROM tasks WHERE claim_pid = ? AND state IN ('open', 'working')",
+                                          (victim.pid,))]
+        last_event = con.execute("SELECT max(id) FROM events").fetchone()[0]
+        con.close()
+        kill_group(victim)                       # SIGKILL mid-lane
+        assert held, "the killed runner held no task"
+
+        def all_done():
+            con = db(homes[1])
+            try:
+                return con.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0] == TASKS
+            finally:
+                con.close()
+
+        assert wait_for(all_done, 120), [(tmp_path / f"runner-{i}.log").read_text()[-3000:] for i in (2, 3)]
+    finally:
+        for proc in procs[1:]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs[1:]:
+            try:
+                proc.wait(30)
+            except Exception:
+                kill_group(proc)
+        if victim.poll() is None:
+            kill_group(victim)
+    check_invariants(homes[1], p["remote"], TASKS, homes=homes)
+    launches = lane_launches(homes[1])
+    assert launches and all(n == 1 for n in launches.values()), {k: n for k, n in launches.items() if n != 1}
+    con = db(homes[1])
+    interrupted = con.execute("SELECT count(*) FROM lane_runs WHERE status = 'interrupted'").fetchone()[0]
+    takeovers = {}
+    for r in con.execute("SELECT task_id, payload FROM events WHERE kind = 'task.taken_over' AND id > ?",
+                         (last_event,)):
+        if json.loads(r["payload"])["from_worktree"].startswith(f"{victim_home}/"):
+            takeovers[r["task_id"]] = json.loads(r["payload"])
+    runs_by_home = {str(h): con.execute("SELECT count(*) FROM lane_runs WHERE log_dir LIKE ?",
+                                        (f"{h}/%",)).fetchone()[0] for h in homes}
+    con.close()
+    assert set(held) <= set(takeovers), (held, takeovers)          # the killed runner's tasks were taken over
+    assert interrupted >= 1                                          # the lane it was running, recorded as such
+    assert all(runs_by_home.values()), runs_by_home                  # all three runners worked
+    print(f"runners chaos: {TASKS} tasks, killed runner held {held}, {interrupted} interrupted run(s), "
+          f"lanes per home {list(runs_by_home.values())}, {time.monotonic() - started:.1f}s")
