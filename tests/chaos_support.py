@@ -270,3 +270,44 @@ def add_home(p: dict, name: str) -> Path:
     shutil.copy(Path(p["home"]) / "config.yaml", home / "config.yaml")
     (home / "ledger.db").symlink_to(shared)
     return home
+
+
+# one round per task: the scripted reviewer approves a change without a leftover print() (the runners chaos test and
+# scripts/bench-runners)
+ONE_ROUND = {"groups": [{"summary": "Default a missing qty to one unit in line_total",
+                         "edits": [{"path": "widgets/pricing.py", "find": '    return item["price"] * item["qty"]',
+                                    "replace": '    return item["price"] * item.get("qty", 1)'}]}]}
+
+
+def runner_homes(root: Path, runners: int, tasks: int, sleep: str = "2", log: Path | None = None) -> tuple[dict, list]:
+    """A batch of ``tasks`` one-round tasks whose lanes sleep ``sleep`` seconds, and ``runners`` homes on one shared
+    ledger (the first is the one the batch was built in)."""
+    lane_args = ("--sleep", sleep) + (("--log", str(log)) if log else ())
+    p = build(root, tasks=tasks, lane_args=lane_args)
+    p["playbook"].write_text(json.dumps(ONE_ROUND))
+    share_ledger(p)
+    homes = [p["home"]] + [add_home(p, f"runner-{i + 1}") for i in range(1, runners)]
+    return p, homes
+
+
+def runner(home: Path, log: Path | None = None, jobs: int = 1, interval: float = 0.2,
+           env: dict | None = None) -> subprocess.Popen:
+    """A real `agent daemon` for ``home`` in its own process group."""
+    return watcher(home, env=env, log=log, command=("daemon", "--interval", str(interval), "--jobs", str(jobs)))
+
+
+def count_done(home: Path) -> int:
+    with sqlite3.connect(Path(home) / "ledger.db", timeout=30) as c:
+        return c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0]
+
+
+def stop_runners(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every live runner (the running step finishes), SIGKILL what does not stop within 30 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)

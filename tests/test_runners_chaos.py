@@ -13,19 +13,15 @@ tasks the killed runner held were taken over by the others (a `task.taken_over` 
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
 import time
 
 import pytest
 
-from chaos_support import add_home, build, check_invariants, kill_group, lane_launches, share_ledger, wait_for, watcher
+from chaos_support import (check_invariants, count_done, kill_group, lane_launches, runner, runner_homes, stop_runners,
+                           wait_for)
 
 TASKS = 12
-# one round per task: the scripted reviewer approves a change without a leftover print()
-ONE_ROUND = {"groups": [{"summary": "Default a missing qty to one unit in line_total",
-                         "edits": [{"path": "widgets/pricing.py", "find": '    return item["price"] * item["qty"]',
-                                    "replace": '    return item["price"] * item.get("qty", 1)'}]}]}
 
 
 def db(home):
@@ -34,18 +30,11 @@ def db(home):
     return con
 
 
-def runner(home, log, jobs=2):
-    return watcher(home, log=log, command=("daemon", "--interval", "0.2", "--jobs", str(jobs)))
-
-
 @pytest.mark.slow
 def test_three_runners_one_killed_mid_lane(tmp_path):
     started = time.monotonic()
-    p = build(tmp_path / "w", tasks=TASKS, lane_args=("--sleep", "2", "--log", str(tmp_path / "lanes.log")))
-    p["playbook"].write_text(json.dumps(ONE_ROUND))
-    share_ledger(p)
-    homes = [p["home"], add_home(p, "runner-2"), add_home(p, "runner-3")]
-    procs = [runner(h, tmp_path / f"runner-{i + 1}.log") for i, h in enumerate(homes)]
+    p, homes = runner_homes(tmp_path / "w", runners=3, tasks=TASKS, sleep="2", log=tmp_path / "lanes.log")
+    procs = [runner(h, tmp_path / f"runner-{i + 1}.log", jobs=2) for i, h in enumerate(homes)]
     victim, victim_home = procs[0], homes[0]
     try:
         def victim_in_a_lane():
@@ -65,23 +54,10 @@ def test_three_runners_one_killed_mid_lane(tmp_path):
         kill_group(victim)                       # SIGKILL mid-lane
         assert held, "the killed runner held no task"
 
-        def all_done():
-            con = db(homes[1])
-            try:
-                return con.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0] == TASKS
-            finally:
-                con.close()
-
-        assert wait_for(all_done, 120), [(tmp_path / f"runner-{i}.log").read_text()[-3000:] for i in (2, 3)]
+        assert wait_for(lambda: count_done(homes[1]) == TASKS, 120), \
+            [(tmp_path / f"runner-{i}.log").read_text()[-3000:] for i in (2, 3)]
     finally:
-        for proc in procs[1:]:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs[1:]:
-            try:
-                proc.wait(30)
-            except Exception:
-                kill_group(proc)
+        stop_runners(procs[1:])
         if victim.poll() is None:
             kill_group(victim)
     check_invariants(homes[1], p["remote"], TASKS, homes=homes)
