@@ -12,6 +12,7 @@ reported as that PR's item and does not stop the others.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -202,7 +203,11 @@ def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[
 
     cutoff = (datetime.now(timezone.utc) - timedelta(seconds=grace_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     items = []
+    from agent.workspace import own_worktree
+
     for t in ledger.finished_worktrees(cutoff):
+        if os.path.realpath(t["worktree"]) != os.path.realpath(own_worktree(home, t["id"])):
+            continue  # another runner's home holds it: that runner removes it (a folder here is never theirs)
         token = claim(ledger, t["id"])
         if token is None:
             continue  # someone works on it (a reset): not finished after all

@@ -13,10 +13,11 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from chaos_support import (add_home, build, check_invariants, git, kill_group, lane_launches, run_to_end,
+from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
                            share_ledger, wait_for, watcher)
 
 
@@ -109,3 +110,29 @@ def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more
     assert all(n == 1 for n in lane_launches(b).values()), lane_launches(b)
     payloads = [e["payload"] for e in events(b) if e["kind"] == "task.taken_over"]
     assert len(payloads) == 1 and str(run_id) in payloads[0]
+
+
+def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
+    """`watch pr-merged` removes finished tasks' worktrees after the grace, but only those in its own home."""
+    import yaml
+
+    p = build(tmp_path / "w", tasks=1, limits={"worktree_grace": 0})
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    run_to_end(a, log=tmp_path / "a.log")
+    worktree = task(a)["worktree"]
+    con = db(a)
+    con.execute("UPDATE prs SET state = 'merged'")           # as follow-up records a merged PR
+    con.commit()
+    con.close()
+    for home in (a, b):
+        cfg = yaml.safe_load((home / "config.yaml").read_text())
+        assert cfg["limits"]["worktree_grace"] == 0
+    out = subprocess.run([*agent_bin(), "--home", str(b), "watch", "pr-merged"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert task(b)["worktree"] == worktree and (Path(worktree) / ".git").exists()   # B left A's worktree alone
+    out = subprocess.run([*agent_bin(), "--home", str(a), "watch", "pr-merged"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert task(a)["worktree"] is None and not Path(worktree).exists()             # A removes its own
