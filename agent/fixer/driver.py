@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import chain
-from agent.ledger import Ledger, ledger_path, now
+from agent.ledger import Ledger, ledger_path
+from agent.ledger.tasks import forget_commits, record_workspace, task_commits, wait_reason
 from agent.shutdown import STOP
 from agent.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task, set_step, snapshot,
                          start_next_round, transition)
@@ -162,22 +163,10 @@ def ensure_workspace(ctx: Ctx) -> None:
 
     # the ledger never keeps a commit the repository lacks: a base that a re-cloned mirror no longer has is replaced
     base_sha = t["base_sha"] if has_commit(ws.mirror, t["base_sha"]) else ws.base_sha
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {
-            "worktree": str(ws.path), "branch": ws.branch, "base_sha": base_sha, "updated_at": now()})
-        ctx.ledger.event(c, "workspace.ready", "script", {"path": str(ws.path), "branch": ws.branch,
-                                                         "created": ws.created, "replaced_lost": lost and ws.created,
-                                                         "start_at": start_at},
-                         task_id=ctx.task_id)
-        if foreign:
-            interrupted = _interrupt_foreign_lanes(ctx, c)
-            ctx.ledger.event(c, "task.taken_over", "script", {"from_worktree": t["worktree"], "to": str(ws.path),
-                                                              "head": t["head_sha"], "start_at": start_at,
-                                                              "interrupted_runs": interrupted},
-                             task_id=ctx.task_id)
-        if t["base_sha"] and base_sha != t["base_sha"]:
-            ctx.ledger.event(c, "workspace.base_replaced", "script", {"old": t["base_sha"], "new": base_sha},
-                             task_id=ctx.task_id)
+    record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
+                     old_base_sha=t["base_sha"], created=ws.created, replaced_lost=lost and ws.created,
+                     claim_token=ctx.token, start_at=start_at, taken_over_from=t["worktree"] if foreign else None,
+                     head=t["head_sha"], own_lanes=str(Path(ctx.home).resolve() / "lanes") + "/")
     if foreign:
         ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
                 f"{(start_at or 'the pushed branch or base')[:12]}")
@@ -209,21 +198,6 @@ def _rebuild_point(ctx: Ctx, repo) -> str | None:
     return previous
 
 
-def _interrupt_foreign_lanes(ctx: Ctx, c) -> list[int]:
-    """Lane runs of this task left ``running`` by another runner's home (it died or lost its claim): marked
-    ``interrupted``, so the step runs its lane again here. The only case in which a (task, round, role) lane
-    launches twice; their vendor sessions live in that other home, so nothing is resumed."""
-    own_lanes = str(Path(ctx.home).resolve() / "lanes") + "/"
-    rows = c.execute("SELECT id, log_dir FROM lane_runs WHERE task_id = ? AND status = 'running'",
-                     (ctx.task_id,)).fetchall()
-    ids = [r[0] for r in rows if not (r[1] or "").startswith(own_lanes)]
-    for run_id in ids:
-        ctx.ledger.update(c, "lane_runs", {"id": run_id, "status": "running"},
-                          {"status": "interrupted", "reason": "its runner stopped; the task was taken over",
-                           "ended_at": now()})
-    return ids
-
-
 def _reconcile_lost_work(ctx: Ctx, ws) -> None:
     """The worktree was made again (its folder or the whole mirror was deleted, or another runner's home advanced
     the task). If the round's work did not survive (edits not yet committed, or a commit from before hidden refs
@@ -241,21 +215,16 @@ def _reconcile_lost_work(ctx: Ctx, ws) -> None:
         and not (snap.committed_round and t["head_sha"] == head)   # a recorded commit whose step is not closed yet
     if not uncommitted and (t["head_sha"] == head or (t["head_sha"] is None and not done_this_round)):
         return  # nothing was lost: the recorded head is what the new worktree holds
-    known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    known = {r["sha"] for r in task_commits(ctx.ledger, ctx.task_id)}
     if uncommitted and head not in known and parent_of(ws.mirror, head) == (t["head_sha"] or t["base_sha"]):
         return  # the round's commit was pushed to the task's ref before its runner died: the commit step adopts it
     new_head = head if head in known else None
     pushed = t["pushed_sha"] if has_commit(ws.mirror, t["pushed_sha"]) else None
     lost = t["head_sha"][:12] if t["head_sha"] and t["head_sha"] != head else "the uncommitted edits"
     source = "the last recorded commit" if new_head else "the base"
-    gone = [r for r in ctx.ledger.all("SELECT id, sha, round FROM commits WHERE task_id = ? ORDER BY id",
-                                      (ctx.task_id,)) if not has_commit(ws.mirror, r["sha"])]
+    gone = [r for r in task_commits(ctx.ledger, ctx.task_id) if not has_commit(ws.mirror, r["sha"])]
     if gone:  # commits the repository no longer has leave the commits table; the events keep their history
-        with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-            for r in gone:
-                ctx.ledger.delete(c, "commits", {"id": r["id"]})
-                ctx.ledger.event(c, "commit.lost", "script", {"sha": r["sha"], "round": r["round"]},
-                                 task_id=ctx.task_id)
+        forget_commits(ctx.ledger, ctx.task_id, gone, claim_token=ctx.token)
     _, rnd = start_next_round(ctx.ledger, ctx.task_id,
                               f"The workspace was lost and made again from {source}; the previous round's work "
                               f"({lost}) is gone. Make the change again.", claim_token=ctx.token, free=True,
@@ -298,7 +267,7 @@ def clear_stale_git_locks(ctx: Ctx) -> None:
         lock = git_dir / name
         if lock.exists():
             lock.unlink(missing_ok=True)
-            with ctx.ledger.tx() as c:
+            with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
                 ctx.ledger.event(c, "workspace.stale_lock_removed", "script", {"path": str(lock)},
                                  task_id=ctx.task_id)
             ctx.say(f"removed stale {name} left by a killed git command")
@@ -369,7 +338,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
     finally:
         if token and ctx.waiting is None:
             try:  # it moved (or stopped for another reason): it no longer waits
-                if ledger.scalar("SELECT wait_reason FROM tasks WHERE id = ?", (task_id,)) is not None:
+                if wait_reason(ledger, task_id) is not None:
                     from agent.tasks import note_wait
 
                     note_wait(ledger, task_id, None, token)
