@@ -495,6 +495,8 @@ def record_workspace(ledger: Ledger, task_id: int, *, path: str, branch: str, ba
     ``taken_over_from`` (the worktree of another runner's home, which advanced the task last): in the same
     transaction the lane runs of the task that are still ``running`` and were not started by this home (their run
     dir is not under ``own_lanes``) become ``interrupted``, and ``task.taken_over`` names them. Returns their ids."""
+    from agent.ledger.lanes import interrupt_run
+
     interrupted: list[int] = []
     with claimed_tx(ledger, task_id, claim_token) as c:
         ledger.update(c, "tasks", {"id": task_id}, {"worktree": path, "branch": branch, "base_sha": base_sha,
@@ -508,10 +510,8 @@ def record_workspace(ledger: Ledger, task_id: int, *, path: str, branch: str, ba
                                (task_id,)).fetchall():
                 if own_lanes and (r["log_dir"] or "").startswith(own_lanes):
                     continue
-                ledger.update(c, "lane_runs", {"id": r["id"], "status": "running"},
-                              {"status": "interrupted", "reason": reason, "ended_at": now()})
-                ledger.event(c, "lane.interrupted", "script", {"run_id": r["id"], "reason": reason}, task_id=task_id)
-                interrupted.append(r["id"])
+                if interrupt_run(ledger, r["id"], reason, task_id=task_id, claim_token=claim_token, conn=c):
+                    interrupted.append(r["id"])
             ledger.event(c, "task.taken_over", "script", {"from_worktree": taken_over_from, "to": path, "head": head,
                                                           "start_at": start_at, "interrupted_runs": interrupted},
                          task_id=task_id)
