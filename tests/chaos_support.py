@@ -249,9 +249,11 @@ def lane_host_pid(home: Path, timeout: float = 10.0) -> int:
         time.sleep(0.05)
 
 
-def share_ledger(p: dict) -> Path:
+def share_ledger(p: dict) -> Path | None:
     """Move the built home's SQLite ledger next to the homes and link it back, so several runner homes (each with
     its own mirrors, worktrees, locks and logs) share one ledger file, as runners on one machine would."""
+    if os.environ.get("AGENT_LEDGER_URL"):
+        return None   # PostgreSQL (--ledger=postgres): every home and every runner process uses it already
     shared = Path(p["root"]) / "shared-ledger.db"
     own = Path(p["home"]) / "ledger.db"
     if not shared.exists():
@@ -268,7 +270,8 @@ def add_home(p: dict, name: str) -> Path:
     home = Path(p["root"]) / name
     home.mkdir(mode=0o700)
     shutil.copy(Path(p["home"]) / "config.yaml", home / "config.yaml")
-    (home / "ledger.db").symlink_to(shared)
+    if shared is not None:
+        (home / "ledger.db").symlink_to(shared)
     return home
 
 
