@@ -1,4 +1,10 @@
-"""Shared fixtures: a fresh AGENT_HOME, its ledger, a CLI runner, and real git repositories."""
+"""Shared fixtures: a fresh AGENT_HOME, its ledger, a CLI runner, and real git repositories.
+
+``--ledger=postgres`` runs the tests against a real PostgreSQL server the session starts itself
+(tests/pgserver.py): the ``home`` fixture then sets AGENT_LEDGER_URL to a fresh database of its own, so in-process
+CLI calls, library calls through ``ledger_path(home)`` and subprocesses all use it. Tests about the SQLite file
+itself are marked ``sqlite_only`` and skipped there, with the reason.
+"""
 
 from __future__ import annotations
 
@@ -11,29 +17,90 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 
 ROOT = Path(__file__).resolve().parent.parent
 # A lane for every chain role: a config must serve the open tasks (else it is refused like invalid YAML).
 LANES_YAML = "lanes: {implementer: codex, reviewer: claude, pr-quality: claude, pr-logic: codex}\n"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--ledger", choices=("sqlite", "postgres"), default="sqlite",
+                     help="the ledger backend the `home` and `ledger` fixtures use (postgres: a real server the "
+                          "session starts itself)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--ledger") != "postgres":
+        return
+    for item in items:
+        mark = item.get_closest_marker("sqlite_only")
+        if mark is not None:
+            why = mark.args[0] if mark.args else "about the SQLite ledger file itself"
+            item.add_marker(pytest.mark.skip(reason=f"sqlite_only under --ledger=postgres: {why}"))
+
+
+def postgres_mode(config) -> bool:
+    return config.getoption("--ledger") == "postgres"
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL cluster for the session (tests/pgserver.py), or a skip saying why there is none."""
+    from pgserver import PgServer, Unavailable
+
+    try:
+        server = PgServer.start()
+    except Unavailable as exc:
+        pytest.skip(f"no PostgreSQL server can be started here: {exc}")
+    try:
+        server.migrate_template()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def pg_url(pg_server) -> str:
+    """A fresh, migrated PostgreSQL ledger database of this test's own."""
+    url = pg_server.fresh()
+    yield url
+    pg_server.drop(url)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch, request) -> Path:
     h = tmp_path / "home"
     h.mkdir(exist_ok=True)  # every command but `agent init` refuses a home that does not exist
     monkeypatch.setenv("AGENT_HOME", str(h))
-    for var in ("GITHUB_TOKEN", "GH_TOKEN"):
+    for var in ("GITHUB_TOKEN", "GH_TOKEN", "AGENT_LEDGER_URL"):
         monkeypatch.delenv(var, raising=False)
+    if postgres_mode(request.config):
+        monkeypatch.setenv("AGENT_LEDGER_URL", request.getfixturevalue("pg_url"))
     return h
 
 
 @pytest.fixture
 def ledger(home) -> Ledger:
     home.mkdir(parents=True, exist_ok=True)
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     yield led
     led.close()
+
+
+def ledger_conn(home: Path):
+    """A raw connection to the home's ledger, whichever backend (tests that read or poke rows directly): rows
+    read by name and index, ``?`` placeholders, writes committed at once. Close it when done."""
+    where = ledger_path(home)
+    if isinstance(where, str):
+        from agent.ledger.backend import connect_pg
+
+        return connect_pg(where)
+    import sqlite3
+
+    con = sqlite3.connect(where, timeout=30, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    return con
 
 
 class Agent:
