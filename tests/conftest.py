@@ -68,15 +68,22 @@ def pg_url(pg_server) -> str:
     pg_server.drop(url)
 
 
+@pytest.fixture(autouse=True)
+def _ledger_backend(request, monkeypatch):
+    """SQLite: no AGENT_LEDGER_URL leaks in from the shell. --ledger=postgres: every test (but sqlite_only ones)
+    gets a fresh PostgreSQL database in AGENT_LEDGER_URL, so ``ledger_path(any home)`` and every subprocess use it."""
+    monkeypatch.delenv("AGENT_LEDGER_URL", raising=False)
+    if postgres_mode(request.config) and request.node.get_closest_marker("sqlite_only") is None:
+        monkeypatch.setenv("AGENT_LEDGER_URL", request.getfixturevalue("pg_url"))
+
+
 @pytest.fixture
-def home(tmp_path, monkeypatch, request) -> Path:
+def home(tmp_path, monkeypatch) -> Path:
     h = tmp_path / "home"
     h.mkdir(exist_ok=True)  # every command but `agent init` refuses a home that does not exist
     monkeypatch.setenv("AGENT_HOME", str(h))
-    for var in ("GITHUB_TOKEN", "GH_TOKEN", "AGENT_LEDGER_URL"):
+    for var in ("GITHUB_TOKEN", "GH_TOKEN"):
         monkeypatch.delenv(var, raising=False)
-    if postgres_mode(request.config):
-        monkeypatch.setenv("AGENT_LEDGER_URL", request.getfixturevalue("pg_url"))
     return h
 
 
@@ -86,6 +93,55 @@ def ledger(home) -> Ledger:
     led = Ledger.open(ledger_path(home))
     yield led
     led.close()
+
+
+def on_postgres() -> bool:
+    """Whether this test's ledger is PostgreSQL (--ledger=postgres)."""
+    return bool(os.environ.get("AGENT_LEDGER_URL"))
+
+
+# What a constraint or trigger violation raises, on either backend.
+def db_errors() -> tuple[type[BaseException], ...]:
+    import sqlite3
+
+    import psycopg
+
+    return (sqlite3.DatabaseError, psycopg.DatabaseError)
+
+
+def add_failing_trigger(conn, name: str, table: str, event: str = "UPDATE") -> None:
+    """A trigger that makes every ``event`` on ``table`` fail (a fault in the middle of a transaction)."""
+    if on_postgres():
+        conn.execute(f"CREATE FUNCTION {name}_fn() RETURNS trigger LANGUAGE plpgsql AS "
+                     f"$$ BEGIN RAISE EXCEPTION '{name}'; END $$")
+        conn.execute(f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION {name}_fn()")
+    else:
+        conn.execute(f"CREATE TRIGGER {name} BEFORE {event} ON {table} BEGIN SELECT RAISE(ABORT, '{name}'); END")
+
+
+def drop_trigger(conn, name: str, table: str) -> None:
+    if on_postgres():
+        conn.execute(f"DROP TRIGGER {name} ON {table}")
+        conn.execute(f"DROP FUNCTION {name}_fn()")
+    else:
+        conn.execute(f"DROP TRIGGER {name}")
+
+
+def ledger_bytes(home: Path) -> bytes:
+    """Everything the home's ledger stores, as bytes (SQLite: the files, WAL included; PostgreSQL: every row of
+    every table), for tests asserting a secret never reached it."""
+    where = ledger_path(home)
+    if not isinstance(where, str):
+        return b"".join(p.read_bytes() for p in Path(home).glob("ledger.db*"))
+    con = ledger_conn(home)
+    try:
+        out = []
+        for (table,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                    "WHERE table_schema = current_schema()").fetchall():
+            out += [repr(tuple(r)) for r in con.execute(f'SELECT * FROM "{table}"').fetchall()]
+        return "\n".join(out).encode()
+    finally:
+        con.close()
 
 
 def ledger_conn(home: Path):
