@@ -14,7 +14,7 @@ from typing import Callable
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
                echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
     from agent import AgentError
-    from agent.commands.watch import SCANS, news, run_scan
+    from agent.scans import SCANS, news, run_scan
     from agent.shutdown import STOP, graceful_stop
 
     app.require_home()

@@ -209,7 +209,7 @@ def setup(root: Path) -> dict:
 
 def _review_round(app, task: dict, pr: dict, echo, max_passes: int) -> None:
     """A reviewer asks for a change on the draft PR; `watch pr-feedback` starts round 3 on the same PR."""
-    from agent.commands.watch import run_scan
+    from agent.scans import run_scan
     from agent.forge.local import LocalForge, local_user
 
     forge = LocalForge(app.ledger, app.home, REPO)
@@ -228,7 +228,7 @@ def _review_round(app, task: dict, pr: dict, echo, max_passes: int) -> None:
 
 def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     from agent.app import App
-    from agent.commands.watch import run_scan
+    from agent.scans import run_scan
     from agent.decide import decide
     from agent.intake.store import ingest_text
 

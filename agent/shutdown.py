@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 # Set on the first signal; the fixer and the scans check it between steps (kept here, not in agent.fixer, so a
-# `watch errors` tick does not import the fixer just to read a flag; ``agent.fixer.STOP`` is this same object).
+# `watch errors` tick does not import the fixer just to read a flag; the fixer's modules import this same object).
 STOP = threading.Event()
 
 

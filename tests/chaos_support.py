@@ -31,7 +31,7 @@ def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: st
           github_api_url: str | None = None, limits: dict | None = None, api_url: str | None = None) -> dict:
     """Demo project + remote + config + ``tasks`` distinct errors decided fix + `watch error-fix` run once."""
     from agent.app import App
-    from agent.commands.watch import run_scan
+    from agent.scans import run_scan
     from agent.decide import decide
     from agent.demo import BRIEF, PLAYBOOK, error_events, make_project, write_config
     from agent.intake.store import ingest_text

@@ -224,9 +224,9 @@ def remote_with_branch(tmp_path: Path, branch: str) -> tuple[Path, Path]:
 
 @pytest.fixture(autouse=True)
 def _process_wide_state_reset():
-    """Tests that exercise shutdown (proc.kill_all halts the runner, fixer.STOP) must not leak into the next."""
+    """Tests that exercise shutdown (proc.kill_all halts the runner, shutdown.STOP) must not leak into the next."""
     yield
     if "agent.proc" in sys.modules:
         sys.modules["agent.proc"].resume_starting()
-    if "agent.fixer" in sys.modules:
-        sys.modules["agent.fixer"].STOP.clear()
+    if "agent.shutdown" in sys.modules:
+        sys.modules["agent.shutdown"].STOP.clear()

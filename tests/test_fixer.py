@@ -76,7 +76,7 @@ def ingest_and_decide(paths, service=demo.SERVICE, brief=demo.BRIEF, events=None
 
 
 def scan(paths, name, jobs=1):
-    from agent.commands.watch import run_scan
+    from agent.scans import run_scan
 
     app = App(home=paths["home"])
     try:

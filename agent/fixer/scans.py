@@ -1,0 +1,125 @@
+"""The fixer's two scans:
+
+- ``fix_scan`` (`agent watch error-fix`): each confirmed fix conclusion becomes a task (found or created, never
+  two per error) with its workspace.
+- ``work_scan`` (`agent watch error-fix-work`): drives every open task through the chain as far as it can go now.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.fixer.driver import Ctx, Stop, advance, ensure_workspace
+from agent.ledger import Ledger, ledger_path
+from agent.shutdown import STOP
+
+if TYPE_CHECKING:
+    from agent.config import Config
+
+
+def lift_config_blocks(ledger: Ledger, home: Path, config: Config, blocked: list[dict]) -> list[dict]:
+    """Tasks gate-blocked by the config (repository not configured, no lane for a role; ``blocked`` from
+    ``tasks.config_blocked_tasks``) go back to work, with an event, once the config has what they need again."""
+    from agent.config import task_gaps
+    from agent.tasks import lift_config_block
+
+    items = []
+    for t in blocked:
+        if task_gaps(config, home, t):
+            continue
+        if lift_config_block(ledger, t["id"], "the config has what it needs again"):
+            items.append({"task_id": t["id"], "line": f"task {t['id']}: config fixed, back to work "
+                                                      f"(was: {t['blocked_reason']})"})
+    return items
+
+
+def work_scan(app, jobs: int = 1) -> list[dict]:
+    """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once (first putting
+    back to work the tasks whose config block the config no longer causes)."""
+    from agent.tasks import config_blocked_tasks
+
+    blocked = config_blocked_tasks(app.ledger)  # the config is loaded only when there is something to check
+    lifted = lift_config_blocks(app.ledger, app.home, app.config, blocked) if blocked else []
+    ids = [r["id"] for r in app.ledger.all("SELECT id FROM tasks WHERE state IN ('open', 'working') ORDER BY id")]
+    if not ids:
+        return lifted
+    config = app.config
+
+    def one(task_id: int) -> dict:
+        if STOP.is_set():
+            return {"task_id": task_id, "line": f"task {task_id}: not started: shutting down"}
+        lines = advance(app.home, config, task_id, progress=jobs <= 1)
+        t = app_task_state(app.home, task_id)
+        # nothing to say (no progress, the same wait as last time): quiet, so a cron tick mails only news
+        return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
+                "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now",
+                **({} if lines else {"quiet": True})}
+
+    if jobs <= 1 or len(ids) == 1:
+        return lifted + [one(i) for i in ids]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return lifted + list(pool.map(one, ids))
+
+
+def app_task_state(home: Path, task_id: int) -> dict:
+    led = Ledger.open(ledger_path(home), create=False)
+    try:
+        return led.one("SELECT state, round FROM tasks WHERE id = ?", (task_id,)) or {"state": "?", "round": 0}
+    finally:
+        led.close()
+
+
+def fix_scan(app, jobs: int = 1) -> list[dict]:
+    """`agent watch error-fix`: every confirmed error.fix conclusion without a task gets one, with its workspace."""
+    ledger, config = app.ledger, app.config
+    rows = ledger.all("SELECT c.id AS conclusion_id, c.error_id, e.service, e.class, e.message, e.repo, e.state "
+                      "FROM conclusions c JOIN errors e ON e.id = c.error_id "
+                      "LEFT JOIN tasks t ON t.error_id = c.error_id "
+                      "WHERE c.kind = 'fix' AND t.id IS NULL AND e.state IN ('open', 'fixing') ORDER BY c.id")
+    items = []
+    for r in rows:
+        if STOP.is_set():  # SIGINT/SIGTERM: the workspace being made is finished, no new one is started
+            break
+        repo = config.repo_for_service(r["service"]) or config.repos.get(r["repo"] or "")
+        if repo is None:
+            items.append({"error_id": r["error_id"], "line": f"error {r['error_id'][:8]}: no repository configured "
+                          f"for service {r['service']!r}; add it to repos.<name>.services"})
+            continue
+        title = f"Fix {r['class'] or 'error'} in {r['service']}"
+        if r["message"]:
+            title += f": {r['message'].splitlines()[0]}"
+        from agent.tasks import create_task
+        from agent.workspace import branch_name
+
+        task_id, created = create_task(ledger, repo.name, title[:200], error_id=r["error_id"],
+                                       conclusion_id=r["conclusion_id"], base=repo.base,
+                                       round_cap=config.limits.round_cap, actor="script")
+        with ledger.tx() as c:
+            if c.execute("SELECT branch FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] is None:
+                ledger.update(c, "tasks", {"id": task_id},
+                              {"branch": branch_name(repo.branch_prefix, r["error_id"], task_id)})
+            if r["state"] == "open":
+                ledger.update(c, "errors", {"id": r["error_id"]}, {"state": "fixing"})
+                ledger.event(c, "error.state", "script", {"from": "open", "to": "fixing", "task_id": task_id},
+                             error_id=r["error_id"])
+        lines = advance_workspace_only(app.home, config, task_id)
+        items.append({"task_id": task_id, "error_id": r["error_id"], "created": created,
+                      "line": f"task {task_id} {'created' if created else 'found'} for error {r['error_id'][:8]}"
+                              + (f"; {lines}" if lines else "")})
+    return items
+
+
+def advance_workspace_only(home: Path, config: Config, task_id: int) -> str:
+    """Prepare the task's workspace now (so `watch error-fix` leaves it ready); errors are retried later."""
+    ledger = Ledger.open(ledger_path(home), create=False)
+    ctx = Ctx(home, config, ledger, task_id)
+    try:
+        ensure_workspace(ctx)
+        return f"worktree {ctx.task['worktree']}"
+    except Stop:
+        return "; ".join(ctx.lines)
+    finally:
+        ledger.close()

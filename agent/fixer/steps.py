@@ -1,0 +1,546 @@
+"""The fixer's step handlers: ``STEP_HANDLERS`` maps every chain step to the function that does its work, records
+the artifact (lane run, commit, check, gate, push, PR) and asks the guard to close the step (DESIGN.md
+"The fixer"); ``finish`` marks the task done once every step is closed on one head."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent import AgentError, chain
+from agent.fence import crashpoint
+from agent.fixer.driver import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
+                                repo_settings, task_git, wait)
+from agent.fixer.limits import check_budgets, pr_limits_reached
+from agent.ledger import Ledger, ledger_path, now
+from agent.shutdown import STOP
+from agent.tasks import ClaimLost, Refused, claimed_tx, snapshot, transition_in
+
+if TYPE_CHECKING:
+    from agent.config import RepoConfig
+
+
+def _error(ctx: Ctx) -> dict | None:
+    t = ctx.task
+    return ctx.ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
+
+
+def _brief(ctx: Ctx) -> str:
+    t = ctx.task
+    if t["conclusion_id"]:
+        row = ctx.ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],))
+        if row and row["brief"]:
+            return row["brief"]
+    return t["title"]
+
+
+def _feedback(ctx: Ctx) -> list[str]:
+    return [e["payload"].get("feedback", "") for e in ctx.ledger.events(task_id=ctx.task_id)
+            if e["kind"] == "round.started" and e["payload"].get("feedback")]
+
+
+def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
+    if not error:
+        return []
+    rows = ctx.ledger.all("SELECT text FROM lessons WHERE (service = ? OR fingerprint = ?) AND task_id IS NOT ? "
+                          "ORDER BY id DESC LIMIT 5", (error["service"], error["fingerprint"], ctx.task_id))
+    return [r["text"] for r in rows]
+
+
+def _check_command(ctx: Ctx, repo: RepoConfig) -> str | None:
+    if repo.check:
+        return repo.check
+    settings = repo_settings(ctx)
+    return settings.check if settings else None
+
+
+def _blocked_paths(ctx: Ctx, repo: RepoConfig) -> tuple[str, ...]:
+    settings = repo_settings(ctx)
+    extra = settings.blocked_paths if settings else ()
+    return tuple(dict.fromkeys(repo.blocked_paths + extra))
+
+
+def _require_lane(ctx: Ctx, role: str) -> None:
+    """No lane for the role is a config problem: gate-block at once with the fix; it clears by itself once the
+    config has the lane again (see ``lift_config_blocks``)."""
+    from agent.lanes.lane import LaneNotConfigured, _lane_settings
+
+    settings = repo_settings(ctx)
+    try:
+        _lane_settings(ctx.config, role, settings.lanes if settings else None, None)
+    except LaneNotConfigured as exc:
+        block(ctx, f"{chain.CONFIG_BLOCK} {exc}; the task goes on by itself once it is there")
+
+
+def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
+    """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
+    from agent.fence import lease_keeper
+    from agent.lanes.lane import run_lane
+    from agent.proc import kill_group_if_same, same_process
+
+    _require_lane(ctx, role)
+    t = ctx.task
+    settings = repo_settings(ctx)
+    inflight = ctx.ledger.one("SELECT id, pid, pid_start, started_at FROM lane_runs WHERE task_id = ? AND round = ? "
+                              "AND role = ? AND status = 'running' ORDER BY id DESC LIMIT 1",
+                              (ctx.task_id, t["round"], role))
+    if inflight and same_process(inflight["pid"], inflight["pid_start"]):
+        # We hold the claim, so its worker is gone: the orphan's output is unreachable. Let it end (it may still
+        # be editing the worktree), but not past its own timeout: then end its process group (pgid == pid).
+        # A pid alone proves nothing (it may have been reused): only the recorded pid AND start time count.
+        from agent.lanes.lane import _lane_settings
+
+        timeout = _lane_settings(ctx.config, role, settings.lanes if settings else None, None)[2]
+        started = datetime.strptime(inflight["started_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+        if (datetime.now(timezone.utc) - started).total_seconds() <= timeout + 30:
+            wait(ctx, f"{role} lane still running (pid {inflight['pid']}); waiting")
+        kill_group_if_same(inflight["pid"], inflight["pid_start"])
+        with ctx.ledger.tx() as c:
+            ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
+                                                                 "role": role, "timeout": timeout}, task_id=ctx.task_id)
+        ctx.say(f"{role} lane (pid {inflight['pid']}) outlived its {timeout}s timeout; killed, running it again")
+    if inflight and not inflight["pid"]:
+        # killed before its child started (its manifest may not even be recorded): nothing to resume or to compare
+        # against, so it is superseded and a fresh run starts (resuming it would be a false capability_drift)
+        with ctx.ledger.tx() as c:
+            ctx.ledger.update(c, "lane_runs", {"id": inflight["id"], "status": "running"},
+                              {"status": "interrupted", "reason": "interrupted before its process started",
+                               "ended_at": now()})
+        inflight = None
+    from agent.lanes.progress import LaneProgress
+
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext(), \
+            LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
+        result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
+                          ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
+                          head_sha=head, repo_lanes=settings.lanes if settings else None,
+                          claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
+                          on_progress=progress)
+    crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
+    if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
+        # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
+        # work; mark the run interrupted so the next scan runs it again instead of failing or blocking the task
+        with ctx.ledger.tx() as c:
+            ctx.ledger.update(c, "lane_runs", {"id": result.run_id},
+                              {"status": "interrupted", "reason": f"interrupted by shutdown ({result.status})"})
+        ctx.say(f"{role} lane interrupted by shutdown; the next scan runs it again")
+        raise Stop()
+    return result
+
+
+def _lane_outcome(ctx: Ctx, role: str, result) -> None:
+    """The shared handling of a lane that did not produce a usable report."""
+    from agent.lanes.lane import MIRROR_TAMPERED
+
+    if result.status == "unavailable":
+        block(ctx, f"{role} lane unavailable ({result.vendor}): {result.reason or 'binary missing or auth refused'}")
+    if result.status == "malformed":
+        excerpt = redact_text(result.excerpt or "")[-1500:]
+        fail(ctx, f"{role} report unparseable after {len(result.repairs)} repair turn(s): {result.reason}; "
+                   f"output tail: {excerpt}")
+    if result.status == "rejected" and (result.reason or "").startswith(MIRROR_TAMPERED):
+        # the mirror is restored already; the round's work is not trusted (the next round starts afresh)
+        reject_round(ctx, f"{role} lane rejected: it changed git's config, hooks or .git ({result.vendor})",
+                      f"The {role} lane changed git's own files ({redact_text(result.reason or '')}); they were "
+                      "restored. Never touch .git, hooks or git config.")
+        raise Stop()
+    if result.status == "rejected":
+        fail(ctx, f"{role} lane rejected: {result.reason}")
+
+
+def step_spec_written(ctx: Ctx) -> None:
+    from agent.spec import implementer_spec, write_spec
+
+    t = ctx.task
+    repo = repo_config(ctx)
+    error = _error(ctx)
+    text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
+                            [], _lessons(ctx, error))
+    path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
+    with ctx.ledger.tx() as c:
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
+        ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
+    snap = snapshot(ctx.ledger, ctx.task_id)
+    if not snap.from_conclusion:
+        from agent.tasks import HUMAN_STEP_PENDING
+
+        block(ctx, f"{HUMAN_STEP_PENDING} spec_written; read {path}, then run "
+                    f"`agent task close-step {ctx.task_id} spec_written --source human --evidence ...`")
+    eid = (t["error_id"] or "")[:8]
+    close_step(ctx, "spec_written", f"auto spec from error.fix brief (error_id={eid}): {path}")
+
+
+def _round_spec(ctx: Ctx) -> Path:
+    """The implementer spec for the current round (round 1 is the one spec_written recorded)."""
+    from agent.spec import implementer_spec, write_spec
+
+    t = ctx.task
+    path = Path(ctx.home) / "specs" / f"task-{ctx.task_id}" / f"round-{t['round']}.md"
+    if path.exists():
+        return path
+    repo = repo_config(ctx)
+    error = _error(ctx)
+    from agent.feedback import spec_findings
+
+    text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
+                            _feedback(ctx), _lessons(ctx, error),
+                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
+    path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
+    with ctx.ledger.tx() as c:
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
+        ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
+    return path
+
+
+def step_implementer_done(ctx: Ctx) -> None:
+    check_budgets(ctx)
+    spec = _round_spec(ctx)
+    result = _lane(ctx, "implementer", spec, ctx.task["head_sha"] or ctx.task["base_sha"])
+    _lane_outcome(ctx, "implementer", result)
+    if result.status == "complete":
+        close_step(ctx, "implementer_done", f"lane run #{result.run_id}: {(result.summary or '')[:300]}")
+        return
+    if result.status == "timeout":
+        reject_round(ctx, "implementer timed out", "The previous attempt timed out; make a smaller, focused change.")
+    else:
+        summary = redact_text(result.summary or result.reason or "")
+        reject_round(ctx, f"implementer reported {result.status}",
+                      f"The implementer reported STATUS: {result.status}: {summary}")
+
+
+def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
+    t = ctx.task
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+        ctx.ledger.insert(c, "commits", {"task_id": ctx.task_id, "round": t["round"], "sha": sha, "parent": parent,
+                                         "message": message, "created_at": now()})
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"head_sha": sha, "updated_at": now()})
+        ctx.ledger.event(c, "commit.recorded", "script", {"sha": sha, "round": t["round"]}, task_id=ctx.task_id)
+
+
+def step_committed(ctx: Ctx) -> None:
+    from agent.workspace import unsafe_changes
+
+    t = ctx.task
+    repo_cfg = repo_config(ctx)
+    g = task_git(ctx)
+    head = g.head()
+    if head == t["head_sha"] and snapshot(ctx.ledger, ctx.task_id).committed_round:
+        # a crash after the commit was recorded and before the step closed: close it, do not commit again
+        close_step(ctx, "committed", f"commit {head[:12]} (recorded before a crash)")
+        return
+    known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    previous = t["head_sha"] or t["base_sha"]
+    if head not in known and head != previous:
+        parents = g("rev-list", "--parents", "-n", "1", head).split()[1:]
+        if parents and parents[0] == previous and not g("status", "--porcelain", "--untracked-files=all"):
+            # a crash after `git commit` and before the ledger write: adopt that commit, do not commit again
+            _record_commit(ctx, head, previous, g("log", "-1", "--format=%B", head) + "\n")
+            close_step(ctx, "committed", f"commit {head[:12]} (recovered after a crash)")
+            return
+    g("add", "-A")
+    changes = g.staged_changes()
+    changed = [c.path for c in changes]
+    if not changed:
+        reject_round(ctx, "implementer made no change",
+                      "The previous round changed no file. The fix needs a code change.")
+        return
+    blocked = [p for p in changed for b in _blocked_paths(ctx, repo_cfg) if p == b.rstrip("/") or p.startswith(b)]
+    blocked += unsafe_changes(g, changes)
+    if blocked:
+        g("reset", "-q", "--hard", "HEAD")
+        g("clean", "-fdq")
+        shown = ", ".join(sorted(set(blocked)))
+        reject_round(ctx, f"touched blocked paths {shown}",
+                      f"The previous round made blocked changes ({shown}); never touch these paths, never add "
+                      "symlinks that point outside the repository and never add submodules.")
+        return
+    run = ctx.ledger.one("SELECT summary FROM lane_runs WHERE task_id = ? AND round = ? AND role = 'implementer' "
+                         "AND status = 'complete' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"]))
+    summary = redact_text((run or {}).get("summary") or t["title"]).strip()
+    subject = summary.splitlines()[0] if summary else t["title"]
+    subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
+    message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
+    name, email = ctx.config.git.author_name, ctx.config.git.author_email
+    # hardened git: no hooks (core.hooksPath=/dev/null, --no-verify); COMMIT_EDITMSG lands in the worktree's own
+    # git dir, so parallel tasks (--jobs) never share it
+    g("-c", f"user.name={name}", "-c", f"user.email={email}", "commit", "-q", "--no-verify", "--no-gpg-sign",
+      "--cleanup=verbatim", "-F", "-", input=message.encode())
+    sha = g.head()
+    crashpoint("commit.done")
+    # the parent git really used (never a recorded head the repository may no longer hold)
+    parent = (g("rev-list", "--parents", "-n", "1", sha).split()[1:] or [previous])[0]
+    _record_commit(ctx, sha, parent, message)
+    crashpoint("commit.recorded")
+    close_step(ctx, "committed", f"commit {sha[:12]}: {subject}")
+
+
+def step_local_check_pass(ctx: Ctx) -> None:
+    from agent.fence import lease_keeper
+    from agent.lanes.sandbox import check_argv
+    from agent.proc import run
+
+    t = ctx.task
+    repo_cfg = repo_config(ctx)
+    command = _check_command(ctx, repo_cfg)
+    if not command:
+        block(ctx, f"no check command for {t['repo']}; set repos.{t['repo']}.check or check: in the "
+                    "repository's .agent/config.yaml")
+    head = t["head_sha"]
+    folder = Path(ctx.home) / "checks" / f"task-{ctx.task_id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"round-{t['round']}-{head[:8]}.log"
+    try:
+        argv, env = check_argv(ctx.config, ctx.home, Path(t["worktree"]), command, folder / "sandbox")
+    except AgentError as exc:
+        block(ctx, f"check not started: {exc}")
+    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext():
+        res = run(argv, cwd=Path(t["worktree"]), env=env, timeout=ctx.config.limits.check_timeout,
+                  stdout_path=out, stderr_path=out.with_suffix(".err"))
+    passed = res.status == "ok"
+    if STOP.is_set() and not passed:  # killed by the daemon's second signal: run it again next scan
+        ctx.say("check interrupted by shutdown; the next scan runs it again")
+        raise Stop()
+    task_git(ctx)("clean", "-fdq")  # what the check left behind must not be committed by the next round
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+        ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
+                                        "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
+                                        "output_path": str(out), "duration_s": round(res.duration_s, 3),
+                                        "created_at": now()})
+        ctx.ledger.event(c, "check.recorded", "script", {"passed": passed, "exit_code": res.exit_code,
+                                                          "head": head, "status": res.status}, task_id=ctx.task_id)
+    if passed:
+        close_step(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s")
+        return
+    tail = redact_text(res.tail(2500))
+    what = "timed out" if res.timed_out else f"exit {res.exit_code}"
+    reject_round(ctx, f"check failed ({what})", f"The check `{command}` failed ({what}) on the previous round's "
+                                                f"commit. Its output ends with:\n{tail}")
+
+
+def _diff(ctx: Ctx) -> str:
+    t = ctx.task
+    return task_git(ctx).diff(t["base_sha"], t["head_sha"])
+
+
+def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
+    t = ctx.task
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+        ctx.ledger.insert(c, "gates", {"task_id": ctx.task_id, "round": t["round"], "stage": stage,
+                                       "dimension": dimension, "verdict": verdict,
+                                       "findings_count": result.findings, "head_sha": t["head_sha"],
+                                       "lane_run_id": result.run_id, "created_at": now()})
+        ctx.ledger.event(c, "gate.recorded", "lane", {"stage": stage, "dimension": dimension, "verdict": verdict,
+                                                      "findings": result.findings, "head": t["head_sha"],
+                                                      "lane_run_id": result.run_id}, task_id=ctx.task_id)
+
+
+def _review_spec(ctx: Ctx, dimension: str) -> Path:
+    from agent.spec import reviewer_spec, write_spec
+
+    t = ctx.task
+    spec_text = Path(t["spec_path"]).read_text(encoding="utf-8") if t["spec_path"] else ""
+    check = ctx.ledger.one("SELECT command, exit_code FROM checks WHERE task_id = ? AND head_sha = ? AND passed = 1 "
+                           "ORDER BY id DESC LIMIT 1", (ctx.task_id, t["head_sha"]))
+    summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
+    text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
+    return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
+
+
+def step_reviewer_approved(ctx: Ctx) -> None:
+    from agent.lanes.report import verdict
+
+    check_budgets(ctx)
+    t = ctx.task
+    result = _lane(ctx, "reviewer", _review_spec(ctx, "code"), t["head_sha"])
+    _lane_outcome(ctx, "reviewer", result)
+    if result.status == "timeout":
+        reject_round(ctx, "reviewer timed out", "The review timed out; keep the change small and easy to review.")
+        return
+    v = verdict(result.report)
+    _record_gate(ctx, result, "review", "code", v or "reject")
+    if v == "approve":
+        close_step(ctx, "reviewer_approved", f"lane run #{result.run_id}: approved {t['head_sha'][:12]}")
+        return
+    n = result.findings or 0
+    reject_round(ctx, f"reviewer rejected, {n} finding{'s' if n != 1 else ''}",
+                  f"The reviewer rejected the previous round (STATUS: {result.status}). Findings:\n"
+                  f"{redact_text(result.findings_text or result.summary or '')}")
+
+
+def step_pushed(ctx: Ctx) -> None:
+    from agent.forge import ForgeAuthError
+    from agent.push import push_branch
+
+    t = ctx.task
+    repo_cfg = repo_config(ctx)
+    try:
+        res = push_branch(Path(t["worktree"]), repo_cfg.url, t["branch"], t["base"], repo_cfg.branch_prefix,
+                          expected_remote_sha=t["pushed_sha"])
+    except ForgeAuthError as exc:
+        block(ctx, f"push refused: {exc}")
+    crashpoint("push.done")
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"pushed_sha": res.sha, "updated_at": now()})
+        ctx.ledger.event(c, "branch.pushed", "script", {"sha": res.sha, "pushed": res.pushed, "forced": res.forced,
+                                                        "branch": t["branch"]}, task_id=ctx.task_id)
+    close_step(ctx, "pushed", f"{t['branch']} at {res.sha[:12]}" + ("" if res.pushed else " (already on the remote)"))
+
+
+def _publish(ctx: Ctx):
+    """Create or update the task's draft PR with the current text (found by head after a crash, never twice)."""
+    from agent.forge import get_forge, publish_pr
+    from agent.pr import pr_data_from_ledger, render_pr
+
+    t = ctx.task
+    title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
+    forge = get_forge(repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):  # a worker that lost its claim must not touch the PR
+        pass
+    return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
+
+
+def step_pr_opened(ctx: Ctx) -> None:
+    from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient
+
+    t = ctx.task
+    if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
+        why = pr_limits_reached(ctx, t["repo"])
+        if why:
+            wait(ctx, f"waiting to open a PR: {why}")
+    try:
+        pr, action = _publish(ctx)
+    except ForgeAuthError as exc:
+        block(ctx, f"forge refused: {exc}")
+    except (ForgeRateLimited, ForgeTransient) as exc:
+        wait(ctx, f"forge busy, will retry next scan: {exc}")
+    except ForgeError as exc:  # e.g. a PR on our branch that we may not adopt: a human decides
+        block(ctx, f"forge: {exc}")
+    close_step(ctx, "pr_opened", f"draft PR {pr.url} at {t['head_sha'][:12]} ({action})")
+    ctx.say(f"draft PR {action}: {pr.url}")
+
+
+def step_pr_reviews(ctx: Ctx) -> None:
+    """The PR quality and logic reviewers run in parallel on the pushed head."""
+    from agent.lanes.report import verdict
+
+    check_budgets(ctx)
+    t = ctx.task
+    snap = snapshot(ctx.ledger, ctx.task_id)
+    todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
+    for d in todo:  # a missing lane blocks here, on the task's own thread, before either reviewer starts
+        _require_lane(ctx, f"pr-{d}")
+    specs = {d: _review_spec(ctx, d) for d in todo}
+    results: dict[str, object] = {}
+    stopped_dims: set[str] = set()
+    raised: dict[str, BaseException] = {}
+
+    def one(dimension: str) -> None:
+        led = Ledger.open(ledger_path(ctx.home), create=False)
+        try:
+            sub = Ctx(ctx.home, ctx.config, led, ctx.task_id, ctx.token)
+            results[dimension] = _lane(sub, f"pr-{dimension}", specs[dimension], t["head_sha"])
+        except Stop:  # waiting for an orphan, or interrupted by shutdown: this scan stops, the next goes on
+            stopped_dims.add(dimension)
+            ctx.lines.extend(sub.lines)
+            ctx.waiting = ctx.waiting or sub.waiting
+        except BaseException as exc:  # e.g. no vendor for the role: handed to this thread, never a "crash"
+            raised[dimension] = exc
+        finally:
+            led.close()
+
+    threads = [threading.Thread(target=one, args=(d,)) for d in todo]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    rejected: list[str] = []
+    stopped = False
+    for d in todo:
+        result = results.get(d)
+        if d in stopped_dims or d in raised:
+            stopped = stopped or d in stopped_dims
+            continue
+        if result is None:
+            fail(ctx, f"pr-{d} lane crashed; see the lane logs")
+        _lane_outcome(ctx, f"pr-{d}", result)
+        if result.status == "timeout":
+            rejected.append(f"PR {d} review timed out")
+            continue
+        v = verdict(result.report)
+        _record_gate(ctx, result, "pr", d, v or "reject")
+        if v == "approve":
+            close_step(ctx, f"pr_{d}_approved", f"lane run #{result.run_id}: approved {t['head_sha'][:12]}")
+        else:
+            rejected.append(f"PR {d} reviewer ({result.findings or 0} findings):\n"
+                            f"{redact_text(result.findings_text or result.summary or '')}")
+    if stopped:
+        raise Stop()
+    if raised:
+        # what went wrong in a reviewer thread is handled here, on the task's own thread: a one-line AgentError
+        # (a config error: unknown vendor, no lane for the role; no lane ran) gate-blocks the task with that
+        # reason for a human; anything else goes the way of any unexpected error in a step
+        d = next(d for d in todo if d in raised)
+        if isinstance(raised[d], AgentError) and not isinstance(raised[d], (ClaimLost, Refused)):
+            block(ctx, f"pr-{d} lane not started: {raised[d]}")
+        raise raised[d]
+    if rejected:
+        n = len(rejected)
+        reject_round(ctx, f"PR review rejected ({n} reviewer{'s' if n > 1 else ''})", "\n\n".join(rejected))
+
+
+def finish(ctx: Ctx) -> None:
+    from agent.forge import ForgeError
+
+    try:  # the PR body gets the PR reviewers' verdicts too
+        _publish(ctx)
+    except ForgeError as exc:  # owed to the forge: `watch pr-merged` retries it on later scans until it lands
+        from agent.followup import owe_pr_text
+
+        owe_pr_text(ctx.ledger, ctx.task_id, str(exc))
+        ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
+    t = ctx.task
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
+        lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
+                           "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
+                           (ctx.task_id,)).fetchone()
+        error = c.execute("SELECT service, fingerprint FROM errors WHERE id = ?", (t["error_id"],)).fetchone() \
+            if t["error_id"] else None
+        if lesson and not c.execute("SELECT 1 FROM lessons WHERE task_id = ?", (ctx.task_id,)).fetchone():
+            ctx.ledger.insert(c, "lessons", {"service": error[0] if error else None,
+                                             "fingerprint": error[1] if error else None,
+                                             "text": redact_text(lesson[0])[:500], "task_id": ctx.task_id,
+                                             "created_at": now()})
+        transition_in(ctx.ledger, c, ctx.task_id, t["state"], chain.DONE, "script",
+                      f"all reviewers approved {t['head_sha'][:12]}")
+    ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
+    _reply_on_pr(ctx)
+
+
+def _reply_on_pr(ctx: Ctx) -> None:
+    """A round started by PR feedback replies once on the PR when it is done (else `watch pr-feedback` retries)."""
+    from agent.feedback import post_owed_replies
+    from agent.forge import ForgeError, get_forge
+
+    if not ctx.ledger.owed_replies(ctx.task_id):
+        return
+    try:
+        forge = get_forge(repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
+        ctx.lines.extend(post_owed_replies(ctx.ledger, forge, ctx.task_id))
+    except ForgeError as exc:
+        ctx.lines.append(f"task {ctx.task_id}: PR reply not posted now ({exc}); `watch pr-feedback` retries")
+
+
+STEP_HANDLERS = {
+    "spec_written": step_spec_written,
+    "implementer_done": step_implementer_done,
+    "committed": step_committed,
+    "local_check_pass": step_local_check_pass,
+    "reviewer_approved": step_reviewer_approved,
+    "pushed": step_pushed,
+    "pr_opened": step_pr_opened,
+    "pr_quality_approved": step_pr_reviews,
+    "pr_logic_approved": step_pr_reviews,
+}
