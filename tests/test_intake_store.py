@@ -2,6 +2,7 @@
 reaches any byte of the ledger (main file and WAL) or any other file in the home."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from agent.intake.formats import Event, Frame, parse
 from agent.intake.store import ingest, list_errors
 from agent.ledger import Ledger, ledger_path
 
+from conftest import ledger_bytes, on_postgres
 from intake_payloads import JAVA_LOG, NODE_LOG, PY_LOG, sentry_java_event, sentry_python_event
 
 
@@ -134,6 +136,8 @@ def test_canary_secrets_never_reach_the_ledger_file(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {"AGENT_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    if on_postgres():
+        env["AGENT_LEDGER_URL"] = os.environ["AGENT_LEDGER_URL"]
     (tmp_path / "c.jsonl").write_text(_jsonl_with_canaries())
     (tmp_path / "s.json").write_text(json.dumps(_sentry_with_canaries()))
     (tmp_path / "t.log").write_text(_log_with_canaries() + PY_LOG + JAVA_LOG + NODE_LOG)
