@@ -79,6 +79,30 @@ def check_transition(current: str, target: str, actor: str, evidence: list[str] 
     return None
 
 
+# ------------------------------------------------------------------ the error state machine
+
+# An error is open until a conclusion or a PR moves it: a fix conclusion (or its task) -> fixing, a skip
+# conclusion or a PR closed without merge -> skipped, a merged PR -> resolved. Resolved is final: a recurrence
+# opens a new error row (agent.intake.store). ``agent.ledger.errors.transition_error`` asks this for every write.
+E_OPEN, E_FIXING, E_RESOLVED, E_SKIPPED = "open", "fixing", "resolved", "skipped"
+ERROR_STATES = (E_OPEN, E_FIXING, E_RESOLVED, E_SKIPPED)
+ERROR_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    E_OPEN: (E_FIXING, E_SKIPPED, E_RESOLVED),      # decided (fix/skip), or a hand-made task's PR merged
+    E_FIXING: (E_RESOLVED, E_SKIPPED),              # its PR merged, or closed without merge
+    E_SKIPPED: (E_FIXING, E_RESOLVED),              # a skip without conclusion (PR closed) decided again; a merge
+    E_RESOLVED: (),                                 # final
+}
+
+
+def check_error_transition(current: str, target: str) -> str | None:
+    """Return why an error may not go from ``current`` to ``target``, or None."""
+    if target not in ERROR_STATES:
+        return f"unknown error state {target!r}"
+    if target not in ERROR_TRANSITIONS.get(current, ()):
+        return f"an error may not go from {current} to {target}"
+    return None
+
+
 # ------------------------------------------------------------------ rounds
 
 

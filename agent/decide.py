@@ -17,13 +17,12 @@ each data line indented so nothing in it can pose as the final report.
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime, timedelta, timezone
 
-from agent import AgentError
+from agent import AgentError, chain
 from agent.config import Config, RepoConfig
 from agent.intake.redact import redact
-from agent.ledger import Ledger, now
+from agent.ledger import Ledger
 
 KINDS = ("fix", "skip")
 DECIDERS = ("human", "lane")
@@ -41,14 +40,6 @@ def repo_for_error(config: Config, error: dict) -> RepoConfig | None:
     return repo
 
 
-def open_draft_for_fingerprint(conn: sqlite3.Connection, fingerprint: str) -> dict | None:
-    row = conn.execute(
-        "SELECT p.url, p.number, p.task_id, e.id AS error_id FROM prs p JOIN tasks t ON p.task_id = t.id "
-        "JOIN errors e ON t.error_id = e.id WHERE e.fingerprint = ? AND p.state = 'open' AND p.draft = 1 "
-        "ORDER BY p.id LIMIT 1", (fingerprint,)).fetchone()
-    return dict(row) if row else None
-
-
 def decide(ledger: Ledger, config: Config, error_id: str, kind: str, brief: str | None = None,
            reason: str | None = None, decided_by: str = "human", lane_run_id: int | None = None) -> int:
     """Record a validated conclusion for an error; returns the conclusion id or raises DecideRefused."""
@@ -62,16 +53,17 @@ def decide(ledger: Ledger, config: Config, error_id: str, kind: str, brief: str 
         raise DecideRefused(f"error {error_id}: a fix needs a brief (what is broken, likely cause, where to look); "
                             "pass --brief TEXT" if kind == "fix" else
                             f"error {error_id}: a skip needs a reason; pass --reason TEXT")
+    from agent.ledger.errors import (conclusion_of, get_error, insert_conclusion, open_draft_for_fingerprint,
+                                     transition_error)
+
     with ledger.tx() as c:
-        row = c.execute("SELECT * FROM errors WHERE id = ?", (error_id,)).fetchone()
-        if row is None:
+        error = get_error(ledger, error_id, c)
+        if error is None:
             raise DecideRefused(f"no error with id {error_id!r}; see `agent error list`")
-        error = dict(row)
-        prior = c.execute("SELECT kind, decided_by, created_at FROM conclusions WHERE error_id = ?",
-                          (error_id,)).fetchone()
+        prior = conclusion_of(ledger, error_id, c)
         if prior is not None:
-            raise DecideRefused(f"error {error_id} already has a conclusion ({prior[0]} by {prior[1]} at {prior[2]}); "
-                                "one conclusion per error")
+            raise DecideRefused(f"error {error_id} already has a conclusion ({prior['kind']} by "
+                                f"{prior['decided_by']} at {prior['created_at']}); one conclusion per error")
         if error["state"] == "resolved":
             raise DecideRefused(f"error {error_id} is resolved; a recurrence opens a new error to decide")
         repo = None
@@ -81,22 +73,17 @@ def decide(ledger: Ledger, config: Config, error_id: str, kind: str, brief: str 
                 raise DecideRefused(
                     f"error {error_id}: no repository is configured for service {error['service']!r}; add it to "
                     "repos.<OWNER/NAME>.services in config.yaml (or decide --skip)")
-            pr = open_draft_for_fingerprint(c, error["fingerprint"])
+            pr = open_draft_for_fingerprint(ledger, error["fingerprint"], c)
             if pr is not None:
                 raise DecideRefused(
                     f"error {error_id}: an open draft PR for the same fingerprint exists ({pr['url'] or 'PR'} "
                     f"of task {pr['task_id']}); review or close it first")
-        ts = now()
-        cid = ledger.insert(c, "conclusions", {
-            "error_id": error_id, "kind": kind, "brief": text if kind == "fix" else None,
-            "reason": text if kind == "skip" else None, "decided_by": decided_by, "lane_run_id": lane_run_id,
-            "created_at": ts})
-        target = "fixing" if kind == "fix" else "skipped"
-        ledger.update(c, "errors", {"id": error_id}, {"state": target, "state_reason": f"{kind} by {decided_by}"})
+        cid = insert_conclusion(ledger, c, error_id, kind, text, decided_by, lane_run_id)
         ledger.event(c, "error.decided", decided_by, {
             "conclusion_id": cid, "kind": kind, "brief" if kind == "fix" else "reason": text,
             "repo": repo.name if repo else None, "lane_run_id": lane_run_id}, error_id=error_id)
-        ledger.event(c, "error.state", decided_by, {"from": error["state"], "to": target}, error_id=error_id)
+        transition_error(ledger, c, error_id, chain.E_FIXING if kind == "fix" else chain.E_SKIPPED, decided_by,
+                         reason=f"{kind} by {decided_by}")
         return cid
 
 
@@ -180,13 +167,9 @@ def candidates(ledger: Ledger, config: Config, at: datetime | None = None) -> li
     has not already concluded on (a refused lane decision waits for a human) or failed on too often."""
     at = at or datetime.now(timezone.utc)
     cutoff = (at - timedelta(days=config.decide.max_age_days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return ledger.all(
-        "SELECT e.* FROM errors e LEFT JOIN conclusions c ON c.error_id = e.id "
-        "WHERE c.id IS NULL AND e.state = 'open' AND e.count >= ? AND e.last_seen >= ? "
-        "AND NOT EXISTS (SELECT 1 FROM lane_runs r WHERE r.error_id = e.id AND r.role = 'decider' "
-        "                AND r.status = 'complete') "
-        "AND (SELECT count(*) FROM lane_runs r WHERE r.error_id = e.id AND r.role = 'decider') < ? "
-        "ORDER BY e.count DESC, e.last_seen DESC", (config.decide.min_count, cutoff, MAX_LANE_ATTEMPTS))
+    from agent.ledger.errors import decide_candidates
+
+    return decide_candidates(ledger, config.decide.min_count, cutoff, MAX_LANE_ATTEMPTS)
 
 
 def decide_with_lane(ledger: Ledger, config: Config, home, error: dict, spec_dir) -> dict:

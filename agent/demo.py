@@ -209,8 +209,9 @@ def setup(root: Path) -> dict:
 
 def _review_round(app, task: dict, pr: dict, echo, max_passes: int) -> None:
     """A reviewer asks for a change on the draft PR; `watch pr-feedback` starts round 3 on the same PR."""
-    from agent.scans import run_scan
     from agent.forge.local import LocalForge, local_user
+    from agent.ledger.tasks import active_task_ids
+    from agent.scans import run_scan
 
     forge = LocalForge(app.ledger, app.home, REPO)
     forge.add_review(int(pr["number"]), local_user(), "changes_requested", "",
@@ -222,15 +223,18 @@ def _review_round(app, task: dict, pr: dict, echo, max_passes: int) -> None:
     for _ in range(max_passes):
         for item in run_scan(app, "error-fix-work"):
             echo(item["line"])
-        if not app.ledger.one("SELECT id FROM tasks WHERE state IN ('open', 'working')"):
+        if not active_task_ids(app.ledger):
             break
 
 
 def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     from agent.app import App
-    from agent.scans import run_scan
     from agent.decide import decide
     from agent.intake.store import ingest_text
+    from agent.ledger.errors import first_error
+    from agent.ledger.prs import demo_pr
+    from agent.ledger.tasks import active_task_ids, first_task
+    from agent.scans import run_scan
 
     started = time.monotonic()
     paths = setup(root)
@@ -244,7 +248,7 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     try:
         result, fmt = ingest_text(app.ledger, error_events(), "auto", actor="script", source="demo")
         echo(f"ingested 3 error events ({fmt}): {result.new} new error, {result.deduplicated} deduplicated")
-        error = app.ledger.one("SELECT id, fingerprint, count FROM errors ORDER BY created_at LIMIT 1")
+        error = first_error(app.ledger)
         decide(app.ledger, app.config, error["id"], "fix", brief=BRIEF, decided_by="human")
         echo(f"decided error {error['id'][:8]} (seen {error['count']}x): fix")
         for line in (i["line"] for i in run_scan(app, "error-fix")):
@@ -253,15 +257,14 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
             items = run_scan(app, "error-fix-work")
             for item in items:
                 echo(item["line"])
-            if not app.ledger.one("SELECT id FROM tasks WHERE state IN ('open', 'working')"):
+            if not active_task_ids(app.ledger):
                 break
-        task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
-        pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?", (task["id"],))
+        task = first_task(app.ledger)
+        pr = demo_pr(app.ledger, task["id"])
         if pr and task["state"] == "done":
             _review_round(app, task, pr, echo, max_passes)
-            task = app.ledger.one("SELECT id, state, round FROM tasks ORDER BY id LIMIT 1")
-            pr = app.ledger.one("SELECT number, url, head_branch, head_sha FROM prs WHERE task_id = ?",
-                                (task["id"],))
+            task = first_task(app.ledger)
+            pr = demo_pr(app.ledger, task["id"])
     finally:
         app.close()
     h = shlex.quote(str(home))

@@ -133,8 +133,7 @@ def _start_or_cap(ledger: Ledger, c, task: dict, number: int, trigger: str, keys
     what = "CI failed" if trigger == "ci" else f"PR feedback ({len(keys)} item{'s' if len(keys) != 1 else ''})"
     new_round = start_feedback_round(ledger, c, task_id, keys, f"{what} on PR #{number}: {', '.join(keys)[:300]}",
                                      trigger)
-    for key in keys:
-        ledger.update(c, "pr_feedback", {"task_id": task_id, "key": key}, {"round": new_round})
+    ledger.set_feedback_round(c, task_id, keys, new_round)
     ledger.add_feedback_round(c, task_id, new_round, trigger, keys, head)
     ledger.owe_reply(c, task_id, f"task-{task_id}-round-{new_round}", "round", new_round)
     return "started", f"round {new_round} started by {what}"
@@ -276,8 +275,10 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
             where = f" on {code(_one_line(r['path'], 120))}" + (f" line {r['line']}" if r["line"] else "") \
                 if r["path"] else ""
             lines.append(f"- {kind} {r['key'].split(':', 1)[1]} by @{_one_line(r['author'], 60)}{where}")
-    summaries = ledger.all("SELECT round, summary FROM lane_runs WHERE task_id = ? AND role = 'implementer' "
-                           "AND status = 'complete' AND round >= ? ORDER BY id", (task["id"], rnd))
+    from agent.ledger.lanes import implementer_summaries_since
+    from agent.ledger.tasks import latest_check
+
+    summaries = implementer_summaries_since(ledger, task["id"], rnd)
     if summaries:
         lines += ["", "What changed:"]
         lines += [f"- round {s['round']}: {_one_line(_redact(s['summary'] or ''), 400)}" for s in summaries]
@@ -292,8 +293,7 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
         except Exception:  # the worktree is gone or the old head unknown: the list is a nicety
             pass
     lines += ["", f"New head: `{task['head_sha'][:12]}` on `{task['branch']}` (this PR, updated)."]
-    check = ledger.one("SELECT command, passed, duration_s FROM checks WHERE task_id = ? AND head_sha = ? "
-                       "ORDER BY id DESC LIMIT 1", (task["id"], task["head_sha"]))
+    check = latest_check(ledger, task["id"], task["head_sha"])
     if check:
         lines.append(f"Check: {code(_one_line(_redact(check['command']), 200))} "
                      f"{'passed' if check['passed'] else 'failed'} at `{task['head_sha'][:12]}`.")

@@ -17,51 +17,20 @@ from typing import Callable
 
 from agent import AgentError, chain
 from agent.forge import PR, ForgeAuthError, ForgeError, get_forge
-from agent.ledger import Ledger, now
-from agent.tasks import transition_in
+from agent.ledger import Ledger
+from agent.ledger.prs import get_pr, prs_to_follow, record_pr_final
+from agent.ledger.tasks import find_task, record_workspace_removed, task_state
 
 
 def _apply(ledger: Ledger, row: dict, pr: PR) -> str | None:
     """Record a merged/closed PR and its consequences. Returns the new state or None if unchanged."""
-    task_id = row["task_id"]
-    with ledger.tx() as c:
-        cur = c.execute("SELECT state FROM prs WHERE id = ?", (row["id"],)).fetchone()
-        if cur is None or cur[0] != "open":
-            return None  # another scan got here first
-        ledger.update(c, "prs", {"id": row["id"]}, {"state": pr.state, "draft": 1 if pr.draft else 0,
-                                                    "updated_at": now()})
-        task = dict(c.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone())
-        error_id = task["error_id"]
-        ref = f"{row['repo']}#{row['number']}"
-        ledger.event(c, f"pr.{pr.state}", "script", {"forge": row["forge"], "repo": row["repo"],
-                                                      "number": row["number"], "url": row["url"]},
-                     task_id=task_id, error_id=error_id)
-        if pr.state == "merged":
-            error_state, reason, target = "resolved", f"PR {ref} merged", chain.DONE
-        else:
-            error_state, reason, target = "skipped", f"PR {ref} closed without merge", chain.FAILED
-        if error_id:
-            old = c.execute("SELECT state FROM errors WHERE id = ?", (error_id,)).fetchone()
-            if old is not None and old[0] != error_state:
-                ledger.update(c, "errors", {"id": error_id}, {"state": error_state, "state_reason": reason})
-                ledger.event(c, "error.state", "script", {"from": old[0], "to": error_state, "reason": reason},
-                             task_id=task_id, error_id=error_id)
-        if task["state"] != target:
-            why = chain.check_transition(task["state"], target, "script")
-            if why is None:
-                transition_in(ledger, c, task_id, task["state"], target, "script", reason, claim_owner=None,
-                              claim_pid=None, claim_token=None, lease_until=None)
-            else:
-                ledger.event(c, "task.state_kept", "script",
-                             {"state": task["state"], "wanted": target, "reason": reason, "why": why},
-                             task_id=task_id)
-        return pr.state
+    return record_pr_final(ledger, row, pr.state, pr.draft)
 
 
 def _prune(ledger: Ledger, row: dict, config, prune: Callable) -> str:
     """Delete the remote branch of a closed PR once; record it. Returns a short note."""
     repo_cfg = config.repos.get(row["repo"])
-    task = ledger.one("SELECT branch, base FROM tasks WHERE id = ?", (row["task_id"],)) or {}
+    task = find_task(ledger, row["task_id"]) or {}
     branch = row["head_branch"] or task.get("branch")
     if repo_cfg is None or not branch:
         return "branch not pruned (repo not in config)"
@@ -91,8 +60,8 @@ def retry_pr_texts(ledger: Ledger, config, home: Path, forge_factory: Callable =
     items = []
     for owed in ledger.pending_of("pr_text"):
         task_id = owed["task_id"]
-        row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
-        task = ledger.one("SELECT branch, base, head_sha FROM tasks WHERE id = ?", (task_id,))
+        row = get_pr(ledger, task_id)
+        task = find_task(ledger, task_id)
         repo_cfg = config.repos.get(row["repo"]) if row else None
         if row is None or task is None or row["state"] != "open":
             with ledger.tx() as c:
@@ -128,9 +97,7 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
     """One pass over open PRs (and closed ones whose branch is not pruned yet). Returns one item each."""
     if prune is None:
         from agent.push import delete_remote_branch as prune
-    rows = ledger.all(
-        "SELECT * FROM prs p WHERE p.state = 'open' OR (p.state = 'closed' AND NOT EXISTS ("
-        "SELECT 1 FROM events e WHERE e.task_id = p.task_id AND e.kind = 'pr.branch_pruned')) ORDER BY p.id")
+    rows = prs_to_follow(ledger)
     items: list[dict] = []
     forges: dict[str, object] = {}
     for row in rows:
@@ -184,7 +151,7 @@ def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[
         if token is None:
             continue  # someone works on it (a reset): not finished after all
         try:
-            now_state = ledger.scalar("SELECT state FROM tasks WHERE id = ?", (t["id"],))
+            now_state = (task_state(ledger, t["id"]) or {}).get("state")
             if now_state != t["state"]:
                 continue
             keep = t["head_sha"] if t["state"] != chain.DONE else None
@@ -195,10 +162,8 @@ def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[
                 items.append({"task_id": t["id"], "error": str(exc),
                               "line": f"task {t['id']}: worktree not removed ({type(exc).__name__}: {exc})"})
                 continue
-            with ledger.tx() as c:
-                ledger.update(c, "tasks", {"id": t["id"]}, {"worktree": None})
-                ledger.event(c, "workspace.removed", "script", {"path": t["worktree"], "branch": t["branch"],
-                                                                "why": why, "kept_head": keep}, task_id=t["id"])
+            record_workspace_removed(ledger, t["id"], path=t["worktree"], branch=t["branch"], why=why,
+                                     kept_head=keep, claim_token=token)
             items.append({"task_id": t["id"], "worktree_removed": t["worktree"], "changed": True,
                           "line": f"task {t['id']}: worktree and branch {t['branch']} removed ({why})"})
         finally:

@@ -63,8 +63,9 @@ def render(ledger: Ledger, key: str, kinds: tuple[str, ...], payload: dict, task
     """The message for one outbox row: what happened, and the exact command or URL a human acts on."""
     from agent.status import reset_command
 
-    task = ledger.one("SELECT id, repo, title, state, round, round_cap FROM tasks WHERE id = ?", (task_id,)) \
-        if task_id is not None else None
+    from agent.ledger.tasks import find_task
+
+    task = find_task(ledger, task_id) if task_id is not None else None
     where = f"task {task_id} ({task['repo']}: {task['title']})" if task else (f"task {task_id}" if task_id else "")
     event = payload.get("event")
     url = payload.get("url")

@@ -329,27 +329,19 @@ def pr_data_from_rows(inputs: dict) -> PRData:
 
 def pr_data_from_ledger(ledger, task_id: int) -> PRData:
     """Collect what ``render_pr`` needs for one task from the ledger (read-only)."""
-    t = ledger.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
-    if t is None:
+    import json
+
+    from agent.ledger.prs import pr_inputs
+
+    inputs = pr_inputs(ledger, task_id)
+    if inputs is None:
         from agent import AgentError
 
         raise AgentError(f"no task {task_id}; see `agent task list`")
-    e = ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
-    concl = ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],)) \
-        if t["conclusion_id"] else None
-    summary = ledger.scalar("SELECT summary FROM lane_runs WHERE task_id = ? AND role = 'implementer' "
-                            "AND status = 'complete' ORDER BY id DESC LIMIT 1", (task_id,)) or ""
-    gates = ledger.all("SELECT g.round, g.stage, g.dimension, g.verdict, g.findings_count, g.head_sha, "
-                       "l.vendor, l.findings_text FROM gates g LEFT JOIN lane_runs l ON l.id = g.lane_run_id "
-                       "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
-    checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
-    cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
-    import json
-
+    t = inputs["task"]
     watch = ledger.pr_watch(task_id)
     ci_head = watch["ci_sha"] if watch["ci_sha"] and watch["ci_sha"] == t["head_sha"] else None
-    return pr_data_from_rows({"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates,
-                              "checks": checks, "cost_usd": cost, "summary": summary,
+    return pr_data_from_rows({**inputs,
                               "ci": json.loads(watch["ci_results"] or "[]") if ci_head else [],
                               "ci_head": ci_head, "ci_state": watch["ci_state"] if ci_head else None,
                               "feedback_rounds": ledger.feedback_rounds(task_id)})

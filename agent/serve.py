@@ -244,7 +244,7 @@ class HookApp:
     def page_health(self) -> tuple[int, str, bytes]:
         led = self._ledger(write=False)
         try:
-            led.scalar("SELECT count(*) FROM _migrations")
+            led.migrations()   # reads the ledger: any failure to read is unhealthy
         except Exception as exc:  # noqa: BLE001 - any failure to read is unhealthy
             return _json(503, {"ok": False, "error": f"ledger not readable: {type(exc).__name__}"})
         return _json(200, {"ok": True, "ledger": str(led.path)})

@@ -13,17 +13,16 @@ def pr():
 
 
 def list_prs(ledger) -> list[dict]:
-    rows = ledger.all("SELECT task_id, forge, repo, number, url, head_branch AS head, head_sha, base, state, "
-                      "draft, title, updated_at FROM prs ORDER BY task_id")
-    for r in rows:
-        r["draft"] = bool(r["draft"])
-    return rows
+    from agent.ledger.prs import list_prs as rows
+
+    return rows(ledger)
 
 
 def get_pr(ledger, task_id: int) -> dict:
     from agent import AgentError
+    from agent.ledger.prs import get_pr as find
 
-    row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
+    row = find(ledger, task_id)
     if row is None:
         raise AgentError(f"task {task_id} has no PR; see `agent pr list`")
     return row

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import chain
-from agent.ledger import Ledger, ledger_path, now
+from agent.ledger import Ledger, ledger_path
+from agent.ledger.tasks import forget_commits, record_workspace, task_commits, wait_reason
 from agent.shutdown import STOP
 from agent.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task, set_step, snapshot,
                          start_next_round, transition)
@@ -146,15 +147,9 @@ def ensure_workspace(ctx: Ctx) -> None:
 
     # the ledger never keeps a commit the repository lacks: a base that a re-cloned mirror no longer has is replaced
     base_sha = t["base_sha"] if has_commit(ws.mirror, t["base_sha"]) else ws.base_sha
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {
-            "worktree": str(ws.path), "branch": ws.branch, "base_sha": base_sha, "updated_at": now()})
-        ctx.ledger.event(c, "workspace.ready", "script", {"path": str(ws.path), "branch": ws.branch,
-                                                         "created": ws.created, "replaced_lost": lost and ws.created},
-                         task_id=ctx.task_id)
-        if t["base_sha"] and base_sha != t["base_sha"]:
-            ctx.ledger.event(c, "workspace.base_replaced", "script", {"old": t["base_sha"], "new": base_sha},
-                             task_id=ctx.task_id)
+    record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
+                     old_base_sha=t["base_sha"], created=ws.created, replaced_lost=lost and ws.created,
+                     claim_token=ctx.token)
     if lost and ws.created:
         _reconcile_lost_work(ctx, ws)
 
@@ -172,19 +167,14 @@ def _reconcile_lost_work(ctx: Ctx, ws) -> None:
     uncommitted = "implementer_done" in done_this_round and "committed" not in done_this_round
     if not uncommitted and (t["head_sha"] == head or (t["head_sha"] is None and not done_this_round)):
         return  # nothing was lost: the recorded head is what the new worktree holds
-    known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    known = {r["sha"] for r in task_commits(ctx.ledger, ctx.task_id)}
     new_head = head if head in known else None
     pushed = t["pushed_sha"] if has_commit(ws.mirror, t["pushed_sha"]) else None
     lost = t["head_sha"][:12] if t["head_sha"] and t["head_sha"] != head else "the uncommitted edits"
     source = "the pushed branch" if new_head else "the base"
-    gone = [r for r in ctx.ledger.all("SELECT id, sha, round FROM commits WHERE task_id = ? ORDER BY id",
-                                      (ctx.task_id,)) if not has_commit(ws.mirror, r["sha"])]
+    gone = [r for r in task_commits(ctx.ledger, ctx.task_id) if not has_commit(ws.mirror, r["sha"])]
     if gone:  # commits the repository no longer has leave the commits table; the events keep their history
-        with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-            for r in gone:
-                ctx.ledger.delete(c, "commits", {"id": r["id"]})
-                ctx.ledger.event(c, "commit.lost", "script", {"sha": r["sha"], "round": r["round"]},
-                                 task_id=ctx.task_id)
+        forget_commits(ctx.ledger, ctx.task_id, gone, claim_token=ctx.token)
     _, rnd = start_next_round(ctx.ledger, ctx.task_id,
                               f"The workspace was lost and made again from {source}; the previous round's work "
                               f"({lost}) is gone. Make the change again.", claim_token=ctx.token, free=True,
@@ -227,7 +217,7 @@ def clear_stale_git_locks(ctx: Ctx) -> None:
         lock = git_dir / name
         if lock.exists():
             lock.unlink(missing_ok=True)
-            with ctx.ledger.tx() as c:
+            with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
                 ctx.ledger.event(c, "workspace.stale_lock_removed", "script", {"path": str(lock)},
                                  task_id=ctx.task_id)
             ctx.say(f"removed stale {name} left by a killed git command")
@@ -298,7 +288,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
     finally:
         if token and ctx.waiting is None:
             try:  # it moved (or stopped for another reason): it no longer waits
-                if ledger.scalar("SELECT wait_reason FROM tasks WHERE id = ?", (task_id,)) is not None:
+                if wait_reason(ledger, task_id) is not None:
                     from agent.tasks import note_wait
 
                     note_wait(ledger, task_id, None, token)

@@ -7,12 +7,14 @@ from datetime import datetime, timedelta, timezone
 
 from agent.fixer.driver import Ctx, block, wait
 from agent.ledger import Ledger
+from agent.ledger.lanes import cost_since
+from agent.ledger.prs import open_drafts as open_drafts_in, prs_opened_since
 from agent.ledger.outbox import TASK_BUDGET_SPENT, daily_budget_reached
 
 
 def daily_cost(ledger: Ledger) -> float:
     since = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
-    return ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE started_at >= ?", (since,)) or 0.0
+    return cost_since(ledger, since)
 
 
 def usd(x: float) -> str:
@@ -41,12 +43,11 @@ def check_budgets(ctx: Ctx) -> None:
 
 def pr_limits_reached(ctx: Ctx, repo: str) -> str | None:
     limits = ctx.config.limits
-    open_drafts = ctx.ledger.scalar("SELECT count(*) FROM prs WHERE repo = ? AND state = 'open' AND task_id != ?",
-                                    (repo, ctx.task_id))
+    open_drafts = open_drafts_in(ctx.ledger, repo, ctx.task_id)
     if open_drafts >= limits.open_drafts_per_repo:
         return f"{open_drafts} open drafts in {repo} (limits.open_drafts_per_repo={limits.open_drafts_per_repo})"
     since = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
-    recent = ctx.ledger.scalar("SELECT count(*) FROM prs WHERE created_at >= ?", (since,))
+    recent = prs_opened_since(ctx.ledger, since)
     if recent >= limits.prs_per_hour:
         return f"{recent} PRs opened in the last hour (limits.prs_per_hour={limits.prs_per_hour})"
     return None

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from agent.fixer.driver import Ctx, Stop, advance, ensure_workspace
 from agent.ledger import Ledger, ledger_path
+from agent.ledger.errors import fix_candidates
+from agent.ledger.tasks import active_task_ids, task_state
 from agent.shutdown import STOP
 
 if TYPE_CHECKING:
@@ -41,7 +43,7 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
 
     blocked = config_blocked_tasks(app.ledger)  # the config is loaded only when there is something to check
     lifted = lift_config_blocks(app.ledger, app.home, app.config, blocked) if blocked else []
-    ids = [r["id"] for r in app.ledger.all("SELECT id FROM tasks WHERE state IN ('open', 'working') ORDER BY id")]
+    ids = active_task_ids(app.ledger)
     if not ids:
         return lifted
     config = app.config
@@ -67,7 +69,7 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
 def app_task_state(home: Path, task_id: int) -> dict:
     led = Ledger.open(ledger_path(home), create=False)
     try:
-        return led.one("SELECT state, round FROM tasks WHERE id = ?", (task_id,)) or {"state": "?", "round": 0}
+        return task_state(led, task_id) or {"state": "?", "round": 0}
     finally:
         led.close()
 
@@ -75,10 +77,7 @@ def app_task_state(home: Path, task_id: int) -> dict:
 def fix_scan(app, jobs: int = 1) -> list[dict]:
     """`agent watch error-fix`: every confirmed error.fix conclusion without a task gets one, with its workspace."""
     ledger, config = app.ledger, app.config
-    rows = ledger.all("SELECT c.id AS conclusion_id, c.error_id, e.service, e.class, e.message, e.repo, e.state "
-                      "FROM conclusions c JOIN errors e ON e.id = c.error_id "
-                      "LEFT JOIN tasks t ON t.error_id = c.error_id "
-                      "WHERE c.kind = 'fix' AND t.id IS NULL AND e.state IN ('open', 'fixing') ORDER BY c.id")
+    rows = fix_candidates(ledger)
     items = []
     for r in rows:
         if STOP.is_set():  # SIGINT/SIGTERM: the workspace being made is finished, no new one is started
@@ -91,31 +90,37 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
         title = f"Fix {r['class'] or 'error'} in {r['service']}"
         if r["message"]:
             title += f": {r['message'].splitlines()[0]}"
+        from agent.fence import claim, release
+        from agent.ledger.tasks import begin_fix
         from agent.tasks import create_task
         from agent.workspace import branch_name
 
         task_id, created = create_task(ledger, repo.name, title[:200], error_id=r["error_id"],
                                        conclusion_id=r["conclusion_id"], base=repo.base,
                                        round_cap=config.limits.round_cap, actor="script")
-        with ledger.tx() as c:
-            if c.execute("SELECT branch FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] is None:
-                ledger.update(c, "tasks", {"id": task_id},
-                              {"branch": branch_name(repo.branch_prefix, r["error_id"], task_id)})
-            if r["state"] == "open":
-                ledger.update(c, "errors", {"id": r["error_id"]}, {"state": "fixing"})
-                ledger.event(c, "error.state", "script", {"from": "open", "to": "fixing", "task_id": task_id},
-                             error_id=r["error_id"])
-        lines = advance_workspace_only(app.home, config, task_id)
+        token = claim(ledger, task_id)  # its branch, its error's state and its workspace: only under its claim
+        if token is None:
+            items.append({"task_id": task_id, "error_id": r["error_id"], "created": created,
+                          "line": f"task {task_id} {'created' if created else 'found'} for error "
+                                  f"{r['error_id'][:8]}; claimed by another worker, which prepares its workspace"})
+            continue
+        try:
+            begin_fix(ledger, task_id, r["error_id"], branch_name(repo.branch_prefix, r["error_id"], task_id),
+                      claim_token=token)
+            lines = advance_workspace_only(app.home, config, task_id, token)
+        finally:
+            release(ledger, task_id, token)
         items.append({"task_id": task_id, "error_id": r["error_id"], "created": created,
                       "line": f"task {task_id} {'created' if created else 'found'} for error {r['error_id'][:8]}"
                               + (f"; {lines}" if lines else "")})
     return items
 
 
-def advance_workspace_only(home: Path, config: Config, task_id: int) -> str:
-    """Prepare the task's workspace now (so `watch error-fix` leaves it ready); errors are retried later."""
+def advance_workspace_only(home: Path, config: Config, task_id: int, token: str) -> str:
+    """Prepare the task's workspace now, under the caller's claim ``token`` (so `watch error-fix` leaves it
+    ready); errors are retried later."""
     ledger = Ledger.open(ledger_path(home), create=False)
-    ctx = Ctx(home, config, ledger, task_id)
+    ctx = Ctx(home, config, ledger, task_id, token)
     try:
         ensure_workspace(ctx)
         return f"worktree {ctx.task['worktree']}"

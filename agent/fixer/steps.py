@@ -15,9 +15,14 @@ from agent.fence import crashpoint
 from agent.fixer.driver import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
                                 repo_settings, task_git, wait)
 from agent.fixer.limits import check_budgets, pr_limits_reached
-from agent.ledger import Ledger, ledger_path, now
+from agent.ledger import Ledger, ledger_path
+from agent.ledger.errors import conclusion_brief, get_error
+from agent.ledger.lanes import implementer_summary, inflight_run, interrupt_run
+from agent.ledger.prs import has_pr
+from agent.ledger.tasks import (finish_task, lessons_for, passing_check, record_check, record_commit, record_gate,
+                                record_push, record_spec, task_commits)
 from agent.shutdown import STOP
-from agent.tasks import ClaimLost, Refused, claimed_tx, snapshot, transition_in
+from agent.tasks import ClaimLost, Refused, claimed_tx, snapshot
 
 if TYPE_CHECKING:
     from agent.config import RepoConfig
@@ -25,15 +30,15 @@ if TYPE_CHECKING:
 
 def _error(ctx: Ctx) -> dict | None:
     t = ctx.task
-    return ctx.ledger.one("SELECT * FROM errors WHERE id = ?", (t["error_id"],)) if t["error_id"] else None
+    return get_error(ctx.ledger, t["error_id"]) if t["error_id"] else None
 
 
 def _brief(ctx: Ctx) -> str:
     t = ctx.task
     if t["conclusion_id"]:
-        row = ctx.ledger.one("SELECT brief FROM conclusions WHERE id = ?", (t["conclusion_id"],))
-        if row and row["brief"]:
-            return row["brief"]
+        brief = conclusion_brief(ctx.ledger, t["conclusion_id"])
+        if brief:
+            return brief
     return t["title"]
 
 
@@ -45,9 +50,7 @@ def _feedback(ctx: Ctx) -> list[str]:
 def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
     if not error:
         return []
-    rows = ctx.ledger.all("SELECT text FROM lessons WHERE (service = ? OR fingerprint = ?) AND task_id IS NOT ? "
-                          "ORDER BY id DESC LIMIT 5", (error["service"], error["fingerprint"], ctx.task_id))
-    return [r["text"] for r in rows]
+    return lessons_for(ctx.ledger, error["service"], error["fingerprint"], ctx.task_id)
 
 
 def _check_command(ctx: Ctx, repo: RepoConfig) -> str | None:
@@ -84,9 +87,7 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     _require_lane(ctx, role)
     t = ctx.task
     settings = repo_settings(ctx)
-    inflight = ctx.ledger.one("SELECT id, pid, pid_start, started_at FROM lane_runs WHERE task_id = ? AND round = ? "
-                              "AND role = ? AND status = 'running' ORDER BY id DESC LIMIT 1",
-                              (ctx.task_id, t["round"], role))
+    inflight = inflight_run(ctx.ledger, ctx.task_id, t["round"], role)
     if inflight and same_process(inflight["pid"], inflight["pid_start"]):
         # We hold the claim, so its worker is gone: the orphan's output is unreachable. Let it end (it may still
         # be editing the worktree), but not past its own timeout: then end its process group (pgid == pid).
@@ -98,17 +99,15 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
         if (datetime.now(timezone.utc) - started).total_seconds() <= timeout + 30:
             wait(ctx, f"{role} lane still running (pid {inflight['pid']}); waiting")
         kill_group_if_same(inflight["pid"], inflight["pid_start"])
-        with ctx.ledger.tx() as c:
+        with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
             ctx.ledger.event(c, "lane.orphan_killed", "script", {"run_id": inflight["id"], "pid": inflight["pid"],
                                                                  "role": role, "timeout": timeout}, task_id=ctx.task_id)
         ctx.say(f"{role} lane (pid {inflight['pid']}) outlived its {timeout}s timeout; killed, running it again")
     if inflight and not inflight["pid"]:
         # killed before its child started (its manifest may not even be recorded): nothing to resume or to compare
         # against, so it is superseded and a fresh run starts (resuming it would be a false capability_drift)
-        with ctx.ledger.tx() as c:
-            ctx.ledger.update(c, "lane_runs", {"id": inflight["id"], "status": "running"},
-                              {"status": "interrupted", "reason": "interrupted before its process started",
-                               "ended_at": now()})
+        interrupt_run(ctx.ledger, inflight["id"], "interrupted before its process started", task_id=ctx.task_id,
+                      claim_token=ctx.token)
         inflight = None
     from agent.lanes.progress import LaneProgress
 
@@ -123,9 +122,8 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
         # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
         # work; mark the run interrupted so the next scan runs it again instead of failing or blocking the task
-        with ctx.ledger.tx() as c:
-            ctx.ledger.update(c, "lane_runs", {"id": result.run_id},
-                              {"status": "interrupted", "reason": f"interrupted by shutdown ({result.status})"})
+        interrupt_run(ctx.ledger, result.run_id, f"interrupted by shutdown ({result.status})", task_id=ctx.task_id,
+                      claim_token=ctx.token, only_running=False, ended=False)
         ctx.say(f"{role} lane interrupted by shutdown; the next scan runs it again")
         raise Stop()
     return result
@@ -160,9 +158,7 @@ def step_spec_written(ctx: Ctx) -> None:
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
                             [], _lessons(ctx, error))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
-    with ctx.ledger.tx() as c:
-        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
-        ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
+    record_spec(ctx.ledger, ctx.task_id, str(path), t["round"], claim_token=ctx.token)
     snap = snapshot(ctx.ledger, ctx.task_id)
     if not snap.from_conclusion:
         from agent.tasks import HUMAN_STEP_PENDING
@@ -189,9 +185,7 @@ def _round_spec(ctx: Ctx) -> Path:
                             _feedback(ctx), _lessons(ctx, error),
                             pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
-    with ctx.ledger.tx() as c:
-        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"spec_path": str(path), "updated_at": now()})
-        ctx.ledger.event(c, "spec.written", "script", {"path": str(path), "round": t["round"]}, task_id=ctx.task_id)
+    record_spec(ctx.ledger, ctx.task_id, str(path), t["round"], claim_token=ctx.token)
     return path
 
 
@@ -212,12 +206,7 @@ def step_implementer_done(ctx: Ctx) -> None:
 
 
 def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
-    t = ctx.task
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        ctx.ledger.insert(c, "commits", {"task_id": ctx.task_id, "round": t["round"], "sha": sha, "parent": parent,
-                                         "message": message, "created_at": now()})
-        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"head_sha": sha, "updated_at": now()})
-        ctx.ledger.event(c, "commit.recorded", "script", {"sha": sha, "round": t["round"]}, task_id=ctx.task_id)
+    record_commit(ctx.ledger, ctx.task_id, ctx.task["round"], sha, parent, message, claim_token=ctx.token)
 
 
 def step_committed(ctx: Ctx) -> None:
@@ -231,7 +220,7 @@ def step_committed(ctx: Ctx) -> None:
         # a crash after the commit was recorded and before the step closed: close it, do not commit again
         close_step(ctx, "committed", f"commit {head[:12]} (recorded before a crash)")
         return
-    known = {r["sha"] for r in ctx.ledger.all("SELECT sha FROM commits WHERE task_id = ?", (ctx.task_id,))}
+    known = {r["sha"] for r in task_commits(ctx.ledger, ctx.task_id)}
     previous = t["head_sha"] or t["base_sha"]
     if head not in known and head != previous:
         parents = g("rev-list", "--parents", "-n", "1", head).split()[1:]
@@ -257,9 +246,7 @@ def step_committed(ctx: Ctx) -> None:
                       f"The previous round made blocked changes ({shown}); never touch these paths, never add "
                       "symlinks that point outside the repository and never add submodules.")
         return
-    run = ctx.ledger.one("SELECT summary FROM lane_runs WHERE task_id = ? AND round = ? AND role = 'implementer' "
-                         "AND status = 'complete' ORDER BY id DESC LIMIT 1", (ctx.task_id, t["round"]))
-    summary = redact_text((run or {}).get("summary") or t["title"]).strip()
+    summary = redact_text(implementer_summary(ctx.ledger, ctx.task_id, t["round"]) or t["title"]).strip()
     subject = summary.splitlines()[0] if summary else t["title"]
     subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
     message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
@@ -304,13 +291,9 @@ def step_local_check_pass(ctx: Ctx) -> None:
         ctx.say("check interrupted by shutdown; the next scan runs it again")
         raise Stop()
     task_git(ctx)("clean", "-fdq")  # what the check left behind must not be committed by the next round
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        ctx.ledger.insert(c, "checks", {"task_id": ctx.task_id, "round": t["round"], "command": command,
-                                        "exit_code": res.exit_code, "passed": int(passed), "head_sha": head,
-                                        "output_path": str(out), "duration_s": round(res.duration_s, 3),
-                                        "created_at": now()})
-        ctx.ledger.event(c, "check.recorded", "script", {"passed": passed, "exit_code": res.exit_code,
-                                                          "head": head, "status": res.status}, task_id=ctx.task_id)
+    record_check(ctx.ledger, ctx.task_id, t["round"], command=command, exit_code=res.exit_code, passed=passed,
+                 head=head, output_path=str(out), duration_s=round(res.duration_s, 3), status=res.status,
+                 claim_token=ctx.token)
     if passed:
         close_step(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s")
         return
@@ -327,14 +310,8 @@ def _diff(ctx: Ctx) -> str:
 
 def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
     t = ctx.task
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        ctx.ledger.insert(c, "gates", {"task_id": ctx.task_id, "round": t["round"], "stage": stage,
-                                       "dimension": dimension, "verdict": verdict,
-                                       "findings_count": result.findings, "head_sha": t["head_sha"],
-                                       "lane_run_id": result.run_id, "created_at": now()})
-        ctx.ledger.event(c, "gate.recorded", "lane", {"stage": stage, "dimension": dimension, "verdict": verdict,
-                                                      "findings": result.findings, "head": t["head_sha"],
-                                                      "lane_run_id": result.run_id}, task_id=ctx.task_id)
+    record_gate(ctx.ledger, ctx.task_id, t["round"], stage=stage, dimension=dimension, verdict=verdict,
+                findings=result.findings, head=t["head_sha"], lane_run_id=result.run_id, claim_token=ctx.token)
 
 
 def _review_spec(ctx: Ctx, dimension: str) -> Path:
@@ -342,8 +319,7 @@ def _review_spec(ctx: Ctx, dimension: str) -> Path:
 
     t = ctx.task
     spec_text = Path(t["spec_path"]).read_text(encoding="utf-8") if t["spec_path"] else ""
-    check = ctx.ledger.one("SELECT command, exit_code FROM checks WHERE task_id = ? AND head_sha = ? AND passed = 1 "
-                           "ORDER BY id DESC LIMIT 1", (ctx.task_id, t["head_sha"]))
+    check = passing_check(ctx.ledger, ctx.task_id, t["head_sha"])
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
     text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
     return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
@@ -382,10 +358,8 @@ def step_pushed(ctx: Ctx) -> None:
     except ForgeAuthError as exc:
         block(ctx, f"push refused: {exc}")
     crashpoint("push.done")
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        ctx.ledger.update(c, "tasks", {"id": ctx.task_id}, {"pushed_sha": res.sha, "updated_at": now()})
-        ctx.ledger.event(c, "branch.pushed", "script", {"sha": res.sha, "pushed": res.pushed, "forced": res.forced,
-                                                        "branch": t["branch"]}, task_id=ctx.task_id)
+    record_push(ctx.ledger, ctx.task_id, sha=res.sha, pushed=res.pushed, forced=res.forced, branch=t["branch"],
+                claim_token=ctx.token)
     close_step(ctx, "pushed", f"{t['branch']} at {res.sha[:12]}" + ("" if res.pushed else " (already on the remote)"))
 
 
@@ -399,14 +373,15 @@ def _publish(ctx: Ctx):
     forge = get_forge(repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
     with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):  # a worker that lost its claim must not touch the PR
         pass
-    return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"])
+    return publish_pr(ctx.ledger, forge, ctx.task_id, t["branch"], t["base"], title, body, t["head_sha"],
+                      claim_token=ctx.token)
 
 
 def step_pr_opened(ctx: Ctx) -> None:
     from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient
 
     t = ctx.task
-    if ctx.ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (ctx.task_id,)) is None:
+    if not has_pr(ctx.ledger, ctx.task_id):
         why = pr_limits_reached(ctx, t["repo"])
         if why:
             wait(ctx, f"waiting to open a PR: {why}")
@@ -502,19 +477,8 @@ def finish(ctx: Ctx) -> None:
         owe_pr_text(ctx.ledger, ctx.task_id, str(exc))
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
-        lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
-                           "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
-                           (ctx.task_id,)).fetchone()
-        error = c.execute("SELECT service, fingerprint FROM errors WHERE id = ?", (t["error_id"],)).fetchone() \
-            if t["error_id"] else None
-        if lesson and not c.execute("SELECT 1 FROM lessons WHERE task_id = ?", (ctx.task_id,)).fetchone():
-            ctx.ledger.insert(c, "lessons", {"service": error[0] if error else None,
-                                             "fingerprint": error[1] if error else None,
-                                             "text": redact_text(lesson[0])[:500], "task_id": ctx.task_id,
-                                             "created_at": now()})
-        transition_in(ctx.ledger, c, ctx.task_id, t["state"], chain.DONE, "script",
-                      f"all reviewers approved {t['head_sha'][:12]}")
+    finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token,
+                clean=redact_text)
     ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
     _reply_on_pr(ctx)
 

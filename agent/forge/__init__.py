@@ -297,8 +297,9 @@ def body_hash(body: str) -> str:
 
 
 def publish_pr(ledger: "Ledger", forge: Forge, task_id: int, head: str, base: str, title: str, body: str,
-               head_sha: str | None, actor: str = "script") -> tuple[PR, str]:
-    """Create or update the task's draft PR and record it in ``prs`` (with its event, one transaction).
+               head_sha: str | None, actor: str = "script", claim_token: str | None = None) -> tuple[PR, str]:
+    """Create or update the task's draft PR and record it in ``prs`` (with its event, one transaction, checking
+    ``claim_token``: None only for the follow-up that retries an owed PR text, which holds no claim).
 
     Returns ``(pr, action)`` with action ``created`` | ``updated`` | ``adopted`` | ``unchanged``.
     Order matters for crash safety: the forge is asked first (a PR recorded for the task, else one found
@@ -307,7 +308,9 @@ def publish_pr(ledger: "Ledger", forge: Forge, task_id: int, head: str, base: st
     """
     if head == base:
         raise ForgeError(f"task {task_id}: head branch {head!r} is the base branch; refusing to open a PR")
-    row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
+    from agent.ledger.prs import get_pr
+
+    row = get_pr(ledger, task_id)
     if row is not None and row["number"] is not None and row["forge"] == forge.name:
         current = forge.state(int(row["number"]))
         if current.state != "open":
@@ -334,24 +337,16 @@ def publish_pr(ledger: "Ledger", forge: Forge, task_id: int, head: str, base: st
             from agent.fence import crashpoint
 
             crashpoint("pr.created")  # fault injection (tests): the PR exists, the ledger does not know it yet
-    record_pr(ledger, task_id, forge, pr, head_sha=head_sha, title=title, body=body, action=action, actor=actor)
+    record_pr(ledger, task_id, forge, pr, head_sha=head_sha, title=title, body=body, action=action, actor=actor,
+              claim_token=claim_token)
     return pr, action
 
 
 def record_pr(ledger: "Ledger", task_id: int, forge: Forge, pr: PR, head_sha: str | None, title: str, body: str,
-              action: str, actor: str = "script") -> None:
-    from agent.ledger import now
+              action: str, actor: str = "script", claim_token: str | None = None) -> None:
+    from agent.ledger import prs
 
-    ts = now()
-    values = {"forge": forge.name, "repo": forge.repo, "number": pr.number, "url": pr.url,
-              "head_branch": pr.head, "head_sha": head_sha or pr.head_sha, "base": pr.base,
-              "state": pr.state, "draft": 1 if pr.draft else 0, "title": title, "body": body,
-              "body_hash": body_hash(body), "updated_at": ts}
-    with ledger.tx() as c:
-        if c.execute("SELECT 1 FROM prs WHERE task_id = ?", (task_id,)).fetchone():
-            ledger.update(c, "prs", {"task_id": task_id}, values)
-        else:
-            ledger.insert(c, "prs", {"task_id": task_id, **values, "created_at": ts})
-        ledger.event(c, f"pr.{action}", actor, {"forge": forge.name, "repo": forge.repo, "number": pr.number,
-                                                "url": pr.url, "head": pr.head, "head_sha": values["head_sha"],
-                                                "body_hash": values["body_hash"]}, task_id=task_id)
+    prs.record_pr(ledger, task_id, {"forge": forge.name, "repo": forge.repo, "number": pr.number, "url": pr.url,
+                                    "head_branch": pr.head, "head_sha": head_sha or pr.head_sha, "base": pr.base,
+                                    "state": pr.state, "draft": 1 if pr.draft else 0, "title": title, "body": body,
+                                    "body_hash": body_hash(body)}, action, actor, claim_token=claim_token)

@@ -17,6 +17,8 @@ from pathlib import Path
 from agent.forge import (CI_STATES, PR, CIResult, Feedback, FeedbackPage, ForgeError, adoption_refusal,
                          with_own_mark)
 from agent.ledger import Ledger, ledger_path, now
+from agent.ledger.local_forge import (add_local_pr_check, add_local_pr_note, change_local_pr, local_pr,
+                                      local_pr_by_head, local_pr_checks, local_pr_notes, open_local_pr)
 
 AGENT_LOGIN = "agent"       # the author of the agent's own replies on the local forge
 
@@ -58,12 +60,13 @@ class LocalForge:
     def md_path(self, number: int) -> Path:
         return self.home / "prs" / f"{repo_slug(self.repo)}-{int(number)}.md"
 
-    def _row(self, number: int, conn=None) -> dict:
-        c = conn or self.ledger.conn
-        row = c.execute("SELECT * FROM local_prs WHERE repo = ? AND number = ?", (self.repo, int(number))).fetchone()
+    def _row(self, number: int) -> dict:
+        return self._known(local_pr(self.ledger, self.repo, number), number)
+
+    def _known(self, row: dict | None, number: int) -> dict:
         if row is None:
             raise ForgeError(f"local forge: {self.repo} has no PR #{number}; see `agent pr list`")
-        return dict(row)
+        return row
 
     def _pr(self, row: dict) -> PR:
         return PR(number=row["number"], url=self.md_path(row["number"]).as_uri(), head=row["head"],
@@ -93,8 +96,7 @@ class LocalForge:
             lines += ["---", "", "## Comments", ""]
             for cm in comments:
                 lines += [f"**{cm['at']}**", "", cm["text"], ""]
-        notes = self.ledger.all("SELECT * FROM local_pr_notes WHERE repo = ? AND number = ? ORDER BY id",
-                                (self.repo, int(number)))
+        notes = local_pr_notes(self.ledger, self.repo, number)
         if notes:
             lines += ["---", "", "## Reviews and comments", ""]
             for n in notes:
@@ -110,8 +112,7 @@ class LocalForge:
     # ------------------------------------------------------------------ the Forge interface
 
     def find_pr_by_head(self, branch: str) -> PR | None:
-        row = self.ledger.one("SELECT * FROM local_prs WHERE repo = ? AND head = ? "
-                              "ORDER BY (state = 'open') DESC, number DESC LIMIT 1", (self.repo, branch))
+        row = local_pr_by_head(self.ledger, self.repo, branch)
         return self._pr(row) if row else None
 
     def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
@@ -122,54 +123,38 @@ class LocalForge:
         sha = self._remote_sha(head)
         if self.remote_url and sha is None:
             raise ForgeError(f"local forge: branch {head} is not on the remote {safe_url(self.remote_url)}; push it first")
-        with self.ledger.tx() as c:
-            existing = c.execute("SELECT * FROM local_prs WHERE repo = ? AND head = ? AND state = 'open'",
-                                 (self.repo, head)).fetchone()
-            if existing is not None:
-                pr = self._pr(dict(existing))
-                why = adoption_refusal(pr, head)
-                if why:
-                    raise ForgeError(f"local forge: {why}")
-                number = pr.number
-                self.ledger.update(c, "local_prs", {"id": existing["id"]},
-                                   {"title": title, "body": body, "head_sha": sha or pr.head_sha,
-                                    "updated_at": now()})
-            else:
-                number = (c.execute("SELECT max(number) FROM local_prs WHERE repo = ?",
-                                    (self.repo,)).fetchone()[0] or 0) + 1
-                ts = now()
-                self.ledger.insert(c, "local_prs", {
-                    "repo": self.repo, "number": number, "head": head, "head_sha": sha, "base": base,
-                    "title": title, "body": body, "state": "open", "draft": 1, "labels": "[]",
-                    "comments": "[]", "created_at": ts, "updated_at": ts})
-                self.ledger.event(c, "local_pr.opened", "script",
-                                  {"repo": self.repo, "number": number, "head": head, "head_sha": sha})
+
+        def adoptable(existing: dict) -> None:
+            why = adoption_refusal(self._pr(existing), head)
+            if why:
+                raise ForgeError(f"local forge: {why}")
+
+        number = open_local_pr(self.ledger, self.repo, head, base, title, body, sha, adoptable)
         self._write_md(number)
         return self._pr(self._row(number))
 
     def update(self, number: int, title: str, body: str) -> PR:
         row = self._row(number)
         sha = self._remote_sha(row["head"]) or row["head_sha"]
-        with self.ledger.tx() as c:
-            self.ledger.update(c, "local_prs", {"id": row["id"]},
-                               {"title": title, "body": body, "head_sha": sha, "updated_at": now()})
+        change_local_pr(self.ledger, self.repo, number,
+                        lambda _row: {"title": title, "body": body, "head_sha": sha})
         self._write_md(number)
         return self._pr(self._row(number))
 
     def comment(self, number: int, text: str) -> None:
-        with self.ledger.tx() as c:
-            row = self._row(number, c)
-            comments = json.loads(row["comments"] or "[]") + [{"at": now(), "text": text}]
-            self.ledger.update(c, "local_prs", {"id": row["id"]},
-                               {"comments": json.dumps(comments), "updated_at": now()})
+        def add(row: dict | None) -> dict:
+            comments = json.loads(self._known(row, number)["comments"] or "[]") + [{"at": now(), "text": text}]
+            return {"comments": json.dumps(comments)}
+
+        change_local_pr(self.ledger, self.repo, number, add)
         self._write_md(number)
 
     def add_labels(self, number: int, labels: list[str]) -> None:
-        with self.ledger.tx() as c:
-            row = self._row(number, c)
-            have = json.loads(row["labels"] or "[]")
-            have += [lb for lb in labels if lb not in have]
-            self.ledger.update(c, "local_prs", {"id": row["id"]}, {"labels": json.dumps(have), "updated_at": now()})
+        def add(row: dict | None) -> dict:
+            have = json.loads(self._known(row, number)["labels"] or "[]")
+            return {"labels": json.dumps(have + [lb for lb in labels if lb not in have])}
+
+        change_local_pr(self.ledger, self.repo, number, add)
         self._write_md(number)
 
     def state(self, number: int) -> PR:
@@ -178,8 +163,7 @@ class LocalForge:
     def feedback(self, number: int, since: str | None = None) -> FeedbackPage:
         self._row(number)
         after = int(since) if since and since.isdigit() else 0
-        rows = self.ledger.all("SELECT * FROM local_pr_notes WHERE repo = ? AND number = ? AND id > ? ORDER BY id",
-                               (self.repo, int(number), after))
+        rows = local_pr_notes(self.ledger, self.repo, number, after)
         items = [Feedback(kind=r["kind"], id=str(r["id"]), author=r["author"], body=r["body"] or "",
                           created_at=r["created_at"], state=r["state"], path=r["path"], line=r["line"],
                           review_id=str(r["review_id"]) if r["review_id"] else None,
@@ -194,8 +178,7 @@ class LocalForge:
         return str(note)
 
     def ci_results(self, sha: str) -> list[CIResult]:
-        rows = self.ledger.all("SELECT * FROM local_pr_checks WHERE repo = ? AND sha = ? ORDER BY id",
-                               (self.repo, sha))
+        rows = local_pr_checks(self.ledger, self.repo, sha)
         newest: dict[tuple[str, str], dict] = {}
         for r in rows:  # the newest result per (kind, name) wins, as on GitHub
             newest[(r["kind"], r["name"])] = r
@@ -209,12 +192,13 @@ class LocalForge:
         """Merge or close a PR in the local forge, as a reviewer would on a hosted forge."""
         if state not in ("merged", "closed"):
             raise ForgeError(f"local forge: state must be merged or closed, got {state!r}")
-        with self.ledger.tx() as c:
-            row = self._row(number, c)
-            if row["state"] != "open":
+        def close(row: dict | None) -> dict:
+            if self._known(row, number)["state"] != "open":
                 raise ForgeError(f"local forge: {self.repo}#{number} is already {row['state']}")
-            self.ledger.update(c, "local_prs", {"id": row["id"]}, {"state": state, "updated_at": now()})
-            self.ledger.event(c, f"local_pr.{state}", actor, {"repo": self.repo, "number": int(number)})
+            return {"state": state}
+
+        change_local_pr(self.ledger, self.repo, number, close,
+                        event=(f"local_pr.{state}", actor, {"repo": self.repo, "number": int(number)}))
         self._write_md(number)
         return self._pr(self._row(number))
 
@@ -230,17 +214,13 @@ class LocalForge:
             raise ForgeError("local forge: --line needs --path (the file the line is in)")
         if line is not None and int(line) < 1:
             raise ForgeError(f"local forge: --line must be 1 or more, got {line}")
-        with self.ledger.tx() as c:
-            row = self._row(number, c)
-            if row["state"] != "open":
+        def still_open(row: dict | None) -> None:
+            if self._known(row, number)["state"] != "open":
                 raise ForgeError(f"local forge: {self.repo}#{number} is {row['state']}; it takes no more comments")
-            note = self.ledger.insert(c, "local_pr_notes", {
-                "repo": self.repo, "number": int(number), "kind": kind, "review_id": review_id,
-                "author": author.strip(), "body": body, "state": state, "path": path,
-                "line": int(line) if line is not None else None, "created_at": now()})
-            self.ledger.event(c, f"local_pr.{kind}", actor, {"repo": self.repo, "number": int(number), "id": note,
-                                                            "author": author.strip(), "path": path, "line": line,
-                                                            "state": state})
+
+        note = add_local_pr_note(self.ledger, self.repo, number, {
+            "kind": kind, "review_id": review_id, "author": author.strip(), "body": body, "state": state,
+            "path": path, "line": int(line) if line is not None else None}, actor, still_open)
         self._write_md(number)
         return note
 
@@ -263,10 +243,6 @@ class LocalForge:
             raise ForgeError("local forge: a check needs a name")
         if not sha:
             raise ForgeError("local forge: the PR has no head commit yet; push it first")
-        with self.ledger.tx() as c:
-            cid = self.ledger.insert(c, "local_pr_checks", {
-                "repo": self.repo, "sha": sha, "kind": kind, "name": name.strip(), "state": state,
-                "conclusion": conclusion or state, "summary": summary, "url": url, "created_at": now()})
-            self.ledger.event(c, "local_pr.check", actor, {"repo": self.repo, "sha": sha, "name": name.strip(),
-                                                          "state": state, "id": cid})
-        return cid
+        return add_local_pr_check(self.ledger, self.repo, sha, {
+            "kind": kind, "name": name.strip(), "state": state, "conclusion": conclusion or state,
+            "summary": summary, "url": url}, actor)

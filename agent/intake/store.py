@@ -14,8 +14,6 @@ rejected on its own (naming its line); the others are stored.
 from __future__ import annotations
 
 import functools
-import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -23,24 +21,14 @@ from agent.intake.fingerprint import fingerprint, signature
 from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
 from agent.intake.redact import redact
 from agent.ledger import Ledger, now
+# the error rows, their occurrences and the source cursors are written by the errors aggregate's record operations
+from agent.ledger.errors import (error_detail, get_cursor, list_errors, new_error_id,  # noqa: F401
+                                 record_occurrences, set_cursor)
 
 ACTIVE_STATES = ("open", "fixing", "skipped")
 MAX_EXCERPT = 8000
 MAX_MESSAGE = 2000
 BATCH = 5000
-
-_FIND = ("SELECT id, first_seen, last_seen FROM errors WHERE fingerprint = ? "
-         "AND state IN ('open', 'fixing', 'skipped') ORDER BY created_at DESC LIMIT 1")
-_INSERT = ("INSERT INTO errors (id, fingerprint, service, environment, class, message, excerpt, signature, frames, "
-           "repo, level, release, count, first_seen, last_seen, state, created_at) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
-# In an UPDATE every expression sees the old row, so the CASEs compare against the old last_seen.
-_UPDATE = ("UPDATE errors SET count = count + ?, first_seen = min(first_seen, ?), last_seen = max(last_seen, ?), "
-           "excerpt = CASE WHEN ? >= last_seen THEN ? ELSE excerpt END, "
-           "message = CASE WHEN ? >= last_seen THEN ? ELSE message END, "
-           "release = CASE WHEN ? >= last_seen AND ? IS NOT NULL THEN ? ELSE release END WHERE id = ?")
-_CURSOR = ("INSERT INTO cursors (source, value, updated_at) VALUES (?, ?, ?) "
-           "ON CONFLICT(source) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at")
 
 
 @dataclass
@@ -76,11 +64,6 @@ class Prepared:
     release: str | None
     timestamp: str
     raw_excerpt: str            # redacted only when written (only the latest per error is kept)
-
-
-def new_error_id() -> str:
-    """16 lowercase hex characters; branches use the first 8."""
-    return secrets.token_hex(8)
 
 
 MAX_FRAMES_STORED = 256
@@ -150,11 +133,10 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
     wrote_cursor = False
     for chunk in chunks:
         touched = _prepare_batch(chunk, result)
-        _write_batch(ledger, touched, actor, source, cursor, result)
+        record_occurrences(ledger, touched, actor, source, cursor, result)
         wrote_cursor = True
     if cursor is not None and not wrote_cursor:
-        with ledger.tx() as c:
-            c.execute(_CURSOR, (cursor[0], cursor[1], now()))
+        set_cursor(ledger, cursor[0], cursor[1])
     return result
 
 
@@ -182,80 +164,6 @@ def _prepare_batch(events: list[Event], result: IngestResult) -> dict[str, dict]
     for t in touched.values():
         t["excerpt"] = cap(redact(t["latest"].raw_excerpt), MAX_EXCERPT)
     return touched
-
-
-def _write_batch(ledger: Ledger, touched: dict[str, dict], actor: str, source: str | None,
-                 cursor: tuple[str, str] | None, result: IngestResult) -> None:
-    if not touched and cursor is None:
-        return
-    with ledger.tx() as c:
-        for fp, t in touched.items():
-            row = c.execute(_FIND, (fp,)).fetchone()
-            t["id"], t["new"] = (row[0], False) if row else (new_error_id(), True)
-            result.error_ids.append(t["id"])
-        inserts, updates = [], []
-        created = now()
-        for fp, t in touched.items():
-            p: Prepared = t["latest"]
-            excerpt = t["excerpt"]
-            if t["new"]:
-                first = t["p"]
-                inserts.append((t["id"], fp, first.service, first.environment, first.cls, p.message, excerpt,
-                                first.signature, json.dumps(first.frames), p.repo or first.repo, p.level, p.release,
-                                t["count"], t["first"], t["last"], created))
-                result.new += 1
-                result.deduplicated += t["count"] - 1
-            else:
-                last = t["last"]
-                updates.append((t["count"], t["first"], last, last, excerpt, last, p.message, last, p.release,
-                                p.release, t["id"]))
-                result.deduplicated += t["count"]
-        if inserts:
-            c.executemany(_INSERT, inserts)
-        if updates:
-            c.executemany(_UPDATE, updates)
-        for fp, t in touched.items():
-            p = t["p"]
-            if t["new"]:
-                ledger.event(c, "error.ingested", actor, {
-                    "fingerprint": fp, "service": p.service, "environment": p.environment, "class": p.cls,
-                    "count": t["count"], "source": source}, error_id=t["id"])
-            else:
-                ledger.event(c, "error.seen", actor, {"fingerprint": fp, "count": t["count"],
-                                                      "last_seen": t["last"], "source": source}, error_id=t["id"])
-        if cursor is not None:
-            c.execute(_CURSOR, (cursor[0], cursor[1], now()))
-
-
-def get_cursor(ledger: Ledger, key: str) -> str | None:
-    return ledger.scalar("SELECT value FROM cursors WHERE source = ?", (key,))
-
-
-def set_cursor(ledger: Ledger, key: str, value: str) -> None:
-    with ledger.tx() as c:
-        c.execute(_CURSOR, (key, value, now()))
-
-
-def list_errors(ledger: Ledger, state: str | None = None) -> list[dict]:
-    sql = ("SELECT id, fingerprint, service, environment, class, message, count, first_seen, last_seen, state, "
-           "repo, level FROM errors")
-    params: tuple = ()
-    if state:
-        sql += " WHERE state = ?"
-        params = (state,)
-    return ledger.all(sql + " ORDER BY last_seen DESC, id", params)
-
-
-def error_detail(ledger: Ledger, error_id: str) -> dict:
-    e = ledger.one("SELECT * FROM errors WHERE id = ?", (error_id,))
-    if e is None:
-        from agent import AgentError
-        raise AgentError(f"no error with id {error_id!r}; see `agent error list`")
-    e["frames"] = json.loads(e["frames"] or "[]")
-    e["conclusion"] = ledger.one("SELECT id, kind, brief, reason, decided_by, lane_run_id, created_at "
-                                 "FROM conclusions WHERE error_id = ?", (error_id,))
-    e["task"] = ledger.one("SELECT id, repo, branch, state FROM tasks WHERE error_id = ?", (error_id,))
-    return e
 
 
 def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | None = None,

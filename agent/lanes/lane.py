@@ -371,8 +371,9 @@ class _Run:
     def record(self, values: dict) -> None:
         if self.ledger is None or self.run_id is None:
             return
-        with self.ledger.tx() as c:
-            self.ledger.update(c, "lane_runs", {"id": self.run_id}, values)
+        from agent.ledger.lanes import update_run
+
+        update_run(self.ledger, self.run_id, values, task_id=self.task_id, claim_token=self.claim_token)
 
     def event(self, kind: str, payload: dict) -> None:
         if self.ledger is None:
@@ -441,7 +442,6 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     Raises AgentError only for caller errors: unknown role/vendor, missing spec or cwd, lost claim.
     """
     from agent.config import ROLES
-    from agent.ledger import now
 
     started = time.time()
     if role not in ROLES:
@@ -452,10 +452,9 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     if not cwd.is_dir():
         raise AgentError(f"working directory {cwd} does not exist")
     if ledger is not None and task_id is not None and claim_token is not None:
-        from agent.tasks import ClaimLost
+        from agent.ledger.tasks import ClaimLost, claim_held
 
-        held = ledger.scalar("SELECT claim_token FROM tasks WHERE id = ?", (task_id,))
-        if held != claim_token:
+        if not claim_held(ledger, task_id, claim_token):
             raise ClaimLost(f"task {task_id}: claim lost to another worker; not starting a lane")
 
     vendor_name, model, timeout, repair_budget = _lane_settings(config, role, repo_lanes, vendor)
@@ -467,16 +466,10 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
 
     run_id = None
     if ledger is not None:
-        with ledger.tx() as c:
-            attempt = 1 + (ledger.scalar("SELECT count(*) FROM lane_runs WHERE task_id IS ? AND round IS ? "
-                                         "AND role = ?", (task_id, round, role)) or 0)
-            run_id = ledger.insert(c, "lane_runs", {
-                "task_id": task_id, "error_id": error_id, "round": round, "role": role, "vendor": vendor_name,
-                "attempt": attempt, "status": "running", "head_sha": head_sha, "started_at": now(),
-                "cost_usd": 0.0})
-            ledger.event(c, "lane.started", "lane", {"run_id": run_id, "role": role, "vendor": vendor_name,
-                                                     "round": round, "head_sha": head_sha},
-                         task_id=task_id, error_id=error_id)
+        from agent.ledger.lanes import start_run
+
+        run_id = start_run(ledger, task_id=task_id, error_id=error_id, round=round, role=role, vendor=vendor_name,
+                           head_sha=head_sha, claim_token=claim_token)
         run_dir = home / "lanes" / str(run_id)
     else:
         run_dir = home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
@@ -484,7 +477,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
 
     r = _Run(ledger=ledger, run_id=run_id, task_id=task_id, error_id=error_id, role=role, vendor=adapter,
              run_dir=run_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress,
-             bwrap=None, plan=None, secrets=lane_env(vc.env, deny=deny))
+             bwrap=None, plan=None, secrets=lane_env(vc.env, deny=deny), claim_token=claim_token)
     r.record({"log_dir": str(run_dir)})
 
     def finish(status: str, reason: str | None, report: Report | None, mhash: str | None) -> LaneResult:
@@ -513,14 +506,18 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
             exit_code=last_res.exit_code if last_res is not None else None, cost_usd=r.cost, usage=r.usage,
             repairs=r.repairs, reason=reason, log_dir=run_dir, excerpt=redact(tail, secrets),
             manifest_hash=mhash, duration_s=time.time() - started)
-        r.record({"status": status, "findings_count": findings, "findings_text": result.findings_text,
-                  "summary": result.summary, "lesson": result.lesson, "reason": reason,
-                  "session_id": r.session_id, "exit_code": result.exit_code, "cost_usd": r.cost,
-                  "usage": json.dumps(r.usage, sort_keys=True), "repairs": json.dumps(r.repairs, sort_keys=True),
-                  "ended_at": now()})
-        r.event("lane.finished", {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status,
-                                  "reason": reason, "findings": findings, "repairs": len(r.repairs),
-                                  "cost_usd": r.cost, "cost_source": cost_source, "session_id": r.session_id})
+        if ledger is not None:  # the outcome and its lane.finished event: one transaction, under the claim
+            from agent.ledger.lanes import finish_run
+
+            finish_run(ledger, run_id, {
+                "status": status, "findings_count": findings, "findings_text": result.findings_text,
+                "summary": result.summary, "lesson": result.lesson, "reason": reason, "session_id": r.session_id,
+                "exit_code": result.exit_code, "cost_usd": r.cost, "usage": json.dumps(r.usage, sort_keys=True),
+                "repairs": json.dumps(r.repairs, sort_keys=True)},
+                {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status, "reason": reason,
+                 "findings": findings, "repairs": len(r.repairs), "cost_usd": r.cost, "cost_source": cost_source,
+                 "session_id": r.session_id},
+                task_id=task_id, error_id=error_id, claim_token=claim_token)
         redact_run_dir(run_dir, secrets)
         doc = result.to_json()
         if doc.get("report"):
@@ -560,15 +557,15 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     r.record({"manifest": json.dumps(manifest, sort_keys=True), "manifest_hash": mhash})
 
     if resume_run_id is not None:
-        prev = ledger.one("SELECT * FROM lane_runs WHERE id = ?", (resume_run_id,)) if ledger is not None else None
+        from agent.ledger.lanes import get_run, interrupt_run
+
+        prev = get_run(ledger, resume_run_id) if ledger is not None else None
         if prev is None:
             raise AgentError(f"lane run {resume_run_id} not found; cannot resume it")
         if prev.get("status") == "running":
             # the interrupted run is superseded by this one; it no longer counts as in flight
-            with ledger.tx() as c:
-                ledger.update(c, "lane_runs", {"id": resume_run_id, "status": "running"},
-                              {"status": "interrupted", "reason": f"interrupted; resumed as run {run_id}",
-                               "ended_at": now()})
+            interrupt_run(ledger, resume_run_id, f"interrupted; resumed as run {run_id}", task_id=task_id,
+                          claim_token=claim_token)
         if prev.get("manifest_hash") != mhash:
             return finish("rejected", CAPABILITY_DRIFT, None, mhash)
         if prev.get("session_id") and adapter.can_resume:

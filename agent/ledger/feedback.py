@@ -46,6 +46,11 @@ class FeedbackQueries:
         c = conn or self.conn
         return {r[0] for r in c.execute("SELECT key FROM pr_feedback WHERE task_id = ?", (task_id,))}
 
+    def set_feedback_round(self, c: sqlite3.Connection, task_id: int, keys: list[str], round: int) -> None:
+        """The round these feedback items started (inside that round's transaction)."""
+        for key in keys:
+            self.update(c, "pr_feedback", {"task_id": task_id, "key": key}, {"round": round})
+
     def add_feedback(self, c: sqlite3.Connection, row: dict) -> None:
         from agent.ledger import now
 
