@@ -198,6 +198,11 @@ def test_a_lost_connection_is_one_line_naming_the_database(pg_server, pg_url):
         led.all("SELECT * FROM tasks")
     msg = str(exc.value)
     assert "lost the connection" in msg and pg_url.rsplit("/", 1)[1] in msg and "\n" not in msg
+    # the next statement (a daemon's next tick) runs on a replacement connection with the same session settings
+    assert led.scalar("SELECT count(*) FROM tasks") == 0
+    assert led.scalar("SELECT pg_backend_pid()") != pid
+    assert led.scalar("SHOW lock_timeout") == f"{int(30)}s"
+    led.close()
 
 
 # ------------------------------------------------------------------ append-only

@@ -213,6 +213,7 @@ class Ledger(FeedbackQueries):
             except psycopg.errors.UndefinedTable:
                 conn.execute(lock_timeout)
                 version = None
+            conn.session.append(lock_timeout)
             if version is None:  # (or another process is creating it right now: then _migrations is there)
                 ours, tables = conn.execute(
                     "SELECT count(*) FILTER (WHERE table_name = '_migrations'), count(*) "
@@ -301,7 +302,7 @@ class Ledger(FeedbackQueries):
     def read_only(self) -> None:
         """This connection may only read (a GET handler): ``query_only`` / a read-only session."""
         if self.postgres:
-            self.conn.execute("SET default_transaction_read_only = on")
+            self.conn.set_session("SET default_transaction_read_only = on")
         else:
             self.conn.execute("PRAGMA query_only = ON")
 

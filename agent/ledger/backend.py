@@ -329,6 +329,12 @@ class PgConnection:
     def __init__(self, raw, url: str):
         self.raw = raw
         self.url = url
+        self.session: list[str] = []     # session settings, replayed on a replacement connection
+
+    def set_session(self, sql: str) -> None:
+        """Run a session setting (``SET ...``) now and on any replacement connection."""
+        self.execute(sql)
+        self.session.append(sql)
 
     def _fault(self, exc: BaseException) -> BaseException:
         import psycopg
@@ -340,9 +346,23 @@ class PgConnection:
             return connection_error(self.url, exc, "lost the connection to the PostgreSQL ledger")
         return exc
 
+    def _reconnect_if_broken(self) -> None:
+        """A connection the server dropped (restart, idle timeout) is replaced before the next statement outside a
+        transaction, so a daemon recovers on its next tick; the statement that found it broken failed with one
+        line, and a transaction is never silently continued on a new connection."""
+        try:
+            fresh = connect_pg(self.url)
+            for sql in self.session:
+                fresh.raw.execute(sql)
+        except Exception:  # noqa: BLE001 - the statement below fails with the connection's own one line
+            return
+        self.raw = fresh.raw
+
     def execute(self, sql: str, params: Sequence[Any] | None = ()):
         import psycopg
 
+        if self.raw.broken and not self.in_transaction:
+            self._reconnect_if_broken()
         try:
             if params:
                 return self.raw.execute(translate(sql), tuple(params))
@@ -362,7 +382,8 @@ class PgConnection:
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
+        return self.raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR,
+                                                    TransactionStatus.ACTIVE)
 
     def transaction(self):
         return self.raw.transaction()
