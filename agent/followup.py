@@ -12,6 +12,7 @@ reported as that PR's item and does not stop the others.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -35,10 +36,31 @@ def _prune(ledger: Ledger, row: dict, config, prune: Callable) -> str:
     if repo_cfg is None or not branch:
         return "branch not pruned (repo not in config)"
     deleted = prune(repo_cfg.url, branch, task.get("base") or repo_cfg.base, repo_cfg.branch_prefix)
+    from agent.push import delete_task_ref
+
+    ref_deleted = delete_task_ref(repo_cfg.url, row["task_id"])   # its round commits' hidden ref goes with it
     with ledger.tx() as c:
-        ledger.event(c, "pr.branch_pruned", "script", {"branch": branch, "deleted": bool(deleted)},
-                     task_id=row["task_id"])
+        ledger.event(c, "pr.branch_pruned", "script", {"branch": branch, "deleted": bool(deleted),
+                                                       "task_ref_deleted": ref_deleted}, task_id=row["task_id"])
     return f"branch {branch} pruned" if deleted else f"branch {branch} already gone"
+
+
+def _prune_task_ref(ledger: Ledger, row: dict, config) -> str:
+    """A merged PR's task keeps no hidden ref on the remote (its commits are in the base, or kept by the forge).
+    Best effort: a leftover ref is harmless."""
+    from agent.push import delete_task_ref
+
+    repo_cfg = config.repos.get(row["repo"])
+    if repo_cfg is None:
+        return ""
+    try:
+        if delete_task_ref(repo_cfg.url, row["task_id"]):
+            with ledger.tx() as c:
+                ledger.event(c, "task.ref_pruned", "script", {"repo": row["repo"]}, task_id=row["task_id"])
+            return "; hidden ref pruned"
+    except AgentError as exc:
+        return f"; hidden ref not pruned ({exc})"
+    return ""
 
 
 def owe_pr_text(ledger: Ledger, task_id: int, reason: str, claim_token: str | None = None) -> None:
@@ -124,11 +146,13 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
                     continue
                 new = _apply(ledger, row, pr)
                 item.update(state=pr.state, changed=new is not None)
+                if new == "merged":
+                    item["pruned_ref"] = _prune_task_ref(ledger, row, config)
             if item["state"] == "closed":
                 note = _prune(ledger, row, config, prune)
                 item["pruned"] = note
             item["line"] = f"task {row['task_id']}: {ref} {item['state']}" + \
-                (f"; {item['pruned']}" if item.get("pruned") else "")
+                (f"; {item['pruned']}" if item.get("pruned") else "") + item.get("pruned_ref", "")
         except ForgeAuthError as exc:
             item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc), auth=True)
         except (ForgeError, AgentError) as exc:
@@ -149,7 +173,11 @@ def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[
 
     cutoff = (datetime.now(timezone.utc) - timedelta(seconds=grace_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     items = []
+    from agent.workspace import own_worktree
+
     for t in ledger.finished_worktrees(cutoff):
+        if os.path.realpath(t["worktree"]) != os.path.realpath(own_worktree(home, t["id"])):
+            continue  # another runner's home holds it: that runner removes it (a folder here is never theirs)
         token = claim(ledger, t["id"])
         if token is None:
             continue  # someone works on it (a reset): not finished after all

@@ -47,18 +47,75 @@ def check_branch(branch: str, base: str, prefix: str) -> None:
 
 def remote_branch_sha(remote_url: str, branch: str) -> str | None:
     """The sha of ``refs/heads/<branch>`` on the remote, or None if the branch is not there."""
-    from agent.workspace import GitError, git
+    return remote_ref_sha(remote_url, f"refs/heads/{branch}")
+
+
+def remote_ref_sha(remote_url: str, ref: str) -> str | None:
+    """The sha of the full ``ref`` on the remote, or None if it is not there."""
+    from agent.workspace import GitError, ls_remote_ref
 
     try:
-        out = git("ls-remote", "--", remote_url, f"refs/heads/{branch}", network=True, timeout=GIT_TIMEOUT)
+        return ls_remote_ref(remote_url, ref)
     except GitError as exc:
         raise PushError(f"cannot read the remote {safe_url(remote_url)}: {_stderr(exc)}; check the URL and credentials") \
             from None
-    for line in out.splitlines():
-        sha, _, ref = line.partition("\t")
-        if ref.strip() == f"refs/heads/{branch}":
-            return sha.strip()
-    return None
+
+
+def push_task_ref(mirror: Path, remote_url: str, task_id: int, sha: str, expected: str | None) -> PushResult:
+    """Put the round commit ``sha`` at the task's hidden ref (``refs/agent/task-N``) on the remote, before the
+    commit is recorded (DESIGN.md "Takeover": a recorded commit is always on the remote).
+
+    The ref only moves forward: it is pushed with ``--force-with-lease`` bound to ``expected`` (the head the ledger
+    recorded before this commit; None: no ref yet) when that is in ``sha``'s history; if the remote holds
+    something else, it is read: ``sha`` itself (pushed before a crash) is done, an ancestor of ``sha`` is leased
+    on; anything else (a commit not in this history: another runner pushed there) is refused, never overwritten,
+    so no recorded commit ever drops out of the ref's history. Pushed from the mirror's own git dir through the
+    hardened git (never a worktree's config a lane could have written; a mirror config with keys agent never writes
+    is refused)."""
+    from agent.workspace import GitError, audit_config, git, is_ancestor, task_ref
+
+    ref = task_ref(task_id)
+    bad = audit_config(mirror)
+    if bad:
+        raise PushError(f"refusing to push {ref}: the repository config holds {', '.join(bad[:5])}, which agent "
+                        "never writes; restore it, then `agent task reset`")
+
+    up_to_date = []
+
+    def attempt(lease: str | None) -> str | None:
+        """Push with the lease; None when it went through, else git's complaint."""
+        try:
+            out = git("push", "--porcelain", "--no-verify", f"--force-with-lease={ref}:{lease or ''}", "--",
+                      remote_url, f"{sha}:{ref}", git_dir=mirror, cwd=mirror, push=True, timeout=GIT_TIMEOUT)
+            up_to_date.append(any(line.startswith("=") for line in out.splitlines()))
+            return None
+        except GitError as exc:
+            return _stderr(exc)
+
+    lease = expected if expected is None or is_ancestor(mirror, expected, sha) else "?"
+    for _ in range(2):
+        failed = attempt(lease) if lease != "?" else "not tried"
+        if failed is None:
+            return PushResult(sha=sha, pushed=not up_to_date[-1], forced=False)
+        remote = remote_ref_sha(remote_url, ref)
+        if remote == sha:                  # pushed already (by us, before a crash)
+            return PushResult(sha=sha, pushed=False, forced=False)
+        if remote == lease:                # the lease held and the push still failed: not a race
+            raise PushError(f"push of {ref} to {safe_url(remote_url)} failed: {failed}")
+        if remote is not None and not is_ancestor(mirror, remote, sha):
+            raise PushError(f"refusing to move {ref} from {remote[:12]} to {sha[:12]}: {remote[:12]} is not in "
+                            "the history of this round's commit (another runner pushed there); inspect it, then "
+                            "`agent task reset`")
+        lease = remote                     # absent, or behind us: lease on what is there now
+    raise PushError(f"push of {ref} lost a race twice: the remote moved while pushing {sha[:12]}; the next scan "
+                    "looks again")
+
+
+def delete_task_ref(remote_url: str, task_id: int) -> bool:
+    """Prune the task's hidden ref from the remote (when its branch is pruned). False if it was already gone."""
+    from agent.workspace import task_ref
+
+    return _delete_remote_ref(remote_url, task_ref(task_id))
 
 
 def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix: str,
@@ -119,12 +176,16 @@ def push_branch(worktree: Path, remote_url: str, branch: str, base: str, prefix:
 
 def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -> bool:
     """Prune a task branch from the remote.  Returns False if it was already gone."""
-    from agent.workspace import GitError, git
-
     check_branch(branch, base, prefix)
+    return _delete_remote_ref(remote_url, f"refs/heads/{branch}")
+
+
+def _delete_remote_ref(remote_url: str, ref: str) -> bool:
     import tempfile
 
-    sha = remote_branch_sha(remote_url, branch)
+    from agent.workspace import GitError, git
+
+    sha = remote_ref_sha(remote_url, ref)
     if sha is None:
         return False
     # `git push` needs a repository to run in, even to delete: an empty throwaway one, so pruning works from
@@ -132,10 +193,11 @@ def delete_remote_branch(remote_url: str, branch: str, base: str, prefix: str) -
     with tempfile.TemporaryDirectory(prefix="agent-prune-") as scratch:
         try:
             git("init", "--bare", "-q", scratch, cwd=scratch)
-            git("push", "--no-verify", f"--force-with-lease=refs/heads/{branch}:{sha}", "--delete", "--",
-                remote_url, f"refs/heads/{branch}", git_dir=scratch, cwd=scratch, push=True, timeout=GIT_TIMEOUT)
+            git("push", "--no-verify", f"--force-with-lease={ref}:{sha}", "--delete", "--",
+                remote_url, ref, git_dir=scratch, cwd=scratch, push=True, timeout=GIT_TIMEOUT)
         except GitError as exc:
-            raise PushError(f"could not delete {branch} on {safe_url(remote_url)}: {_stderr(exc)}") from None
+            raise PushError(f"could not delete {ref.removeprefix('refs/heads/')} on {safe_url(remote_url)}: "
+                            f"{_stderr(exc)}") from None
     return True
 
 

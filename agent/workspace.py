@@ -18,8 +18,10 @@ import hashlib
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from agent import AgentError
 
@@ -405,10 +407,54 @@ def _write_excludes(mirror: Path) -> None:
         path.write_text(text)
 
 
+_THREAD_LOCKS: dict[str, "threading.Lock"] = {}
+_THREAD_LOCKS_GUARD = __import__("threading").Lock()
+MIRROR_LOCK_WAIT = 600.0   # a clone of a large repository can take minutes
+
+
+@contextmanager
+def mirror_lock(home: Path, repo: str, wait: float = MIRROR_LOCK_WAIT) -> Iterator[None]:
+    """Serialise what changes one home's mirror of a repository (clone, fetch, worktree add/move/prune): the
+    threads of one runner (``--jobs``) and the processes sharing the home (a cron tick next to the daemon). A
+    thread lock plus an flock on ``mirrors/<name>.git.lock``, waited for at most ``wait`` seconds."""
+    import fcntl
+    import threading
+    import time
+
+    path = mirror_path(home, repo)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(path)
+    with _THREAD_LOCKS_GUARD:
+        lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
+    if not lock.acquire(timeout=wait):
+        raise WorkspaceError(f"{repo}: the mirror {path} stayed busy for {wait:.0f}s; the next scan tries again")
+    try:
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise WorkspaceError(f"{repo}: the mirror {path} stayed busy for {wait:.0f}s (another "
+                                             "process of this home holds it); the next scan tries again") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
+    finally:
+        lock.release()
+
+
 def ensure_mirror(home: Path, repo: str, url: str) -> Path:
-    """Clone the bare mirror once (into a staging path, then rename); fetch it every later time."""
+    """Clone the bare mirror once (into a staging path, then rename); fetch it every later time. Callers that may
+    run in parallel in one home hold ``mirror_lock``."""
     mirror = mirror_path(home, repo)
     try:
+        if mirror.exists() and not (mirror / "HEAD").exists():
+            shutil.rmtree(mirror)   # half there (a rename or delete cut short): no git repository, cloned again
         if mirror.exists():
             git("fetch", url, "+refs/heads/*:refs/remotes/origin/*", "--prune", "--quiet", git_dir=mirror,
                 network=True)
@@ -439,12 +485,22 @@ def _worktree_branches(mirror: Path) -> dict[str, str]:
     return out
 
 
-def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, task_id: int) -> Workspace:
-    """Find or make the task's worktree. Idempotent; safe to call again after a crash at any point."""
+def own_worktree(home: Path, task_id: int) -> Path:
+    """Where this home keeps the task's worktree (each runner has its own home, so its own copy)."""
+    return Path(home) / "worktrees" / f"task-{task_id}"
+
+
+def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, task_id: int,
+                    start_at: str | None = None) -> Workspace:
+    """Find or make the task's worktree. Idempotent; safe to call again after a crash at any point.
+
+    ``start_at`` (a takeover: another runner advanced the task) is the commit the worktree must be at: this home's
+    own worktree of the task, if it has one, is reset there (its branch moves, whatever it held is dropped: the
+    ledger's head is the truth), else one is made there."""
     mirror = ensure_mirror(home, repo, url)
-    root = Path(home) / "worktrees"
+    final = own_worktree(home, task_id)
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"task-{task_id}"
     staging = root / f".staging-task-{task_id}"
     try:
         base_sha = git("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{base}^{{commit}}", git_dir=mirror)
@@ -455,7 +511,17 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
     if final.exists():
         if registered.get(str(final.resolve())) != branch:
             raise WorkspaceError(f"{final}: exists but is not the worktree of branch {branch}; move it aside")
-        return Workspace(final, branch, base_sha, mirror, created=False)
+        if start_at is None:
+            return Workspace(final, branch, base_sha, mirror, created=False)
+        try:
+            g = TaskGit(final, mirror)
+            for name in ("index.lock", "HEAD.lock"):   # left by a kill of this home's runner long ago
+                (g.git_dir / name).unlink(missing_ok=True)
+            g("reset", "-q", "--hard", start_at)
+            g("clean", "-fdq")
+            return Workspace(final, branch, base_sha, mirror, created=True)
+        except (GitError, WorkspaceError):
+            remove_worktree(mirror, final)   # made again below
     # a crash left a staging worktree: throw it away and make it again
     if staging.exists() or str(staging.resolve()) in registered:
         shutil.rmtree(staging, ignore_errors=True)
@@ -464,7 +530,9 @@ def ensure_worktree(home: Path, repo: str, url: str, base: str, branch: str, tas
     branch_exists = bool(git("branch", "--list", branch, git_dir=mirror).strip())
     pushed = _has_ref(mirror, f"refs/remotes/origin/{branch}")
     try:
-        if branch_exists:  # made by an earlier attempt whose worktree was lost: keep its commits
+        if start_at:  # a takeover: exactly the commit the ledger (or the remote's hidden ref) says
+            git("worktree", "add", "-B", branch, str(staging), start_at, git_dir=mirror, cwd=root)
+        elif branch_exists:  # made by an earlier attempt whose worktree was lost: keep its commits
             git("worktree", "add", str(staging), branch, git_dir=mirror, cwd=root)
         elif pushed:  # the mirror was lost and cloned again: go on from what was pushed, not from the base
             git("worktree", "add", "-b", branch, str(staging), f"refs/remotes/origin/{branch}", git_dir=mirror,
@@ -520,6 +588,60 @@ def read_base_file(mirror: Path, base_sha: str, path: str) -> str | None:
         return git("show", "--no-textconv", f"{base_sha}:{path}", git_dir=mirror)
     except GitError:
         return None
+
+
+def task_ref(task_id: int) -> str:
+    """The task's hidden ref on the shared remote: every recorded round commit is reachable from it (pushed before
+    the commit is recorded), so any runner can rebuild the task's worktree (DESIGN.md "Takeover")."""
+    return f"refs/agent/task-{int(task_id)}"
+
+
+def fetched_task_ref(task_id: int) -> str:
+    """Where a mirror keeps its copy of the remote's ``task_ref`` (outside refs/heads and refs/remotes/origin, so
+    the mirror's ordinary fetch never prunes or moves it)."""
+    return f"refs/agent/remote/task-{int(task_id)}"
+
+
+def ls_remote_ref(url: str, ref: str, cwd: Path | str | None = None) -> str | None:
+    """The sha of one full ref (``refs/heads/x``, ``refs/agent/task-3``) on the remote, or None when it is not there.
+    Raises GitError when the remote cannot be read."""
+    out = git("ls-remote", "--", url, ref, network=True, cwd=cwd)
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        if name.strip() == ref:
+            return sha.strip()
+    return None
+
+
+def fetch_task_ref(mirror: Path, url: str, task_id: int) -> str | None:
+    """Bring the remote's ``task_ref(task_id)`` into the mirror (as ``fetched_task_ref``) and return its sha, or None
+    when the remote has none (a task from before hidden refs, or pruned). Raises GitError on a git failure."""
+    ref, local = task_ref(task_id), fetched_task_ref(task_id)
+    sha = ls_remote_ref(url, ref, cwd=mirror)
+    if sha is None:
+        git("update-ref", "-d", local, git_dir=mirror, check=False)
+        return None
+    if has_commit(mirror, sha):
+        git("update-ref", local, sha, git_dir=mirror)
+    else:
+        git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", url, f"+{ref}:{local}", git_dir=mirror,
+            network=True)
+    return sha
+
+
+def is_ancestor(git_dir: Path | str, ancestor: str, descendant: str) -> bool:
+    """Whether ``ancestor`` is ``descendant`` or in its history (False when either object is missing)."""
+    try:
+        git("merge-base", "--is-ancestor", ancestor, descendant, git_dir=git_dir)
+        return True
+    except GitError:
+        return False
+
+
+def parent_of(git_dir: Path | str, sha: str) -> str | None:
+    """The first parent of ``sha`` (None for a root commit or a missing object)."""
+    out = git("rev-list", "--parents", "-n", "1", sha, git_dir=git_dir, check=False).split()
+    return out[1] if len(out) > 1 else None
 
 
 def kept_ref(task_id: int) -> str:

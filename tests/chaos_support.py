@@ -107,8 +107,10 @@ def remote_sha(remote: Path, branch: str) -> str | None:
     return out.split()[0] if out else None
 
 
-def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_done: bool = True) -> list[dict]:
-    """The exactly-once guarantees, asserted from the ledger, the remote, the forge and the PR files."""
+def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_done: bool = True,
+                     homes: list[Path] | None = None) -> list[dict]:
+    """The exactly-once guarantees, asserted from the ledger, the remote, the forge and the PR files (written by the
+    local forge into the home of the runner that opened the PR: one of ``homes`` when several share the ledger)."""
     from agent import chain
 
     con = sqlite3.connect(home / "ledger.db", timeout=30)
@@ -139,8 +141,8 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
                                     (t["branch"],)).fetchall()
                 assert len(local) == 1, f"task {tid}: {len(local)} local PRs on {t['branch']}"
                 assert local[0]["number"] == pr["number"]
-                md = home / "prs" / f"{pr['repo'].replace('/', '-')}-{pr['number']}.md"
-                assert md.exists(), md
+                mds = [h / "prs" / f"{pr['repo'].replace('/', '-')}-{pr['number']}.md" for h in homes or [home]]
+                assert any(md.exists() for md in mds), mds
             if sim is not None:
                 on_sim = sim.pulls(t["branch"])
                 assert len(on_sim) == 1, f"task {tid}: {len(on_sim)} PRs on the GitHub simulator"
@@ -152,6 +154,9 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
             assert len(commits) == len({c["sha"] for c in commits})
             assert t["head_sha"] == commits[-1]["sha"] == t["pushed_sha"]
             assert remote_sha(remote, t["branch"]) == t["head_sha"]
+            # every recorded commit is reachable from the task's hidden ref on the remote (pushed before recorded)
+            hidden = git(remote, "rev-parse", f"refs/agent/task-{tid}")
+            assert hidden == t["head_sha"], f"task {tid}: hidden ref {hidden} vs head {t['head_sha']}"
             chain_shas = git(remote, "rev-list", "--reverse", f"{t['base_sha']}..{t['branch']}").split()
             assert chain_shas == [c["sha"] for c in commits], f"task {tid}: branch {chain_shas} vs {commits}"
             assert pr["head_sha"] == t["head_sha"]
@@ -242,3 +247,70 @@ def lane_host_pid(home: Path, timeout: float = 10.0) -> int:
         if row or time.monotonic() > end:
             return row[0] if row else 0
         time.sleep(0.05)
+
+
+def share_ledger(p: dict) -> Path | None:
+    """Move the built home's SQLite ledger next to the homes and link it back, so several runner homes (each with
+    its own mirrors, worktrees, locks and logs) share one ledger file, as runners on one machine would."""
+    if os.environ.get("AGENT_LEDGER_URL"):
+        return None   # PostgreSQL (--ledger=postgres): every home and every runner process uses it already
+    shared = Path(p["root"]) / "shared-ledger.db"
+    own = Path(p["home"]) / "ledger.db"
+    if not shared.exists():
+        own.rename(shared)
+        own.symlink_to(shared)
+    return shared
+
+
+def add_home(p: dict, name: str) -> Path:
+    """Another runner home: the same config.yaml, its own everything else, the shared ledger (``share_ledger``)."""
+    import shutil
+
+    shared = share_ledger(p)
+    home = Path(p["root"]) / name
+    home.mkdir(mode=0o700)
+    shutil.copy(Path(p["home"]) / "config.yaml", home / "config.yaml")
+    if shared is not None:
+        (home / "ledger.db").symlink_to(shared)
+    return home
+
+
+# one round per task: the scripted reviewer approves a change without a leftover print() (the runners chaos test and
+# scripts/bench-runners)
+ONE_ROUND = {"groups": [{"summary": "Default a missing qty to one unit in line_total",
+                         "edits": [{"path": "widgets/pricing.py", "find": '    return item["price"] * item["qty"]',
+                                    "replace": '    return item["price"] * item.get("qty", 1)'}]}]}
+
+
+def runner_homes(root: Path, runners: int, tasks: int, sleep: str = "2", log: Path | None = None) -> tuple[dict, list]:
+    """A batch of ``tasks`` one-round tasks whose lanes sleep ``sleep`` seconds, and ``runners`` homes on one shared
+    ledger (the first is the one the batch was built in)."""
+    lane_args = ("--sleep", sleep) + (("--log", str(log)) if log else ())
+    p = build(root, tasks=tasks, lane_args=lane_args)
+    p["playbook"].write_text(json.dumps(ONE_ROUND))
+    share_ledger(p)
+    homes = [p["home"]] + [add_home(p, f"runner-{i + 1}") for i in range(1, runners)]
+    return p, homes
+
+
+def runner(home: Path, log: Path | None = None, jobs: int = 1, interval: float = 0.2,
+           env: dict | None = None) -> subprocess.Popen:
+    """A real `agent daemon` for ``home`` in its own process group."""
+    return watcher(home, env=env, log=log, command=("daemon", "--interval", str(interval), "--jobs", str(jobs)))
+
+
+def count_done(home: Path) -> int:
+    with sqlite3.connect(Path(home) / "ledger.db", timeout=30) as c:
+        return c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0]
+
+
+def stop_runners(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every live runner (the running step finishes), SIGKILL what does not stop within 30 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)

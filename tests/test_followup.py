@@ -13,7 +13,8 @@ from agent.forge import get_forge, publish_pr
 from agent.ledger import now
 from agent.push import push_branch, remote_branch_sha
 from agent.tasks import create_task, transition
-from conftest import LANES_YAML, remote_with_branch
+from agent.push import remote_ref_sha
+from conftest import LANES_YAML, git, remote_with_branch
 
 EID = "0a1b2c3d4e5f6789"
 BRANCH = "agent/fix-0a1b2c3d"
@@ -31,6 +32,7 @@ def setup(tmp_path, ledger, home):
                                                "created_at": now()})
     task_id, _ = create_task(ledger, "acme/widgets", "fix it", error_id=EID, conclusion_id=cid, branch=BRANCH)
     transition(ledger, task_id, chain.WORKING, "script", "started")
+    git(remote, "update-ref", f"refs/agent/task-{task_id}", head)    # the round commits' hidden ref (DESIGN.md "Takeover")
     config = parse_config({"repos": {"acme/widgets": {"url": str(remote), "forge": "local"}}})
     forge = get_forge(config.repos["acme/widgets"], config, home, ledger)
     pr, _ = publish_pr(ledger, forge, task_id, BRANCH, "main", "fix: it", "body", head)
@@ -61,6 +63,8 @@ def test_merged_resolves_error_and_closes_task(setup, ledger, home):
     kinds = [e["kind"] for e in ledger.events(task_id=setup["task_id"])]
     assert {"pr.merged", "error.state", "task.state"} <= set(kinds)
     assert remote_branch_sha(str(setup["remote"]), BRANCH) is not None   # merged branches are not pruned
+    assert remote_ref_sha(str(setup["remote"]), f"refs/agent/task-{setup['task_id']}") is None   # the hidden ref is
+    assert "hidden ref pruned" in items[0]["line"]
     assert follow_prs(ledger, setup["config"], home) == []               # nothing left to follow
 
 
@@ -74,6 +78,7 @@ def test_closed_skips_error_fails_task_and_prunes_branch(setup, ledger, home):
     assert "closed without merge" in ledger.scalar("SELECT failed_reason FROM tasks WHERE id = ?",
                                                    (setup["task_id"],))
     assert remote_branch_sha(str(setup["remote"]), BRANCH) is None
+    assert remote_ref_sha(str(setup["remote"]), f"refs/agent/task-{setup['task_id']}") is None   # pruned with the branch
     assert remote_branch_sha(str(setup["remote"]), "main") is not None
     assert follow_prs(ledger, setup["config"], home) == []
 

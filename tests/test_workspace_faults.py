@@ -120,8 +120,9 @@ def _commits_exist(home, remote):
     return rows
 
 
-@pytest.mark.parametrize("point", ["commit.recorded", "push.done"])
-def test_a_deleted_mirror_is_cloned_again_and_no_lost_commit_stays_in_the_ledger(tmp_path, point):
+@pytest.mark.parametrize("point,ref_kept", [("commit.recorded", True), ("commit.recorded", False),
+                                            ("push.done", True)])
+def test_a_deleted_mirror_is_cloned_again_and_no_lost_commit_stays_in_the_ledger(tmp_path, point, ref_kept):
     p = build(tmp_path / "w", tasks=1)
     home = p["home"]
     w = watcher(home, env={"AGENT_CRASHPOINT": point}, log=tmp_path / "crash.log")
@@ -130,6 +131,12 @@ def test_a_deleted_mirror_is_cloned_again_and_no_lost_commit_stays_in_the_ledger
     before = dict(con.execute("SELECT head_sha, round, round_cap FROM tasks WHERE id = 1").fetchone())
     con.close()
     assert before["head_sha"]
+    # every recorded commit is on the remote's hidden ref of the task before it is recorded
+    assert git(p["remote"], "rev-parse", "refs/agent/task-1") == before["head_sha"]
+    if not ref_kept:  # a task from before hidden refs (or a remote that lost the ref): the commit is gone for good
+        git(p["remote"], "update-ref", "-d", "refs/agent/task-1")
+        git(p["remote"], "reflog", "expire", "--expire=now", "--all")
+        git(p["remote"], "gc", "-q", "--prune=now")   # a clone from a local path would copy the loose object
     shutil.rmtree(home / "mirrors")  # e.g. an operator cleaning disk space
     run_to_end(home, log=tmp_path / "w.log")
     check_invariants(home, p["remote"], tasks=1)
@@ -137,13 +144,16 @@ def test_a_deleted_mirror_is_cloned_again_and_no_lost_commit_stays_in_the_ledger
     con = db(home)
     kinds = [r[0] for r in con.execute("SELECT kind FROM events WHERE task_id = 1 ORDER BY id")]
     after = dict(con.execute("SELECT round, round_cap FROM tasks WHERE id = 1").fetchone())
+    shas = [r[0] for r in con.execute("SELECT sha FROM commits WHERE task_id = 1 ORDER BY id")]
     con.close()
     assert "task.error" not in kinds and "workspace.failed" not in kinds
-    if point == "commit.recorded":  # the unpushed commit died with the mirror: a free round made it again
+    if not ref_kept:  # the unpushed commit died with the mirror: a free round made it again
         assert kinds.count("commit.lost") == 1 and after["round_cap"] == before["round_cap"] + 1
-    else:  # it was pushed: the worktree went on from the pushed branch, nothing lost
+    else:  # the worktree went on from the recorded commit, fetched from the remote: nothing lost
         assert "commit.lost" not in kinds and after["round_cap"] == before["round_cap"]
+        assert before["head_sha"] in shas   # the commit recorded before the crash is still the task's
         assert git(p["remote"], "rev-parse", f"refs/heads/agent/fix-{_eid(home)}") == _head(home)
+    assert git(p["remote"], "rev-parse", "refs/agent/task-1") == _head(home)
 
 
 def _eid(home):

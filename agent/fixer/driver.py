@@ -122,25 +122,41 @@ def task_git(ctx: Ctx):
 
 
 def ensure_workspace(ctx: Ctx) -> None:
-    """Make sure the task has a working worktree: made once, and made again when it (or the whole mirror) was
-    deleted. A failure is an event; ``limits.workspace_failures`` in a row gate-block the task with git's first
-    error line and the fix."""
+    """Make sure the task has a working worktree in this runner's home: made once, made again when it (or the whole
+    mirror) was deleted, and rebuilt when another runner's home advanced the task last (a takeover). A rebuilt
+    worktree starts at the task's last recorded commit, fetched from the remote's hidden ref ``refs/agent/task-N``
+    (DESIGN.md "Takeover"). A failure is an event; ``limits.workspace_failures`` in a row gate-block the task with
+    git's first error line and the fix."""
+    import os
     import shutil
 
-    from agent.workspace import WorkspaceError, branch_name, ensure_worktree, intact, mirror_path
+    from agent.workspace import (WorkspaceError, branch_name, ensure_worktree, intact, mirror_lock, mirror_path,
+                                 own_worktree, remove_worktree)
 
     t = ctx.task
+    own = own_worktree(ctx.home, ctx.task_id)
+    mirror = mirror_path(ctx.home, t["repo"])
+    # the worktree the ledger names lives in another runner's home: that runner advanced the task last (and may be
+    # dead); its folder is never touched from here
+    foreign = bool(t["worktree"]) and os.path.realpath(t["worktree"]) != os.path.realpath(own)
     lost = bool(t["worktree"])  # it had a workspace: anything we make now replaces a lost one
-    if t["worktree"] and Path(t["worktree"]).exists():
-        if intact(Path(t["worktree"]), mirror_path(ctx.home, t["repo"])):
+    if not foreign and t["worktree"] and own.exists():
+        if intact(own, mirror):
             return
         # the mirror was deleted (or the worktree's link into it): the folder is no git worktree any more and
         # every git command in it fails; what it held is unreachable without its git data, so it goes
-        shutil.rmtree(t["worktree"], ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
     repo = repo_config(ctx)
     branch = t["branch"] or branch_name(repo.branch_prefix, t["error_id"], ctx.task_id)
+    start_at = None
     try:
-        ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id)
+        with mirror_lock(ctx.home, t["repo"]):   # the other --jobs threads of this runner use the same mirror
+            if lost:
+                start_at = _rebuild_point(ctx, repo)
+                if foreign and start_at is None and own.exists():
+                    remove_worktree(mirror, own)   # this home's own old worktree of the task is stale: made again
+            ws = ensure_worktree(ctx.home, t["repo"], repo.url, t["base"] or repo.base, branch, ctx.task_id,
+                                 start_at=start_at)
     except WorkspaceError as exc:
         _workspace_failed(ctx, str(exc))
     from agent.workspace import has_commit
@@ -149,29 +165,63 @@ def ensure_workspace(ctx: Ctx) -> None:
     base_sha = t["base_sha"] if has_commit(ws.mirror, t["base_sha"]) else ws.base_sha
     record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
                      old_base_sha=t["base_sha"], created=ws.created, replaced_lost=lost and ws.created,
-                     claim_token=ctx.token)
+                     claim_token=ctx.token, start_at=start_at, taken_over_from=t["worktree"] if foreign else None,
+                     head=t["head_sha"], own_lanes=str(Path(ctx.home).resolve() / "lanes") + "/")
+    if foreign:
+        ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
+                f"{(start_at or 'the pushed branch or base')[:12]}")
     if lost and ws.created:
         _reconcile_lost_work(ctx, ws)
 
 
+def _rebuild_point(ctx: Ctx, repo) -> str | None:
+    """The commit a rebuilt worktree starts at: the task's last recorded commit (its head, else its base), fetched
+    from the remote's hidden ref; or that ref's tip when it is an unrecorded child of it (pushed, then the runner
+    died before recording it: the commit step adopts it). None when the mirror cannot have the recorded head (a
+    task from before hidden refs): the old way then (the local or pushed branch, else the base) and the lost
+    round starts again."""
+    from agent.workspace import (GitError, WorkspaceError, ensure_mirror, fetch_task_ref, has_commit, parent_of,
+                                 git_error_line)
+
+    t = ctx.task
+    mirror = ensure_mirror(ctx.home, t["repo"], repo.url)
+    try:
+        tip = fetch_task_ref(mirror, repo.url, ctx.task_id)
+    except GitError as exc:
+        raise WorkspaceError(f"task {ctx.task_id}: cannot fetch its commits from {repo.url}: "
+                             f"{git_error_line(exc)}") from None
+    previous = t["head_sha"] or t["base_sha"]
+    if not previous or not has_commit(mirror, previous):
+        return None
+    if tip and tip != previous and parent_of(mirror, tip) == previous:
+        return tip
+    return previous
+
+
 def _reconcile_lost_work(ctx: Ctx, ws) -> None:
-    """The worktree was made again (its folder or the whole mirror was deleted). If the round's work did not
-    survive (an unpushed commit, or edits not yet committed), the ledger must not go on from it: the round starts
-    again from what the repository still has (the pushed head, else the base), without counting against the cap."""
+    """The worktree was made again (its folder or the whole mirror was deleted, or another runner's home advanced
+    the task). If the round's work did not survive (edits not yet committed, or a commit from before hidden refs
+    that no remote has), the ledger must not go on from it: the round starts again from what the repository still
+    has (the last recorded commit, else the base), without counting against the cap."""
     from agent.workspace import TaskGit, has_commit
+
+    from agent.workspace import parent_of
 
     t = ctx.task
     head = TaskGit(ws.path, ws.mirror).head()
     snap = snapshot(ctx.ledger, ctx.task_id)
     done_this_round = [k for k in chain.ROUND_STEPS if snap.steps.get(k) in chain.CLOSED]
-    uncommitted = "implementer_done" in done_this_round and "committed" not in done_this_round
+    uncommitted = "implementer_done" in done_this_round and "committed" not in done_this_round \
+        and not (snap.committed_round and t["head_sha"] == head)   # a recorded commit whose step is not closed yet
     if not uncommitted and (t["head_sha"] == head or (t["head_sha"] is None and not done_this_round)):
         return  # nothing was lost: the recorded head is what the new worktree holds
     known = {r["sha"] for r in task_commits(ctx.ledger, ctx.task_id)}
+    if uncommitted and head not in known and parent_of(ws.mirror, head) == (t["head_sha"] or t["base_sha"]):
+        return  # the round's commit was pushed to the task's ref before its runner died: the commit step adopts it
     new_head = head if head in known else None
     pushed = t["pushed_sha"] if has_commit(ws.mirror, t["pushed_sha"]) else None
     lost = t["head_sha"][:12] if t["head_sha"] and t["head_sha"] != head else "the uncommitted edits"
-    source = "the pushed branch" if new_head else "the base"
+    source = "the last recorded commit" if new_head else "the base"
     gone = [r for r in task_commits(ctx.ledger, ctx.task_id) if not has_commit(ws.mirror, r["sha"])]
     if gone:  # commits the repository no longer has leave the commits table; the events keep their history
         forget_commits(ctx.ledger, ctx.task_id, gone, claim_token=ctx.token)

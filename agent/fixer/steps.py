@@ -209,6 +209,27 @@ def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None
     record_commit(ctx.ledger, ctx.task_id, ctx.task["round"], sha, parent, message, claim_token=ctx.token)
 
 
+def _push_task_ref(ctx: Ctx, sha: str) -> None:
+    """Put the round's commit on the remote's hidden ref ``refs/agent/task-N`` before it is recorded, so a recorded
+    commit is always reachable for any runner (DESIGN.md "Takeover"). A crash after the push and before the record
+    leaves an unrecorded child of the head there, which the next commit step adopts (here or in another home).
+    A ref that moved to a commit outside this history (another runner pushed) gate-blocks; a remote that cannot be
+    reached now makes the task wait (the commit is adopted and pushed on the next scan)."""
+    from agent.push import PushError, push_task_ref
+    from agent.workspace import mirror_path, task_ref
+
+    t = ctx.task
+    repo_cfg = repo_config(ctx)
+    try:
+        push_task_ref(mirror_path(ctx.home, t["repo"]), repo_cfg.url, ctx.task_id, sha, expected=t["head_sha"])
+    except PushError as exc:
+        if "refusing" in str(exc):
+            block(ctx, f"commit {sha[:12]} not recorded: {exc}")
+        wait(ctx, f"waiting: commit {sha[:12]} not recorded until it is on the remote as {task_ref(ctx.task_id)}: "
+                   f"{exc}")
+    crashpoint("commit.ref_pushed")
+
+
 def step_committed(ctx: Ctx) -> None:
     from agent.workspace import unsafe_changes
 
@@ -226,6 +247,7 @@ def step_committed(ctx: Ctx) -> None:
         parents = g("rev-list", "--parents", "-n", "1", head).split()[1:]
         if parents and parents[0] == previous and not g("status", "--porcelain", "--untracked-files=all"):
             # a crash after `git commit` and before the ledger write: adopt that commit, do not commit again
+            _push_task_ref(ctx, head)
             _record_commit(ctx, head, previous, g("log", "-1", "--format=%B", head) + "\n")
             close_step(ctx, "committed", f"commit {head[:12]} (recovered after a crash)")
             return
@@ -259,6 +281,7 @@ def step_committed(ctx: Ctx) -> None:
     crashpoint("commit.done")
     # the parent git really used (never a recorded head the repository may no longer hold)
     parent = (g("rev-list", "--parents", "-n", "1", sha).split()[1:] or [previous])[0]
+    _push_task_ref(ctx, sha)
     _record_commit(ctx, sha, parent, message)
     crashpoint("commit.recorded")
     close_step(ctx, "committed", f"commit {sha[:12]}: {subject}")
@@ -318,7 +341,7 @@ def _review_spec(ctx: Ctx, dimension: str) -> Path:
     from agent.spec import reviewer_spec, write_spec
 
     t = ctx.task
-    spec_text = Path(t["spec_path"]).read_text(encoding="utf-8") if t["spec_path"] else ""
+    spec_text = _round_spec(ctx).read_text(encoding="utf-8")   # this home's copy (another runner may have written it)
     check = passing_check(ctx.ledger, ctx.task_id, t["head_sha"])
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
     text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)

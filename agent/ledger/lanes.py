@@ -59,11 +59,15 @@ def finish_run(ledger: Ledger, run_id: int, values: dict[str, Any], event: dict,
 
 
 def interrupt_run(ledger: Ledger, run_id: int, reason: str, *, task_id: int | None, claim_token: str | None,
-                  only_running: bool = True, ended: bool = True) -> bool:
+                  only_running: bool = True, ended: bool = True, conn=None) -> bool:
     """Mark a run ``interrupted`` (never a verdict: the next scan runs it again), with a ``lane.interrupted``
-    event. ``only_running``: only while it is still ``running``. Returns whether a row changed."""
-    with ledger.tx() as c:
-        _claimed(c, task_id, claim_token)
+    event. ``only_running``: only while it is still ``running``. ``conn``: inside that open transaction (whose
+    caller checked the claim). Returns whether a row changed."""
+    from contextlib import nullcontext
+
+    with (nullcontext(conn) if conn is not None else ledger.tx()) as c:
+        if conn is None:
+            _claimed(c, task_id, claim_token)
         where: dict[str, Any] = {"id": run_id}
         if only_running:
             where["status"] = "running"

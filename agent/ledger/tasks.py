@@ -487,16 +487,38 @@ def record_push(ledger: Ledger, task_id: int, *, sha: str, pushed: bool, forced:
 
 
 def record_workspace(ledger: Ledger, task_id: int, *, path: str, branch: str, base_sha: str | None,
-                     old_base_sha: str | None, created: bool, replaced_lost: bool, claim_token: str | None) -> None:
-    """The task's worktree is ready (made, or made again), with the base commit it starts from."""
+                     old_base_sha: str | None, created: bool, replaced_lost: bool, claim_token: str | None,
+                     start_at: str | None = None, taken_over_from: str | None = None, head: str | None = None,
+                     own_lanes: str | None = None) -> list[int]:
+    """The task's worktree is ready (made, or made again), with the base commit it starts from.
+
+    ``taken_over_from`` (the worktree of another runner's home, which advanced the task last): in the same
+    transaction the lane runs of the task that are still ``running`` and were not started by this home (their run
+    dir is not under ``own_lanes``) become ``interrupted``, and ``task.taken_over`` names them. Returns their ids."""
+    from agent.ledger.lanes import interrupt_run
+
+    interrupted: list[int] = []
     with claimed_tx(ledger, task_id, claim_token) as c:
         ledger.update(c, "tasks", {"id": task_id}, {"worktree": path, "branch": branch, "base_sha": base_sha,
                                                     "updated_at": now()})
         ledger.event(c, "workspace.ready", "script", {"path": path, "branch": branch, "created": created,
-                                                      "replaced_lost": replaced_lost}, task_id=task_id)
+                                                      "replaced_lost": replaced_lost, "start_at": start_at},
+                     task_id=task_id)
+        if taken_over_from:
+            reason = "its runner stopped; the task was taken over"
+            for r in c.execute("SELECT id, log_dir FROM lane_runs WHERE task_id = ? AND status = 'running'",
+                               (task_id,)).fetchall():
+                if own_lanes and (r["log_dir"] or "").startswith(own_lanes):
+                    continue
+                if interrupt_run(ledger, r["id"], reason, task_id=task_id, claim_token=claim_token, conn=c):
+                    interrupted.append(r["id"])
+            ledger.event(c, "task.taken_over", "script", {"from_worktree": taken_over_from, "to": path, "head": head,
+                                                          "start_at": start_at, "interrupted_runs": interrupted},
+                         task_id=task_id)
         if old_base_sha and base_sha != old_base_sha:
             ledger.event(c, "workspace.base_replaced", "script", {"old": old_base_sha, "new": base_sha},
                          task_id=task_id)
+    return interrupted
 
 
 def record_workspace_removed(ledger: Ledger, task_id: int, *, path: str, branch: str | None, why: str,

@@ -1,0 +1,138 @@
+"""Takeover: runner home A advances a task and dies; home B (its own mirrors and worktrees, the same ledger and the
+same bare remote) claims the task, rebuilds the worktree from the remote's hidden ref `refs/agent/task-N` at the
+task's last recorded commit, and finishes it with exactly one PR whose branch contains A's commit.
+
+Real parts: the demo project and a real bare remote, one SQLite ledger file shared by two homes (each home's
+ledger.db links to it, as two runners on one machine), the installed `agent` binary as real processes killed with
+SIGKILL (or at exact points with AGENT_CRASHPOINT), scripted lanes as real subprocesses. A's home is deleted after
+it died, so B can only get A's commit from the remote.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
+                           share_ledger, wait_for, watcher)
+
+
+def db(home):
+    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con.row_factory = sqlite3.Row
+    return con
+
+
+def task(home, tid=1) -> dict:
+    con = db(home)
+    try:
+        return dict(con.execute("SELECT * FROM tasks WHERE id = ?", (tid,)).fetchone())
+    finally:
+        con.close()
+
+
+def events(home, tid=1) -> list[sqlite3.Row]:
+    con = db(home)
+    try:
+        return con.execute("SELECT kind, payload FROM events WHERE task_id = ? ORDER BY id", (tid,)).fetchall()
+    finally:
+        con.close()
+
+
+def contains(remote, ancestor: str, ref: str) -> bool:
+    return subprocess.run(["git", "merge-base", "--is-ancestor", ancestor, ref], cwd=remote).returncode == 0
+
+
+@pytest.mark.parametrize("point", ["commit.recorded", "commit.ref_pushed"])
+def test_a_second_home_takes_over_mid_round_from_the_remotes_hidden_ref(tmp_path, point):
+    """commit.recorded: A's round-1 commit is recorded (so it is on the remote's hidden ref) and its step not closed.
+    commit.ref_pushed: A pushed the commit to the hidden ref and died before recording it (harmless: B adopts it)."""
+    p = build(tmp_path / "w", tasks=1)
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    w = watcher(a, env={"AGENT_CRASHPOINT": point}, log=tmp_path / "a.log")
+    assert w.wait(120) == 137, (tmp_path / "a.log").read_text()
+    t = task(a)
+    tip = git(p["remote"], "rev-parse", "refs/agent/task-1")
+    if point == "commit.recorded":
+        assert t["head_sha"] == tip        # recorded => on the remote
+    else:
+        assert t["head_sha"] is None and tip   # on the remote, not recorded: nothing points at it yet
+    a_commit = tip
+    assert t["worktree"].startswith(str(a))
+    shutil.rmtree(a / "mirrors")           # A's machine is gone: its mirror and worktree with it
+    shutil.rmtree(a / "worktrees")
+    run_to_end(b, log=tmp_path / "b.log")
+    done = task(b)
+    assert done["state"] == "done" and done["worktree"].startswith(str(b))
+    kinds = [e["kind"] for e in events(b)]
+    assert kinds.count("task.taken_over") == 1 and "commit.lost" not in kinds
+    assert done["round_cap"] == t["round_cap"]     # nothing was lost, so no free round was granted
+    check_invariants(b, p["remote"], tasks=1)      # one PR, one commit per round, branch == head == hidden ref
+    assert contains(p["remote"], a_commit, done["branch"])
+    con = db(b)
+    first = con.execute("SELECT sha, round FROM commits WHERE task_id = 1 ORDER BY id LIMIT 1").fetchone()
+    con.close()
+    assert (first["sha"], first["round"]) == (a_commit, 1)   # A's commit is the task's round-1 commit
+    assert git(p["remote"], "rev-parse", "refs/agent/task-1") == done["head_sha"]
+
+
+def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more(tmp_path):
+    lanes_log = tmp_path / "lanes.log"
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "3", "--log", str(lanes_log)))
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    w = watcher(a, log=tmp_path / "a.log")
+
+    def lane_running():
+        con = db(a)
+        try:
+            return con.execute("SELECT id FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL").fetchone()
+        finally:
+            con.close()
+
+    assert wait_for(lane_running, 60), (tmp_path / "a.log").read_text()
+    (run_id,) = lane_running()
+    kill_group(w)                                   # SIGKILL mid-lane
+    run_to_end(b, log=tmp_path / "b.log")
+    check_invariants(b, p["remote"], tasks=1)
+    con = db(b)
+    row = dict(con.execute("SELECT status, reason, round, role FROM lane_runs WHERE id = ?", (run_id,)).fetchone())
+    again = con.execute("SELECT count(*) FROM lane_runs WHERE task_id = 1 AND round = ? AND role = ? AND id > ?",
+                        (row["round"], row["role"], run_id)).fetchone()[0]
+    con.close()
+    assert row["status"] == "interrupted" and "taken over" in row["reason"]
+    assert again == 1                               # launched once more, in B
+    assert all(n == 1 for n in lane_launches(b).values()), lane_launches(b)
+    payloads = [e["payload"] for e in events(b) if e["kind"] == "task.taken_over"]
+    assert len(payloads) == 1 and str(run_id) in payloads[0]
+
+
+def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
+    """`watch pr-merged` removes finished tasks' worktrees after the grace, but only those in its own home."""
+    import yaml
+
+    p = build(tmp_path / "w", tasks=1, limits={"worktree_grace": 0})
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    run_to_end(a, log=tmp_path / "a.log")
+    worktree = task(a)["worktree"]
+    con = db(a)
+    con.execute("UPDATE prs SET state = 'merged'")           # as follow-up records a merged PR
+    con.commit()
+    con.close()
+    for home in (a, b):
+        cfg = yaml.safe_load((home / "config.yaml").read_text())
+        assert cfg["limits"]["worktree_grace"] == 0
+    out = subprocess.run([*agent_bin(), "--home", str(b), "watch", "pr-merged"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert task(b)["worktree"] == worktree and (Path(worktree) / ".git").exists()   # B left A's worktree alone
+    out = subprocess.run([*agent_bin(), "--home", str(a), "watch", "pr-merged"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert task(a)["worktree"] is None and not Path(worktree).exists()             # A removes its own
