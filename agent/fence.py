@@ -112,9 +112,21 @@ def runner_id(home: Path | str) -> str:
     return f"{HOST}:{digest}"
 
 
+_PROCESS_RUNNER: str | None = None   # the runner this process last beat for (its home's)
+
+
 def _default_runner(ledger: Ledger) -> str:
-    path = getattr(ledger, "path", None)
-    return runner_id(Path(path).parent if path else Path.cwd())
+    """The runner a caller that did not name one acts for: ``$AGENT_RUNNER_ID``; else a SQLite ledger's home;
+    else (a ledger URL names no home) the runner this process beat for; else the working directory's."""
+    where = getattr(ledger, "location", None) or getattr(ledger, "path", None)
+    if os.environ.get(RUNNER_ENV) is None and not isinstance(where, Path) and _PROCESS_RUNNER:
+        return _PROCESS_RUNNER
+    return runner_id(where.parent if isinstance(where, Path) else Path.cwd())
+
+
+def reopen(ledger: Ledger) -> Ledger:
+    """Another connection to the same ledger (a background thread's own)."""
+    return Ledger.open(getattr(ledger, "location", None) or ledger.path, create=False)
 
 
 def beat(ledger: Ledger, home: Path | str) -> str:
@@ -123,7 +135,9 @@ def beat(ledger: Ledger, home: Path | str) -> str:
     from agent import __version__
     from agent.proc import start_time
 
+    global _PROCESS_RUNNER
     rid = runner_id(home)
+    _PROCESS_RUNNER = rid
     ledger.beat_runner({"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
                         "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__})
     return rid
@@ -262,7 +276,8 @@ def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | N
     keeper = Keeper()
     worker = threading.get_ident()
     lease_s = lease_s or claim_lease_s()
-    runner = runner or runner_id(Path(ledger_path).parent)
+    runner = runner or (runner_id(Path(ledger_path).parent) if isinstance(ledger_path, Path) else
+                        _PROCESS_RUNNER or runner_id(Path.cwd()))
 
     def loop() -> None:
         led = Ledger.open(ledger_path, create=False)
@@ -315,10 +330,9 @@ def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: st
             raise LeaseBusy(name, next((r for r in ledger.lease_rows() if r["name"] == name), None))
         time.sleep(0.05)
     stop = threading.Event()
-    path = getattr(ledger, "path", None)
 
     def loop() -> None:
-        led = Ledger.open(path, create=False)
+        led = reopen(ledger)
         try:
             while not stop.wait(ttl / 3):
                 try:
@@ -329,15 +343,13 @@ def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: st
         finally:
             led.close()
 
-    thread = threading.Thread(target=loop, daemon=True, name=f"lease-{name}") if path else None
-    if thread:
-        thread.start()
+    thread = threading.Thread(target=loop, daemon=True, name=f"lease-{name}")
+    thread.start()
     try:
         yield token
     finally:
         stop.set()
-        if thread:
-            thread.join(5)
+        thread.join(5)
         try:
             ledger.release_lease(name, token)
         except Exception:

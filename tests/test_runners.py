@@ -1,10 +1,10 @@
 """Issue 14, runners: runner identity and heartbeats, leases with fencing tokens, named leases (source cursors,
 the PR limits) and `agent runners`.
 
-Real parts: real SQLite ledger files shared by two homes (``shared_homes``: the second home's ledger.db is a
-symlink to the first's, standing in for one ledger URL both runners open), real `agent` processes, real SIGSTOP and
-SIGCONT, real lane processes killed by the lease keeper. Two "runners" in one test process are two Ledger
-connections with two runner ids.
+Real parts: one ledger shared by two homes (``shared_homes``: on SQLite the second home's ledger.db is a symlink to
+the first's, as two runners on one machine; with ``--ledger=postgres`` both homes use the test's PostgreSQL database
+through AGENT_LEDGER_URL), real `agent` processes, real SIGSTOP and SIGCONT, real lane processes killed by the lease
+keeper. Two "runners" in one test process are two Ledger connections with two runner ids.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,38 +20,44 @@ from pathlib import Path
 import pytest
 
 from agent.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, runner_id, runners, take
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 from agent.tasks import ClaimLost, LeaseLost, claimed_tx, create_task, note_wait, set_step, start_next_round, \
     transition
 
-from conftest import Agent, agent_bin
+from conftest import Agent, agent_bin, ledger_conn, on_postgres
 
 
-def dump(path: Path) -> list[str]:
-    """Every row of every table (what "the ledger is unchanged" compares)."""
-    con = sqlite3.connect(path, timeout=30)
+def dump(home: Path) -> list[str]:
+    """Every row of every table of the home's ledger, sorted (what "the ledger is unchanged" compares)."""
+    con = ledger_conn(home)
     try:
-        return list(con.iterdump())
+        if on_postgres():
+            tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                                "WHERE table_schema = current_schema()").fetchall()]
+        else:
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+        return sorted(f"{t}: {tuple(r)!r}" for t in tables for r in con.execute(f'SELECT * FROM "{t}"').fetchall())
     finally:
         con.close()
 
 
 @pytest.fixture
 def shared_homes(tmp_path, monkeypatch):
-    """Two runner homes sharing one ledger file (B's ledger.db is a symlink to A's)."""
+    """Two runner homes sharing one ledger."""
     for var in ("GITHUB_TOKEN", "GH_TOKEN", "AGENT_RUNNER_ID", "AGENT_CLAIM_LEASE_S"):
         monkeypatch.delenv(var, raising=False)
     a, b = tmp_path / "runner-a", tmp_path / "runner-b"
     for h in (a, b):
         h.mkdir()
-    Ledger.open(a / "ledger.db").close()
-    (b / "ledger.db").symlink_to(a / "ledger.db")
+    Ledger.open(ledger_path(a)).close()
+    if not on_postgres():
+        (b / "ledger.db").symlink_to(a / "ledger.db")
     return a, b
 
 
 def two_runners(shared_homes):
     a, b = shared_homes
-    return Ledger.open(a / "ledger.db", create=False), Ledger.open(b / "ledger.db", create=False)
+    return Ledger.open(ledger_path(a), create=False), Ledger.open(ledger_path(b), create=False)
 
 
 # --------------------------------------------------------------------------- identity, heartbeats, `agent runners`
@@ -87,7 +92,7 @@ def test_every_scan_registers_then_beats_the_runner(agent, home):
     r = first[0]
     assert r["host"] == os.uname().nodename and r["home"] == str(home.resolve()) and r["alive"] is True
     assert r["tasks"] == [] and r["heartbeat_at"].endswith("Z") and r["pid"] > 0
-    led = Ledger.open(home / "ledger.db", create=False)
+    led = Ledger.open(ledger_path(home), create=False)
     try:
         beat1 = led.scalar("SELECT heartbeat_at FROM runners")
         time.sleep(0.05)
@@ -223,7 +228,7 @@ def test_a_write_after_the_lease_was_lost_is_refused_and_the_ledger_is_unchanged
         time.sleep(0.1)
         b = take(led_b, tid, runner="runner-b")
         assert b is not None
-        before = dump(a_home / "ledger.db")
+        before = dump(a_home)
         attempts = {
             "step close": lambda: set_step(led_a, tid, "spec_written", "ja", "spec", source="human",
                                            claim_token=a.token),
@@ -257,7 +262,7 @@ def test_a_write_after_the_lease_was_lost_is_refused_and_the_ledger_is_unchanged
             with pytest.raises(LeaseLost, match="claim lost to another worker; result not written"):
                 attempt()
             assert issubclass(LeaseLost, ClaimLost)
-            assert dump(a_home / "ledger.db") == before, f"{what} changed the ledger"
+            assert dump(a_home) == before, f"{what} changed the ledger"
         # B, the current holder, writes fine
         note_wait(led_b, tid, "B waits", b.token)
     finally:
@@ -279,17 +284,18 @@ import sys, time
 from pathlib import Path
 from agent import proc
 from agent.fence import lease_keeper, take
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 from agent.tasks import note_wait, LeaseLost
 
-path, tid = Path(sys.argv[1]), int(sys.argv[2])
+path, tid, logs = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+path = path if "://" in path else Path(path)
 led = Ledger.open(path, create=False)
 got = take(led, tid, lease_s=0.6, runner="runner-a")
 print("claimed", got.token, flush=True)
 t0 = time.monotonic()
 with lease_keeper(path, tid, got.token, lease_s=0.6, runner="runner-a") as keeper:
-    res = proc.run(["sleep", "60"], cwd=".", env=None, timeout=90, stdout_path=path.parent / "lane.out",
-                   stderr_path=path.parent / "lane.err")
+    res = proc.run(["sleep", "60"], cwd=".", env=None, timeout=90, stdout_path=logs / "lane.out",
+                   stderr_path=logs / "lane.err")
 print("lane", "killed" if res.exit_code != 0 else "finished", round(time.monotonic() - t0, 1),
       "lost" if keeper.lost.is_set() else "held", flush=True)
 try:
@@ -308,7 +314,7 @@ def test_the_lease_keeper_stops_the_lane_of_a_worker_that_lost_its_lease_and_it_
     led_a, led_b = two_runners(shared_homes)
     tid, _ = create_task(led_a, "acme/widgets", "t")
     led_a.close()
-    worker = subprocess.Popen([sys.executable, "-c", STALLED_WORKER, str(a_home / "ledger.db"), str(tid)],
+    worker = subprocess.Popen([sys.executable, "-c", STALLED_WORKER, str(ledger_path(a_home)), str(tid), str(a_home)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout.readline().startswith("claimed")
@@ -317,7 +323,7 @@ def test_the_lease_keeper_stops_the_lane_of_a_worker_that_lost_its_lease_and_it_
         time.sleep(1.0)                                   # past A's lease: nobody renewed it
         b = take(led_b, tid, runner="runner-b")
         assert b is not None and b.took_over and b.previous_runner == "runner-a"
-        before = dump(a_home / "ledger.db")
+        before = dump(a_home)
         os.kill(worker.pid, signal.SIGCONT)
         out, _ = worker.communicate(timeout=30)
     finally:
@@ -329,7 +335,7 @@ def test_the_lease_keeper_stops_the_lane_of_a_worker_that_lost_its_lease_and_it_
     _, state, seconds, lost = lane.split()
     assert state == "killed" and lost == "lost" and float(seconds) < 10, out   # not the lane's 60 s
     assert refused.startswith("refused:") and "claim lost" in refused
-    assert dump(a_home / "ledger.db") == before                              # A wrote nothing after B claimed
+    assert dump(a_home) == before                              # A wrote nothing after B claimed
 
 
 # --------------------------------------------------------------------------- named leases
@@ -359,7 +365,7 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
         led_b.close()
 
 
-def test_a_cursor_write_from_a_pull_that_started_before_another_runners_page_is_refused(ledger):
+def test_a_cursor_write_from_a_pull_that_started_before_another_runners_page_is_refused(ledger, home):
     """The store's transaction checks the cursor is still the one the pull read: a page already stored by another
     runner is never stored again (the fencing of cursors, apart from the lease)."""
     from agent.intake.formats import Event
@@ -368,12 +374,12 @@ def test_a_cursor_write_from_a_pull_that_started_before_another_runners_page_is_
     set_cursor(ledger, "file:x", "page-1")
     read = ledger.scalar("SELECT value FROM cursors WHERE source = 'file:x'")
     set_cursor(ledger, "file:x", "page-2")   # another runner stored page 2 meanwhile
-    before = dump(ledger.path)
+    before = dump(home)
     ev = Event(message="KeyError: 'qty'", cls="KeyError", service="widgets-api")
     with pytest.raises(LeaseLost, match="cursor moved"):
         ingest(ledger, [ev], cursor=("file:x", "page-2"),
                guard=lambda c: ledger.check_cursor(c, "file:x", read))
-    assert dump(ledger.path) == before
+    assert dump(home) == before
 
 
 # --------------------------------------------------------------------------- across runner processes
@@ -421,7 +427,7 @@ def test_two_runners_pulling_one_source_at_once_store_each_page_once(shared_home
             items = [json.loads(out)[0] for out, _ in outs]
             assert all(it["ok"] for it in items), items
             skipped += sum(1 for it in items if it.get("skipped"))
-    con = sqlite3.connect(a_home / "ledger.db")
+    con = ledger_conn(a_home)
     try:
         assert con.execute("SELECT sum(count) FROM errors").fetchone()[0] == len(served) == 12
         assert con.execute("SELECT count(*) FROM leases WHERE name LIKE 'source:%'").fetchone()[0] == 1
@@ -437,17 +443,14 @@ def test_the_open_draft_limit_counts_across_two_runners(tmp_path, monkeypatch):
     runners could race): exactly one draft is opened; the other task waits, saying why. The second home reuses
     the first's mirror and worktrees through symlinks (rebuilding a worktree on another runner is the takeover's
     part, not this test's)."""
-    from chaos_support import build, read_log
+    from chaos_support import add_home, build, read_log
 
     for var in ("AGENT_RUNNER_ID", "AGENT_CLAIM_LEASE_S"):
         monkeypatch.delenv(var, raising=False)
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=2, lane_args=("--log", str(log)), limits={"open_drafts_per_repo": 1})
     a_home = p["home"]
-    b_home = tmp_path / "w" / "home-b"
-    b_home.mkdir()
-    (b_home / "config.yaml").write_text((a_home / "config.yaml").read_text())
-    (b_home / "ledger.db").symlink_to(a_home / "ledger.db")
+    b_home = add_home(p, "home-b")
     for shared in ("mirrors", "worktrees", "specs"):
         if (a_home / shared).exists():
             (b_home / shared).symlink_to(a_home / shared)
@@ -462,8 +465,7 @@ def test_the_open_draft_limit_counts_across_two_runners(tmp_path, monkeypatch):
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [pr.communicate(timeout=240)[0] for pr in procs]
     assert [pr.returncode for pr in procs] == [0, 0], outs
-    con = sqlite3.connect(a_home / "ledger.db")
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(a_home)
     try:
         prs = con.execute("SELECT task_id FROM prs").fetchall()
         assert len(prs) == 1, outs
@@ -492,7 +494,7 @@ def test_a_runner_stopped_past_its_lease_loses_the_task_and_stops_its_lane_witho
     env = _runner_env(home, AGENT_CLAIM_LEASE_S="1.5", AGENT_RUNNER_ID="runner-a")
     a = subprocess.Popen([sys.executable, "-c", code, str(home)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
-    led = Ledger.open(home / "ledger.db", create=False)
+    led = Ledger.open(ledger_path(home), create=False)
     try:
         deadline = time.monotonic() + 60
         while not read_log(log) and time.monotonic() < deadline:
@@ -502,7 +504,7 @@ def test_a_runner_stopped_past_its_lease_loses_the_task_and_stops_its_lane_witho
         time.sleep(2.0)                                             # A's lease runs out
         b = take(led, 1, runner="runner-b")
         assert b is not None and b.took_over and b.previous_runner == "runner-a"
-        before = dump(home / "ledger.db")
+        before = dump(home)
         t0 = time.monotonic()
         os.kill(a.pid, signal.SIGCONT)
         out, _ = a.communicate(timeout=60)
@@ -515,4 +517,4 @@ def test_a_runner_stopped_past_its_lease_loses_the_task_and_stops_its_lane_witho
     assert "lease lost while its implementer lane ran" in out or "claim lost" in out, out
     assert took < 15, f"A went on for {took:.1f}s: its lane was not stopped"        # not the lane's 30 s
     assert [r["event"] for r in read_log(log)] == ["start"] and started["role"] == "implementer"
-    assert dump(home / "ledger.db") == before, "runner A wrote after runner B claimed the task"
+    assert dump(home) == before, "runner A wrote after runner B claimed the task"

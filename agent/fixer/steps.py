@@ -79,6 +79,12 @@ def _require_lane(ctx: Ctx, role: str) -> None:
         block(ctx, f"{chain.CONFIG_BLOCK} {exc}; the task goes on by itself once it is there")
 
 
+def _runner(ctx: Ctx) -> str:
+    from agent.fence import runner_id
+
+    return ctx.claim.runner if ctx.claim is not None else runner_id(ctx.home)
+
+
 def _lease_held(ctx: Ctx, keeper, what: str) -> None:
     """After a lane or check: if its lease keeper found the claim gone (another runner took the task over while it
     ran, and the keeper killed it), stop here; nothing of its result is written (the fencing check would refuse
@@ -121,7 +127,9 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
         inflight = None
     from agent.lanes.progress import LaneProgress
 
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext() as keeper, \
+    keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
+        else nullcontext()
+    with keeping as keeper, \
             LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
         result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
                           ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
@@ -317,7 +325,9 @@ def step_local_check_pass(ctx: Ctx) -> None:
         argv, env = check_argv(ctx.config, ctx.home, Path(t["worktree"]), command, folder / "sandbox")
     except AgentError as exc:
         block(ctx, f"check not started: {exc}")
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext() as keeper:
+    keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
+        else nullcontext()
+    with keeping as keeper:
         res = run(argv, cwd=Path(t["worktree"]), env=env, timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
     _lease_held(ctx, keeper, "check")
@@ -421,7 +431,8 @@ def step_pr_opened(ctx: Ctx) -> None:
     try:
         # runners sharing the ledger take turns here: the limits count every runner's PRs, and the count and the
         # create happen under one `pr-open` lease, so two runners can never both pass the check for one slot
-        with named_lease(ctx.ledger, PR_OPEN_LEASE, ttl=PR_OPEN_LEASE_S, wait=PR_OPEN_WAIT_S):
+        with named_lease(ctx.ledger, PR_OPEN_LEASE, ttl=PR_OPEN_LEASE_S, wait=PR_OPEN_WAIT_S,
+                         runner=_runner(ctx)):
             if not has_pr(ctx.ledger, ctx.task_id):
                 why = pr_limits_reached(ctx, t["repo"])
                 if why:
@@ -517,7 +528,7 @@ def finish(ctx: Ctx) -> None:
     except ForgeError as exc:  # owed to the forge: `watch pr-merged` retries it on later scans until it lands
         from agent.followup import owe_pr_text
 
-        owe_pr_text(ctx.ledger, ctx.task_id, str(exc))
+        owe_pr_text(ctx.ledger, ctx.task_id, str(exc), ctx.token)
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
     finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token,

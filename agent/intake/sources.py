@@ -247,7 +247,7 @@ def source_label(src: SourceConfig) -> str:
 
 
 def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None = None,
-                lease_ttl: float = SOURCE_LEASE_S) -> dict[str, Any]:
+                lease_ttl: float = SOURCE_LEASE_S, runner: str | None = None) -> dict[str, Any]:
     """Pull one source, store its events and cursor together; return a scan item.
 
     Runners sharing the ledger take turns: the pull holds the named lease ``source:<key>`` while it reads the
@@ -259,7 +259,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
     key = src.key
     label = source_label(src)
     try:
-        with named_lease(ledger, f"source:{key}", ttl=lease_ttl) as token:
+        with named_lease(ledger, f"source:{key}", ttl=lease_ttl, runner=runner) as token:
             cursor = get_cursor(ledger, key)
             if src.kind == "loki":
                 pulled = pull_loki(src, cursor, env)
@@ -300,4 +300,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
 
 def scan(app, jobs: int = 1) -> list[dict]:
     """The `errors` scan: pull every configured source once."""
-    return [pull_source(app.ledger, src) for src in app.config.sources]
+    from agent.fence import runner_id
+
+    runner = runner_id(app.home)
+    return [pull_source(app.ledger, src, runner=runner) for src in app.config.sources]

@@ -29,16 +29,10 @@ class LeaseLost(ClaimLost):
     took it): nothing was written."""
 
 
-def _backend(ledger) -> str:
-    d = getattr(ledger, "dialect", None)
-    name = getattr(d, "name", d)
-    return str(name or "sqlite")
-
-
 def skip_locked(ledger) -> str:
     """The row-lock clause a claim's read takes: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (a row another
     transaction is claiming is skipped, not waited for), nothing on SQLite (``BEGIN IMMEDIATE`` serialises)."""
-    return " FOR UPDATE SKIP LOCKED" if _backend(ledger).startswith("postgres") else ""
+    return ledger.dialect.for_update_skip_locked
 
 
 CLAIM_LEASE_S = 120.0   # a task claim's lease (agent.fence.LEASE_S); renewed every third of it while a lane runs
