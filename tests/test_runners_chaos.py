@@ -13,20 +13,19 @@ tasks the killed runner held were taken over by the others (a `task.taken_over` 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import pytest
 
 from chaos_support import (check_invariants, count_done, kill_group, lane_launches, runner, runner_homes, stop_runners,
                            wait_for)
+from conftest import ledger_conn
 
 TASKS = 12
 
 
 def db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     return con
 
 

@@ -19,11 +19,11 @@ import pytest
 
 from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
                            share_ledger, wait_for, watcher)
+from conftest import ledger_conn
 
 
 def db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     return con
 
 
