@@ -136,3 +136,29 @@ def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert task(a)["worktree"] is None and not Path(worktree).exists()             # A removes its own
+
+
+def test_an_own_worktree_that_lacks_the_recorded_head_is_rebuilt(tmp_path):
+    """Two machines whose runner homes have the same path (one systemd unit on both): the ledger names "my" path,
+    but the runner elsewhere advanced the task since. The worktree here lacks the recorded head, so it is reset to
+    it from the remote, not worked on as it is."""
+    p = build(tmp_path / "w", tasks=1)
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    env = {"AGENT_CRASHPOINT": "commit.recorded"}
+    assert watcher(a, env=env, log=tmp_path / "a.log").wait(120) == 137           # round 1 commit recorded by A
+    a_worktree, first = task(a)["worktree"], task(a)["head_sha"]
+    assert watcher(b, env=env, log=tmp_path / "b.log").wait(120) == 137           # B goes on: round 2 recorded
+    second = task(b)["head_sha"]
+    assert second != first and task(b)["round"] == 2
+    con = db(a)   # "B's home is at A's path on its machine": the ledger names A's path again
+    con.execute("UPDATE tasks SET worktree = ? WHERE id = 1", (a_worktree,))
+    con.commit()
+    con.close()
+    run_to_end(a, log=tmp_path / "a2.log")
+    done = task(a)
+    assert done["state"] == "done" and done["worktree"] == a_worktree
+    kinds = [e["kind"] for e in events(a)]
+    assert kinds.count("task.taken_over") == 2 and "commit.lost" not in kinds
+    check_invariants(a, p["remote"], tasks=1, homes=[a, b])
+    assert contains(p["remote"], second, done["branch"]) and contains(p["remote"], first, done["branch"])
