@@ -162,3 +162,56 @@ def test_an_own_worktree_that_lacks_the_recorded_head_is_rebuilt(tmp_path):
     assert kinds.count("task.taken_over") == 2 and "commit.lost" not in kinds
     check_invariants(a, p["remote"], tasks=1, homes=[a, b])
     assert contains(p["remote"], second, done["branch"]) and contains(p["remote"], first, done["branch"])
+
+
+def test_a_commit_is_not_recorded_while_the_remote_refuses_its_hidden_ref(tmp_path):
+    """Recorded but not on the remote must be impossible: a remote whose hook refuses refs/agent/* (as a host that
+    takes only branches would) leaves the round's commit unrecorded and the task waiting with the reason; once the
+    remote takes it, the next scan adopts the commit, pushes and records it."""
+    p = build(tmp_path / "w", tasks=1)
+    home, remote = p["home"], p["remote"]
+    hook = remote / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\nwhile read old new ref; do case $ref in refs/agent/*) "
+                    "echo \"refs outside branches and tags are not accepted here\" >&2; exit 1;; esac; done\n")
+    hook.chmod(0o755)
+    out = subprocess.run([*agent_bin(), "--home", str(home), "watch", "error-fix-work"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    t = task(home)
+    assert t["state"] == "working" and t["head_sha"] is None
+    assert "not recorded until it is on the remote" in (t["wait_reason"] or ""), t["wait_reason"]
+    assert "not accepted here" in t["wait_reason"]
+    con = db(home)
+    assert con.execute("SELECT count(*) FROM commits").fetchone()[0] == 0
+    con.close()
+    made = subprocess.run(["git", "-C", t["worktree"], "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert made.strip() != t["base_sha"]            # the commit exists in the worktree, not in the ledger
+    hook.unlink()
+    run_to_end(home, log=tmp_path / "w.log")
+    check_invariants(home, remote, tasks=1)
+    con = db(home)
+    first = con.execute("SELECT sha FROM commits WHERE task_id = 1 ORDER BY id LIMIT 1").fetchone()[0]
+    con.close()
+    assert first == made.strip()                    # adopted, not made again
+
+
+def test_a_commit_its_runner_never_pushed_dies_with_it_and_the_round_is_redone_free(tmp_path):
+    """Killed between `git commit` and the push: the commit lived only in the dead home. The other home goes on from
+    the recorded state (the base), its implementer runs again in a round that does not count against the cap."""
+    p = build(tmp_path / "w", tasks=1)
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    assert watcher(a, env={"AGENT_CRASHPOINT": "commit.done"}, log=tmp_path / "a.log").wait(120) == 137
+    t = task(a)
+    lost = subprocess.run(["git", "-C", t["worktree"], "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert t["head_sha"] is None and lost != t["base_sha"]
+    assert subprocess.run(["git", "rev-parse", "--verify", "-q", "refs/agent/task-1"], cwd=p["remote"],
+                          capture_output=True).returncode != 0          # never pushed
+    shutil.rmtree(a / "mirrors")
+    shutil.rmtree(a / "worktrees")
+    run_to_end(b, log=tmp_path / "b.log")
+    done = task(b)
+    assert done["state"] == "done" and done["round_cap"] == t["round_cap"] + 1   # the redone round was free
+    check_invariants(b, p["remote"], tasks=1)
+    assert not contains(p["remote"], lost, done["branch"])
