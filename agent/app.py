@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, ledger_path, use_config_file
 
 if TYPE_CHECKING:  # agent.config costs ~8 ms of import: only a tick that reads the config pays it
     from agent.config import Config
@@ -73,7 +73,8 @@ class App:
             from agent.config import check_open_tasks, load_config
 
             config = load_config(self.config_path, required=self.config_file is not None)
-            if ledger_path(self.home).is_file():  # a config must still serve the tasks that are open
+            where = self.ledger_location
+            if isinstance(where, str) or where.is_file():  # a config must still serve the tasks that are open
                 from agent.tasks import open_task_needs
 
                 check_open_tasks(config, self.home, open_task_needs(self.ledger), str(self.config_path))
@@ -86,10 +87,18 @@ class App:
         return self.config
 
     @property
+    def ledger_location(self) -> Path | str:
+        """``AGENT_LEDGER_URL``, else ``ledger.url`` of this App's config file (read as raw YAML: the full config
+        needs the ledger, never the other way round), else ``home/ledger.db``."""
+        if self.config_file is not None:   # threads and scans that open their own connection resolve the same
+            use_config_file(self.home, self.config_file)
+        return ledger_path(self.home)
+
+    @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
             self.require_home()
-            self._ledger = Ledger.open(ledger_path(self.home))
+            self._ledger = Ledger.open(self.ledger_location)
         return self._ledger
 
     def path(self, *parts: str) -> Path:

@@ -68,10 +68,10 @@ class LazyGroup(click.Group):
 
 
 def _storage_fault(ctx, exc):
-    from agent.ledger import ledger_path, storage_fault
+    from agent.ledger import sqlite_path, storage_fault
 
-    app = ctx.obj
-    return storage_fault(exc, ledger_path(app.home) if app is not None else "ledger.db")
+    app = ctx.obj   # (the SQLite file's path even for a PostgreSQL ledger: only the home's own files fill a disk then)
+    return storage_fault(exc, sqlite_path(app.home) if app is not None else "ledger.db")
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

@@ -191,6 +191,7 @@ class Config:
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
+    ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
         for repo in self.repos.values():
@@ -308,7 +309,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve"))
+                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -446,7 +447,24 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
                   review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
-                  serve=_serve(v, top.get("serve")))
+                  serve=_serve(v, top.get("serve")),
+                  ledger_url=_ledger_url(v, top.get("ledger")))
+
+
+def _ledger_url(v: _V, raw: Any) -> str | None:
+    """``ledger: {url: postgresql://USER@HOST[:PORT]/DB}``; the URL is never echoed with its password."""
+    from agent.ledger.backend import BackendError, check_url
+
+    d = v.mapping(raw, "ledger", ("url",))
+    url = d.get("url")
+    if url is None:
+        return None
+    if not isinstance(url, str) or not url.strip():
+        v.fail("ledger.url", "a postgresql://USER@HOST[:PORT]/DB URL", url if not isinstance(url, str) else "")
+    try:
+        return check_url(url, f"{v.filename}: ledger.url")
+    except BackendError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 _CHANNEL_KEYS = ("kind", "name", "on", "url", "url_env", "secret_env", "smtp", "user_env", "password_env", "to",
@@ -674,6 +692,10 @@ DEFAULT_CONFIG = """\
 #   - {kind: webhook, url: "https://ops.example/hooks/agent", secret_env: AGENT_NOTIFY_SECRET, on: [gate-blocked]}
 #   - {kind: email, smtp: "smtp.example:587", user_env: SMTP_USER, password_env: SMTP_PASSWORD,
 #      to: [oncall@example.com], on: [failed, budget]}
+
+# ledger:                                     # default: SQLite in the home (ledger.db)
+#   url: postgresql://agent@db.example:5432/agent   # one PostgreSQL ledger for several runners; the password
+#                                                   # goes in PGPASSWORD or ~/.pgpass. AGENT_LEDGER_URL wins.
 
 # serve:                                      # `agent serve` / `agent daemon --serve`
 #   events_secret_env: AGENT_HOOK_SECRET      # /hooks/events: X-Agent-Signature: sha256=<HMAC-SHA256 of the body>

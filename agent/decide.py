@@ -235,7 +235,7 @@ def decide_scan(app, jobs: int = 1) -> list[dict]:
     from concurrent.futures import ThreadPoolExecutor
 
     def worker(error: dict) -> dict:
-        ledger = Ledger.open(app.ledger.path)   # one connection per thread
+        ledger = Ledger.open(app.ledger.location)   # one connection per thread
         try:
             return one(error, ledger)
         finally:

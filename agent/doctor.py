@@ -1,6 +1,8 @@
 """`agent doctor`: is this machine and home ready to run? One check per concern, each with a one-line fix.
 
-Checks: git (>= 2.25), the ledger (opens read-only, is an agent ledger, schema, ``PRAGMA integrity_check``, WAL),
+Checks: git (>= 2.25), the ledger (opens read-only, is an agent ledger, schema, ``PRAGMA integrity_check``, WAL;
+on PostgreSQL: connects, schema, migrations known; agent/ledger/health.py holds the SQL), its trust (schema and
+append-only triggers as the migrations made them, no event gaps),
 the config (parses and validates), every vendor a configured lane role uses (binary on the lane's PATH, its version,
 an auth probe), every configured repository's forge (local: ``git ls-remote`` of the URL; github, gitlab, gitea: a
 token resolves, and with ``online`` GET /user, the token user's access to the project on GitLab/Gitea, and
@@ -16,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sqlite3
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,70 +106,46 @@ def check_git() -> Check:
 # ---------------------------------------------------------------------------------------------- ledger
 
 
-def check_ledger(home: Path) -> Check:
-    """Opens the ledger read-only: never creates or migrates it."""
-    from agent.ledger import APP_ID, SCHEMA_VERSION, ledger_path
+def ledger_location(home: Path, config_path: Path | None = None):
+    """(where the ledger is, None) or (None, a failing Check for a malformed ledger URL)."""
+    from agent.ledger import backend
 
-    path = ledger_path(home)
-    if not path.exists():
-        return Check("ledger", False, f"{path}: no ledger yet", "run `agent init` to create the home and ledger")
-    aside = f"move {path} aside (keep it for forensics) and run `agent init`, or restore a backup"
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    except sqlite3.Error as exc:
-        return Check("ledger", False, f"{path}: cannot open ({exc})", aside)
-    try:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if app_id != APP_ID:
-            return Check("ledger", False, f"{path}: a SQLite file but not an agent ledger",
-                         "point AGENT_HOME / --home at the folder that holds your ledger.db")
-        if version > SCHEMA_VERSION:
-            return Check("ledger", False, f"{path}: schema {version} is newer than this agent ({SCHEMA_VERSION})",
-                         "upgrade agent-fixer to the version that wrote this ledger")
-        problems = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-        if problems != ["ok"]:
-            return Check("ledger", False, f"{path}: integrity_check failed: {'; '.join(problems[:3])[:300]}",
-                         aside)
-        journal = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        tasks = conn.execute("SELECT count(*) FROM tasks").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        return Check("ledger", False, f"{path}: not a readable SQLite ledger ({exc})", aside)
-    finally:
-        conn.close()
-    if journal.lower() != "wal":
-        return Check("ledger", False, f"{path}: journal mode {journal}, expected wal",
-                     f"run `sqlite3 {path} 'PRAGMA journal_mode=WAL'` (or any agent command, which sets it)")
-    pending = f"; {SCHEMA_VERSION - version} migration(s) pending, applied by the next command" \
-        if version < SCHEMA_VERSION else ""
-    return Check("ledger", True, f"{path}: schema {version}, integrity ok, WAL, {tasks} task(s){pending}")
+        return backend.resolve(home, config_path), None
+    except backend.BackendError as exc:
+        return None, Check("ledger", False, str(exc).split("; unset it")[0],
+                           f"fix ledger.url in the config or {backend.ENV_URL} (or unset both for the SQLite ledger "
+                           "in the home)")
 
 
-def check_ledger_tamper(home: Path) -> list[Check]:
+def check_ledger(home: Path, where=None) -> Check:
+    """Opens the ledger read-only (SQLite file or PostgreSQL database): never creates or migrates it."""
+    from agent.ledger import health
+
+    if where is None:
+        where, bad = ledger_location(home)
+        if bad is not None:
+            return bad
+    found = health.status(where)
+    return Check("ledger", found.ok, found.detail, found.fix)
+
+
+def check_ledger_tamper(home: Path, where=None) -> list[Check]:
     """Evidence that something other than agent wrote the ledger (a lane without the sandbox could): schema and
     append-only triggers against the migrations, deleted events, a round cap no event explains."""
-    from agent.ledger import APP_ID, SCHEMA_VERSION, ledger_path, tamper_findings
+    from agent.ledger import backend, health
 
-    path = ledger_path(home)
-    if not path.exists():
-        return []
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    except sqlite3.Error:
-        return []
-    try:
-        if conn.execute("PRAGMA application_id").fetchone()[0] != APP_ID or \
-                conn.execute("PRAGMA user_version").fetchone()[0] > SCHEMA_VERSION:
-            return []                         # check_ledger says what is wrong with such a file
-        found = tamper_findings(conn)
-    except sqlite3.DatabaseError:
-        return []
-    finally:
-        conn.close()
+    if where is None:
+        where, bad = ledger_location(home)
+        if bad is not None:
+            return []
+    found = health.tamper(where)
+    if found is None:
+        return []                         # check_ledger says what is wrong with it
     if not found:
         return [Check("ledger trust", True, "schema and append-only triggers as the migrations made them; event ids "
                       "contiguous; every round cap explained by its events")]
-    return [Check("ledger trust", False, f"{path}: tampered with: " + "; ".join(found)[:600],
+    return [Check("ledger trust", False, f"{backend.display(where)}: tampered with: " + "; ".join(found)[:600],
                   "stop the daemon/cron, keep the file for forensics, restore the ledger from a backup; run lanes in "
                   "the sandbox (`sandbox: bwrap`) so no lane can reach it")]
 
@@ -453,8 +430,9 @@ def check_disk(home: Path, min_free: int = MIN_FREE_BYTES) -> Check:
 def run_doctor(home: Path, config_path: Path, config_required: bool = False, online: bool = False,
                environ: dict | None = None, min_free: int = MIN_FREE_BYTES) -> dict:
     """Every check; ``{"ok": bool, "checks": [{name, ok, detail, fix}]}``. Never raises for a finding."""
-    checks = [check_git(), check_ledger(home)]
-    checks += check_ledger_tamper(home)
+    where, bad = ledger_location(home, config_path)
+    checks = [check_git(), bad or check_ledger(home, where)]
+    checks += check_ledger_tamper(home, where) if bad is None else []
     cfg_check, config = check_config(config_path, config_required)
     checks.append(cfg_check)
     if config is not None:

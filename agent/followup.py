@@ -63,9 +63,12 @@ def _prune_task_ref(ledger: Ledger, row: dict, config) -> str:
     return ""
 
 
-def owe_pr_text(ledger: Ledger, task_id: int, reason: str) -> None:
-    """Remember that a task's PR text update failed for now (it is retried by `watch pr-merged`)."""
-    with ledger.tx() as c:
+def owe_pr_text(ledger: Ledger, task_id: int, reason: str, claim_token: str | None = None) -> None:
+    """Remember that a task's PR text update failed for now (it is retried by `watch pr-merged`); the fixer
+    passes its claim token (a worker that lost the task records nothing)."""
+    from agent.tasks import claimed_tx
+
+    with claimed_tx(ledger, task_id, claim_token) as c:
         ledger.set_pending(c, f"pr_text:{task_id}", "pr_text", reason[:500], task_id=task_id)
         ledger.event(c, "pr.text_pending", "script", {"reason": reason[:500]}, task_id=task_id)
 

@@ -23,7 +23,7 @@ def init_home(app: App) -> dict:
         "home": str(app.home),
         "ledger": str(ledger.path),
         "schema": SCHEMA_VERSION,
-        "journal_mode": ledger.scalar("PRAGMA journal_mode"),
+        "journal_mode": ledger.journal_mode(),
         "config": str(app.config_path),
         "config_created": config_created,
     }

@@ -72,9 +72,9 @@ class HookApp:
         if led is None:
             led = Ledger.open(ledger_path(self.home), create=False)
             if write:
-                led.conn.execute("PRAGMA synchronous = FULL")  # a 202 means the events are on disk
+                led.durable_commits()  # a 202 means the events are on disk
             else:
-                led.conn.execute("PRAGMA query_only = ON")
+                led.read_only()
             setattr(self._local, attr, led)
         return led
 

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import ledger_conn
+
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = ("done", "failed", "gate-blocked")
 
@@ -82,8 +84,11 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def open_tasks(home: Path) -> int:
-    with sqlite3.connect(home / "ledger.db", timeout=30) as c:
+    c = ledger_conn(home)
+    try:
         return c.execute("SELECT count(*) FROM tasks WHERE state IN ('open', 'working')").fetchone()[0]
+    finally:
+        c.close()
 
 
 def run_to_end(home: Path, env: dict | None = None, passes: int = 20, jobs: int = 1,
@@ -113,10 +118,10 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
     local forge into the home of the runner that opened the PR: one of ``homes`` when several share the ledger)."""
     from agent import chain
 
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     try:
-        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert not isinstance(con, sqlite3.Connection) or \
+            con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         rows = [dict(r) for r in con.execute("SELECT * FROM tasks ORDER BY id")]
         assert len(rows) == tasks, f"{len(rows)} tasks for {tasks} errors"
         assert len({r["error_id"] for r in rows}) == tasks, "two tasks for one error"
@@ -167,7 +172,7 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
 
 def lane_launches(home: Path) -> dict[tuple[int, int, str], int]:
     """Lane runs per (task, round, role) that were not superseded (interrupted rows are the re-run's own)."""
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con = ledger_conn(home)
     try:
         out: dict[tuple[int, int, str], int] = {}
         for tid, rnd, role, n in con.execute("SELECT task_id, round, role, count(*) FROM lane_runs WHERE status "
@@ -234,11 +239,9 @@ def chaos(root: Path, tasks: int = 5, kills: int = 8, seed: int | None = None, s
 def lane_host_pid(home: Path, timeout: float = 10.0) -> int:
     """The running lane's pid as this host sees it (the ledger records its sandbox's pid; the lane itself logs its
     pid inside its own PID namespace)."""
-    import sqlite3
-
     end = time.monotonic() + timeout
     while True:
-        con = sqlite3.connect(Path(home) / "ledger.db", timeout=30)
+        con = ledger_conn(Path(home))
         try:
             row = con.execute("SELECT pid FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL "
                               "ORDER BY id DESC LIMIT 1").fetchone()

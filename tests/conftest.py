@@ -1,4 +1,10 @@
-"""Shared fixtures: a fresh AGENT_HOME, its ledger, a CLI runner, and real git repositories."""
+"""Shared fixtures: a fresh AGENT_HOME, its ledger, a CLI runner, and real git repositories.
+
+``--ledger=postgres`` runs the tests against a real PostgreSQL server the session starts itself
+(tests/pgserver.py): the ``home`` fixture then sets AGENT_LEDGER_URL to a fresh database of its own, so in-process
+CLI calls, library calls through ``ledger_path(home)`` and subprocesses all use it. Tests about the SQLite file
+itself are marked ``sqlite_only`` and skipped there, with the reason.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,64 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 
 ROOT = Path(__file__).resolve().parent.parent
 # A lane for every chain role: a config must serve the open tasks (else it is refused like invalid YAML).
 LANES_YAML = "lanes: {implementer: codex, reviewer: claude, pr-quality: claude, pr-logic: codex}\n"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--ledger", choices=("sqlite", "postgres"), default="sqlite",
+                     help="the ledger backend the `home` and `ledger` fixtures use (postgres: a real server the "
+                          "session starts itself)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--ledger") != "postgres":
+        return
+    for item in items:
+        mark = item.get_closest_marker("sqlite_only")
+        if mark is not None:
+            why = mark.args[0] if mark.args else "about the SQLite ledger file itself"
+            item.add_marker(pytest.mark.skip(reason=f"sqlite_only under --ledger=postgres: {why}"))
+
+
+def postgres_mode(config) -> bool:
+    return config.getoption("--ledger") == "postgres"
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL cluster for the session (tests/pgserver.py), or a skip saying why there is none."""
+    from pgserver import PgServer, Unavailable
+
+    try:
+        server = PgServer.start()
+    except Unavailable as exc:
+        pytest.skip(f"no PostgreSQL server can be started here: {exc}")
+    try:
+        server.migrate_template()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh, migrated PostgreSQL ledger database of this test's own."""
+    url = pg_server.fresh()
+    yield url
+    pg_server.drop(url)
+
+
+@pytest.fixture(autouse=True)
+def _ledger_backend(request, monkeypatch):
+    """SQLite: no AGENT_LEDGER_URL leaks in from the shell. --ledger=postgres: every test (but sqlite_only ones)
+    gets a fresh PostgreSQL database in AGENT_LEDGER_URL, so ``ledger_path(any home)`` and every subprocess use it."""
+    monkeypatch.delenv("AGENT_LEDGER_URL", raising=False)
+    if postgres_mode(request.config) and request.node.get_closest_marker("sqlite_only") is None:
+        monkeypatch.setenv("AGENT_LEDGER_URL", request.getfixturevalue("pg_url"))
 
 
 @pytest.fixture
@@ -31,9 +90,73 @@ def home(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def ledger(home) -> Ledger:
     home.mkdir(parents=True, exist_ok=True)
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     yield led
     led.close()
+
+
+def on_postgres() -> bool:
+    """Whether this test's ledger is PostgreSQL (--ledger=postgres)."""
+    return bool(os.environ.get("AGENT_LEDGER_URL"))
+
+
+# What a constraint or trigger violation raises, on either backend.
+def db_errors() -> tuple[type[BaseException], ...]:
+    import sqlite3
+
+    import psycopg
+
+    return (sqlite3.DatabaseError, psycopg.DatabaseError)
+
+
+def add_failing_trigger(conn, name: str, table: str, event: str = "UPDATE") -> None:
+    """A trigger that makes every ``event`` on ``table`` fail (a fault in the middle of a transaction)."""
+    if on_postgres():
+        conn.execute(f"CREATE FUNCTION {name}_fn() RETURNS trigger LANGUAGE plpgsql AS "
+                     f"$$ BEGIN RAISE EXCEPTION '{name}'; END $$")
+        conn.execute(f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION {name}_fn()")
+    else:
+        conn.execute(f"CREATE TRIGGER {name} BEFORE {event} ON {table} BEGIN SELECT RAISE(ABORT, '{name}'); END")
+
+
+def drop_trigger(conn, name: str, table: str) -> None:
+    if on_postgres():
+        conn.execute(f"DROP TRIGGER {name} ON {table}")
+        conn.execute(f"DROP FUNCTION {name}_fn()")
+    else:
+        conn.execute(f"DROP TRIGGER {name}")
+
+
+def ledger_bytes(home: Path) -> bytes:
+    """Everything the home's ledger stores, as bytes (SQLite: the files, WAL included; PostgreSQL: every row of
+    every table), for tests asserting a secret never reached it."""
+    where = ledger_path(home)
+    if not isinstance(where, str):
+        return b"".join(p.read_bytes() for p in Path(home).glob("ledger.db*"))
+    con = ledger_conn(home)
+    try:
+        out = []
+        for (table,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                    "WHERE table_schema = current_schema()").fetchall():
+            out += [repr(tuple(r)) for r in con.execute(f'SELECT * FROM "{table}"').fetchall()]
+        return "\n".join(out).encode()
+    finally:
+        con.close()
+
+
+def ledger_conn(home: Path):
+    """A raw connection to the home's ledger, whichever backend (tests that read or poke rows directly): rows
+    read by name and index, ``?`` placeholders, writes committed at once. Close it when done."""
+    where = ledger_path(home)
+    if isinstance(where, str):
+        from agent.ledger.backend import connect_pg
+
+        return connect_pg(where)
+    import sqlite3
+
+    con = sqlite3.connect(where, timeout=30, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    return con
 
 
 class Agent:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from agent import chain
-from agent.ledger import now
+from agent.ledger import ledger_path, now
 from agent.tasks import Refused, create_task, reset_task, set_step, snapshot, start_next_round, transition
 
 HEAD = "a" * 40
@@ -164,19 +164,19 @@ def test_close_step_and_checklist_set_refuse_exactly_alike(agent, home):
     from agent.ledger import Ledger
 
     agent("init")
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     tid = make_task(led, from_conclusion=True)
     led.close()
     cases = list(itertools.product(chain.STEP_KEYS + ("bogus",), ("human", "script"), ("", "evidence")))
     refusals = 0
     for key, source, evidence in cases:
         a = agent("task", "close-step", str(tid), key, "--evidence", evidence, "--source", source)
-        led = Ledger.open(home / "ledger.db")
+        led = Ledger.open(ledger_path(home))
         if a.exit_code == 0:  # undo so the other command sees the same state
             set_step(led, tid, key, "nein", "undo for parity test", source="human")
         led.close()
         b = agent("checklist", "set", str(tid), key, "--status", "ja", "--evidence", evidence, "--source", source)
-        led = Ledger.open(home / "ledger.db")
+        led = Ledger.open(ledger_path(home))
         if b.exit_code == 0:
             set_step(led, tid, key, "nein", "undo for parity test", source="human")
         led.close()
@@ -187,7 +187,7 @@ def test_close_step_and_checklist_set_refuse_exactly_alike(agent, home):
             assert a.stderr.startswith("agent: task") and a.stderr.count("\n") == 1
     assert refusals >= len(cases) - 2  # without artifacts nearly everything is refused
     # now with artifacts: the same parity holds for allowed closes
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     record(led, tid, "spec")
     led.close()
     a = agent("task", "close-step", str(tid), "spec_written", "--evidence", "auto", "--source", "script")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 from agent.cli import COMMANDS
-from conftest import LANES_YAML
+from conftest import LANES_YAML, on_postgres
 
 
 def test_binary_init_create_list_json(agent_proc, home):
     r = agent_proc("init", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["journal_mode"] == "wal"
+    assert json.loads(r.stdout)["journal_mode"] == ("postgresql" if on_postgres() else "wal")
     r = agent_proc("task", "create", "--repo", "acme/widgets", "--title", "Fix checkout", "--json")
     assert r.returncode == 1 and "repository acme/widgets is not configured" in r.stderr
     (home / "config.yaml").write_text("repos: {acme/widgets: {url: /srv/git/widgets.git}}\n" + LANES_YAML)

@@ -6,12 +6,13 @@ start/end to a shared file (agent/demo_lanes --log), one SQLite ledger.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections import Counter
 
+from agent.ledger import ledger_path
 from chaos_support import build, check_invariants, lane_launches, open_tasks, read_log, watcher
+from conftest import ledger_conn
 
 
 def test_overlapping_watchers_launch_each_lane_once_per_round(tmp_path):
@@ -30,7 +31,7 @@ def test_overlapping_watchers_launch_each_lane_once_per_round(tmp_path):
     assert launches and all(n == 1 for n in launches.values()), launches
     starts = Counter((r["spec"], r["role"]) for r in read_log(log) if r["event"] == "start")
     assert starts and max(starts.values()) == 1, starts  # the lane processes agree: each started once
-    con = sqlite3.connect(home / "ledger.db")
+    con = ledger_conn(home)
     assert con.execute("SELECT count(*) FROM lane_runs WHERE status = 'interrupted'").fetchone()[0] == 0
     con.close()
 
@@ -66,7 +67,7 @@ def test_two_workers_on_one_task_one_works_the_other_is_refused(tmp_path):
     worked = [lines for lines in out if lines != ["task 1: claimed by another worker; skipped"]]
     assert len(refused) == 1 and len(worked) == 1, out
     assert [r["role"] for r in read_log(log) if r["event"] == "start"] == ["implementer"]
-    con = sqlite3.connect(p["home"] / "ledger.db")
+    con = ledger_conn(p["home"])
     assert con.execute("SELECT claim_token FROM tasks").fetchone()[0] is None  # released
     con.close()
 
@@ -103,12 +104,11 @@ def test_worker_whose_claim_was_stolen_cannot_write_its_result(tmp_path):
     deadline = time.monotonic() + 30
     while not read_log(log) and time.monotonic() < deadline:
         time.sleep(0.02)
-    con = sqlite3.connect(p["home"] / "ledger.db", timeout=30)
+    con = ledger_conn(p["home"])
     old = con.execute("SELECT claim_token FROM tasks WHERE id = 1").fetchone()[0]
     assert old
-    with con:
-        con.execute("UPDATE tasks SET claim_token = 'thief', claim_pid = 1, lease_until = ? WHERE id = 1",
-                    (time.time() + 600,))
+    con.execute("UPDATE tasks SET claim_token = 'thief', claim_pid = 1, lease_until = ? WHERE id = 1",
+                (time.time() + 600,))
     th.join(60)
     app.close()
     assert any("claim lost to another worker; result not written" in line for line in out), out
@@ -118,7 +118,7 @@ def test_worker_whose_claim_was_stolen_cannot_write_its_result(tmp_path):
     con.close()
     from agent.ledger import Ledger
 
-    led = Ledger.open(p["home"] / "ledger.db", create=False)
+    led = Ledger.open(ledger_path(p["home"]), create=False)
     try:
         import pytest
 
@@ -133,7 +133,7 @@ def test_stale_claims_are_reclaimed_live_ones_are_not(tmp_path):
     from agent.ledger import Ledger
 
     p = build(tmp_path / "w", tasks=1)
-    led = Ledger.open(p["home"] / "ledger.db", create=False)
+    led = Ledger.open(ledger_path(p["home"]), create=False)
     try:
         with led.tx() as c:  # a dead process on this host holds it
             c.execute("UPDATE tasks SET claim_owner = ?, claim_pid = 999999999, claim_token = 'dead', "

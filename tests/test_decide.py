@@ -9,7 +9,7 @@ from agent import AgentError
 from agent.decide import decide, decider_spec
 from agent.intake.formats import Event, Frame
 from agent.intake.store import ingest
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 from agent.tasks import create_task
 
 from intake_support import config_of
@@ -26,7 +26,7 @@ def _error(ledger, service="widgets-api", repo=None, fn="price_for", msg="KeyErr
 
 @pytest.fixture
 def ledger(tmp_path):
-    led = Ledger.open(tmp_path / "ledger.db")
+    led = Ledger.open(ledger_path(tmp_path))
     yield led
     led.close()
 

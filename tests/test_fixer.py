@@ -16,9 +16,9 @@ import yaml
 
 from agent import demo
 from agent.app import App
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 
-from conftest import git
+from conftest import git, ledger_bytes
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def run_until_settled(paths, passes=8):
     lines = []
     for _ in range(passes):
         lines += [i["line"] for i in scan(paths, "error-fix-work")]
-        led = Ledger.open(paths["home"] / "ledger.db")
+        led = Ledger.open(ledger_path(paths["home"]))
         busy = led.scalar("SELECT count(*) FROM tasks WHERE state IN ('open', 'working')")
         led.close()
         if not busy:
@@ -98,7 +98,7 @@ def run_until_settled(paths, passes=8):
 
 
 def ledger(paths) -> Ledger:
-    return Ledger.open(paths["home"] / "ledger.db")
+    return Ledger.open(ledger_path(paths["home"]))
 
 
 def events_snapshot(paths):
@@ -307,7 +307,7 @@ def test_report_still_unparseable_after_repairs_fails_with_redacted_excerpt(worl
     assert t["state"] == "failed" and "report unparseable" in t["failed_reason"]
     assert "I fixed it, trust me" in t["failed_reason"]
     assert "ghp_" + "A" * 36 not in t["failed_reason"]
-    raw = b"".join(p.read_bytes() for p in world["home"].glob("ledger.db*"))
+    raw = ledger_bytes(world["home"])
     assert b"ghp_" + b"A" * 36 not in raw
 
 
@@ -401,7 +401,7 @@ def test_secrets_never_reach_spec_or_pr(world):
     texts = [p.read_text() for p in (world["home"] / "specs").rglob("*.md")]
     texts += [p.read_text() for p in (world["home"] / "prs").glob("*.md")]
     assert texts and not any(canary in t or "hunter2" in t for t in texts)
-    raw = b"".join(p.read_bytes() for p in world["home"].glob("ledger.db*"))
+    raw = ledger_bytes(world["home"])
     assert canary.encode() not in raw
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from agent import chain
@@ -11,10 +9,9 @@ from agent.config import parse_config
 from agent.followup import follow_prs
 from agent.forge import get_forge, publish_pr
 from agent.ledger import now
-from agent.push import push_branch, remote_branch_sha
+from agent.push import push_branch, remote_branch_sha, remote_ref_sha
 from agent.tasks import create_task, transition
-from agent.push import remote_ref_sha
-from conftest import LANES_YAML, git, remote_with_branch
+from conftest import LANES_YAML, add_failing_trigger, db_errors, drop_trigger, git, remote_with_branch
 
 EID = "0a1b2c3d4e5f6789"
 BRANCH = "agent/fix-0a1b2c3d"
@@ -96,12 +93,12 @@ def test_prune_failure_is_retried_on_the_next_scan(setup, ledger, home, tmp_path
 
 def test_state_change_and_its_events_are_one_transaction(setup, ledger, home):
     setup["forge"].mark(1, "merged")
-    ledger.conn.execute("CREATE TRIGGER boom BEFORE UPDATE ON tasks BEGIN SELECT RAISE(ABORT, 'boom'); END")
-    with pytest.raises(sqlite3.IntegrityError):
+    add_failing_trigger(ledger.conn, "boom", "tasks")
+    with pytest.raises(db_errors()):
         follow_prs(ledger, setup["config"], home)
     assert states(ledger, setup["task_id"]) == ("open", "fixing", "working")   # all or nothing
     assert "pr.merged" not in [e["kind"] for e in ledger.events()]
-    ledger.conn.execute("DROP TRIGGER boom")
+    drop_trigger(ledger.conn, "boom", "tasks")
     follow_prs(ledger, setup["config"], home)
     assert states(ledger, setup["task_id"]) == ("merged", "resolved", "done")
 

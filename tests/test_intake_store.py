@@ -2,14 +2,15 @@
 reaches any byte of the ledger (main file and WAL) or any other file in the home."""
 
 import json
-import sqlite3
+import os
 import subprocess
 import sys
 
 from agent.intake.formats import Event, Frame, parse
 from agent.intake.store import ingest, list_errors
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 
+from conftest import ledger_bytes, on_postgres
 from intake_payloads import JAVA_LOG, NODE_LOG, PY_LOG, sentry_java_event, sentry_python_event
 
 
@@ -19,7 +20,7 @@ def _ev(msg="Order 7 not found", ts="2024-05-01T10:00:00.000000Z", fn="load", se
 
 
 def test_dedupe_counts_first_last_and_latest_excerpt(tmp_path):
-    ledger = Ledger.open(tmp_path / "ledger.db")
+    ledger = Ledger.open(ledger_path(tmp_path))
     r1 = ingest(ledger, [_ev("Order 7 not found", "2024-05-01T10:00:00.000000Z"),
                          _ev("Order 8 not found", "2024-05-01T09:00:00.000000Z"),
                          _ev("Order 9 not found", "2024-05-01T11:00:00.000000Z"),
@@ -37,7 +38,7 @@ def test_dedupe_counts_first_last_and_latest_excerpt(tmp_path):
 
 
 def test_skipped_keeps_deduping_resolved_opens_new_row(tmp_path):
-    ledger = Ledger.open(tmp_path / "ledger.db")
+    ledger = Ledger.open(ledger_path(tmp_path))
     (eid,) = ingest(ledger, [_ev()]).error_ids
     with ledger.tx() as c:
         c.execute("UPDATE errors SET state = 'skipped' WHERE id = ?", (eid,))
@@ -52,7 +53,7 @@ def test_skipped_keeps_deduping_resolved_opens_new_row(tmp_path):
 
 
 def test_same_bug_across_formats_and_requests_groups(tmp_path):
-    ledger = Ledger.open(tmp_path / "ledger.db")
+    ledger = Ledger.open(ledger_path(tmp_path))
     events = parse(json.dumps(sentry_java_event(1234))).events + parse(json.dumps(sentry_java_event(99))).events
     events += parse(json.dumps(sentry_python_event("'sku-1'", "r1", "a@example.com"))).events
     events += parse(json.dumps(sentry_python_event("'sku-2'", "r2", "b@example.com"))).events
@@ -135,6 +136,8 @@ def test_canary_secrets_never_reach_the_ledger_file(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {"AGENT_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    if on_postgres():
+        env["AGENT_LEDGER_URL"] = os.environ["AGENT_LEDGER_URL"]
     (tmp_path / "c.jsonl").write_text(_jsonl_with_canaries())
     (tmp_path / "s.json").write_text(json.dumps(_sentry_with_canaries()))
     (tmp_path / "t.log").write_text(_log_with_canaries() + PY_LOG + JAVA_LOG + NODE_LOG)
@@ -144,7 +147,7 @@ def test_canary_secrets_never_reach_the_ledger_file(tmp_path):
         assert p.returncode == 0, p.stderr
         for needle in NEEDLES:
             assert needle not in p.stdout + p.stderr
-    ledger = Ledger.open(home / "ledger.db")
+    ledger = Ledger.open(ledger_path(home))
     assert ledger.scalar("SELECT sum(count) FROM errors") >= 10 * 10 + 10 + 30
     stored = json.dumps(ledger.all("SELECT * FROM errors")) + json.dumps(ledger.all("SELECT * FROM events"))
     assert "[redacted:" in stored
@@ -152,12 +155,18 @@ def test_canary_secrets_never_reach_the_ledger_file(tmp_path):
     for f in home.rglob("*"):
         if f.is_file():
             blobs[f.name] = f.read_bytes()
-    assert "ledger.db-wal" in blobs or "ledger.db" in blobs
-    ledger.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    ledger.close()
-    blobs["ledger.db (after checkpoint)"] = (home / "ledger.db").read_bytes()
+    if on_postgres():
+        blobs["the PostgreSQL ledger (every row)"] = ledger_bytes(home)
+        ledger.close()
+    else:
+        assert "ledger.db-wal" in blobs or "ledger.db" in blobs
+        ledger.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        ledger.close()
+        blobs["ledger.db (after checkpoint)"] = (home / "ledger.db").read_bytes()
     for name, data in blobs.items():
         for needle in NEEDLES:
             assert needle.encode() not in data, f"{needle} found in {name}"
     # the ledger is still a good ledger
-    assert sqlite3.connect(home / "ledger.db").execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    ledger = Ledger.open(ledger_path(home))
+    assert ledger.integrity() == "ok"
+    ledger.close()

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError
+from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError, ledger_path
 from agent.ledger.migrations import MIGRATIONS
+from conftest import db_errors, on_postgres
 
 PINNED = Path(__file__).parent / "data" / "schema.sql"
 
@@ -36,18 +37,19 @@ def schema_text(led: Ledger) -> str:
 
 def test_init_makes_wal_ledger_and_is_idempotent(agent, home):
     first = agent.json("init")
-    assert first["journal_mode"] == "wal" and first["config_created"] is True
+    assert first["journal_mode"] == ("postgresql" if on_postgres() else "wal") and first["config_created"] is True
     assert (home.stat().st_mode & 0o777) == 0o700
     config_before = (home / "config.yaml").read_text()
     second = agent.json("init")
     assert second["config_created"] is False
     assert (home / "config.yaml").read_text() == config_before
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     assert led.migrations() == [name for name, _ in MIGRATIONS]
-    assert led.scalar("PRAGMA foreign_keys") == 1
+    assert led.postgres or led.scalar("PRAGMA foreign_keys") == 1
     led.close()
 
 
+@pytest.mark.sqlite_only("the pinned SQLite schema; tests/test_ledger_pg.py checks PostgreSQL's against it")
 def test_migrations_from_empty_database_match_pinned_schema(tmp_path):
     led = Ledger.open(tmp_path / "ledger.db")
     assert led.scalar("PRAGMA user_version") == SCHEMA_VERSION == len(MIGRATIONS)
@@ -63,6 +65,7 @@ def test_migration_names_are_append_only():
     assert names == sorted(names), "migrations must keep their numbered order"
 
 
+@pytest.mark.sqlite_only("PRAGMA user_version of the file; test_ledger_pg has the PostgreSQL case")
 def test_newer_schema_is_refused_and_file_untouched(tmp_path):
     path = tmp_path / "ledger.db"
     Ledger.open(path).close()
@@ -75,6 +78,7 @@ def test_newer_schema_is_refused_and_file_untouched(tmp_path):
     assert path.read_bytes() == before
 
 
+@pytest.mark.sqlite_only("a corrupt SQLite file")
 def test_corrupt_file_is_refused_not_recreated(tmp_path):
     path = tmp_path / "ledger.db"
     path.write_bytes(b"this is not sqlite at all, just bytes" * 200)
@@ -84,6 +88,7 @@ def test_corrupt_file_is_refused_not_recreated(tmp_path):
     assert path.read_bytes() == before
 
 
+@pytest.mark.sqlite_only("a foreign SQLite file; test_ledger_pg has the PostgreSQL case")
 def test_foreign_sqlite_file_is_refused(tmp_path):
     path = tmp_path / "other.db"
     conn = sqlite3.connect(path)
@@ -95,11 +100,13 @@ def test_foreign_sqlite_file_is_refused(tmp_path):
     assert sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall() == [("recipes",)]
 
 
+@pytest.mark.sqlite_only("a directory where the SQLite file should be")
 def test_directory_is_refused(tmp_path):
     with pytest.raises(LedgerError, match="is a directory"):
         Ledger.open(tmp_path)
 
 
+@pytest.mark.sqlite_only("a garbage ledger.db file")
 def test_bad_ledger_gives_one_line_error_and_exit_1(agent, home):
     home.mkdir(parents=True, exist_ok=True)
     (home / "ledger.db").write_bytes(b"garbage" * 100)
@@ -111,10 +118,10 @@ def test_bad_ledger_gives_one_line_error_and_exit_1(agent, home):
 def test_events_are_append_only(ledger):
     with ledger.tx() as c:
         ledger.event(c, "test.kind", "script", {"a": 1})
-    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+    with pytest.raises(db_errors(), match="append-only"):
         with ledger.tx() as c:
             c.execute("UPDATE events SET kind = 'x'")
-    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+    with pytest.raises(db_errors(), match="append-only"):
         with ledger.tx() as c:
             c.execute("DELETE FROM events")
     assert [e["kind"] for e in ledger.events()] == ["test.kind"]
@@ -136,7 +143,7 @@ def test_event_outside_transaction_is_a_bug(ledger):
 
 
 def test_concurrent_writers_serialise(tmp_path):
-    path = tmp_path / "ledger.db"
+    path = ledger_path(tmp_path)
     Ledger.open(path).close()
     errors: list[BaseException] = []
 

@@ -18,7 +18,7 @@ import pytest
 
 from agent import chain
 from agent.fence import claim
-from agent.ledger import Ledger, errors, lanes, prs, tasks
+from agent.ledger import Ledger, errors, lanes, ledger_path, prs, tasks
 from agent.ledger.errors import ErrorStateRefused, transition_error
 from agent.tasks import ClaimLost
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def led(tmp_path):
-    ledger = Ledger.open(tmp_path / "ledger.db")
+    ledger = Ledger.open(ledger_path(tmp_path))
     yield ledger
     ledger.close()
 
@@ -50,10 +50,22 @@ def _task(led) -> tuple[int, str]:
     return task_id, eid
 
 
-def _dump(path: Path) -> dict:
+def _connect(where):
+    if isinstance(where, str):   # a PostgreSQL ledger (--ledger=postgres)
+        from agent.ledger.backend import connect_pg
+
+        return connect_pg(where)
+    return sqlite3.connect(where)
+
+
+def _dump(where) -> dict:
     """Every row of every table, read through a connection of its own (what is committed)."""
-    con = sqlite3.connect(path)
+    con = _connect(where)
     try:
+        if isinstance(where, str):
+            names = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                               "WHERE table_schema = current_schema() ORDER BY table_name")]
+            return {n: sorted(tuple(r) for r in con.execute(f'SELECT * FROM "{n}"').fetchall()) for n in names}
         names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                            "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
         return {n: con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names}
@@ -61,8 +73,8 @@ def _dump(path: Path) -> dict:
         con.close()
 
 
-def _events(path: Path) -> int:
-    con = sqlite3.connect(path)
+def _events(where) -> int:
+    con = _connect(where)
     try:
         return con.execute("SELECT count(*) FROM events").fetchone()[0]
     finally:
@@ -132,12 +144,12 @@ def test_a_task_write_with_a_lost_claim_writes_nothing(led, name, setup, write, 
     t, e = _task(led)
     good = claim(led, t)
     context = setup(led, t, e, good) if setup else None
-    before = _dump(led.path)
+    before = _dump(led.location)
     with pytest.raises(ClaimLost):
         write(led, t, e, "someone-else", context)
-    assert _dump(led.path) == before, f"{name} wrote with a token that is not the claim"
+    assert _dump(led.location) == before, f"{name} wrote with a token that is not the claim"
     write(led, t, e, good, context)       # the holder's write goes through, with its event
-    after = _dump(led.path)
+    after = _dump(led.location)
     assert after != before
     assert (len(after["events"]) > len(before["events"])) == evented
 
@@ -150,7 +162,7 @@ def test_a_write_and_its_event_are_one_transaction(led, monkeypatch, name, setup
     t, e = _task(led)
     good = claim(led, t)
     context = setup(led, t, e, good) if setup else None
-    before = _dump(led.path)
+    before = _dump(led.location)
 
     def no_event(*args, **kwargs):
         raise RuntimeError("event log unavailable")
@@ -158,7 +170,7 @@ def test_a_write_and_its_event_are_one_transaction(led, monkeypatch, name, setup
     monkeypatch.setattr(led, "event", no_event)
     with pytest.raises(RuntimeError, match="event log unavailable"):
         write(led, t, e, good, context)
-    assert _dump(led.path) == before, f"{name} kept its change without its event"
+    assert _dump(led.location) == before, f"{name} kept its change without its event"
 
 
 def test_a_lane_run_outcome_and_lane_finished_commit_together(led):
@@ -173,6 +185,7 @@ def test_a_lane_run_outcome_and_lane_finished_commit_together(led):
     assert finished[0]["payload"]["run_id"] == run
 
 
+@pytest.mark.sqlite_only("reads the statements through SQLite's trace callback")
 def test_the_guards_snapshot_is_one_read(led):
     """Every statement ``snapshot`` runs is inside one transaction (BEGIN ... COMMIT around all its SELECTs)."""
     t, _ = _task(led)
@@ -246,7 +259,7 @@ ALL_PAIRS = [(a, b) for a in chain.ERROR_STATES for b in chain.ERROR_STATES if a
 def test_error_transitions_follow_the_one_table(led, current, target):
     eid = _error(led, current)
     allowed = target in chain.ERROR_TRANSITIONS[current]
-    before = _events(led.path)
+    before = _events(led.location)
     if allowed:
         with led.tx() as c:
             assert transition_error(led, c, eid, target, "human", reason="because") is True
@@ -254,12 +267,12 @@ def test_error_transitions_follow_the_one_table(led, current, target):
         assert row["state"] == target and row["state_reason"] == "because"
         ev = [e for e in led.events() if e["kind"] == "error.state"][-1]
         assert ev["error_id"] == eid and ev["payload"]["from"] == current and ev["payload"]["to"] == target
-        assert _events(led.path) == before + 1
+        assert _events(led.location) == before + 1
     else:
         with pytest.raises(ErrorStateRefused, match=f"error {eid}: an error may not go from {current} to {target}"):
             with led.tx() as c:
                 transition_error(led, c, eid, target, "human")
-        assert errors.get_error(led, eid)["state"] == current and _events(led.path) == before
+        assert errors.get_error(led, eid)["state"] == current and _events(led.location) == before
 
 
 def test_error_transition_table_and_refusals(led):
@@ -311,7 +324,7 @@ def test_fix_scan_prepares_a_worktree_only_under_the_tasks_claim(tmp_path, monke
     real = workspace.ensure_worktree
 
     def watched(home, repo, url, base, branch, task_id, *args, **kwargs):
-        con = sqlite3.connect(paths["home"] / "ledger.db")
+        con = _connect(ledger_path(paths["home"]))
         try:
             held_during.append(con.execute("SELECT claim_token, claim_pid FROM tasks WHERE id = ?",
                                            (task_id,)).fetchone())
@@ -325,7 +338,7 @@ def test_fix_scan_prepares_a_worktree_only_under_the_tasks_claim(tmp_path, monke
     import os
 
     assert held_during and held_during[0][0] and held_during[0][1] == os.getpid(), held_during
-    led = Ledger.open(paths["home"] / "ledger.db")
+    led = Ledger.open(ledger_path(paths["home"]))
     try:
         t = tasks.get_task(led, 1)
         assert t["worktree"] and Path(t["worktree"]).is_dir() and t["branch"]

@@ -10,7 +10,6 @@ import hmac
 import json
 import os
 import signal
-import sqlite3
 import ssl
 import subprocess
 import time
@@ -19,9 +18,10 @@ import pytest
 
 from agent import chain, notify
 from agent.config import ConfigError, parse_config
+from agent.ledger import ledger_path
 from agent.ledger.outbox import kinds_for
 from agent.tasks import create_task, transition
-from conftest import agent_bin
+from conftest import agent_bin, ledger_conn
 from notify_support import Receiver, self_signed_cert
 
 SECRET = "s3cret-hmac-key"
@@ -299,13 +299,13 @@ BLOCK = ("import sys; from agent.ledger import Ledger; from agent.tasks import c
 
 def _gate_block_in_a_subprocess(home):
     import sys
-    subprocess.run([sys.executable, "-c", BLOCK, str(home / "ledger.db")], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", BLOCK, str(ledger_path(home))], check=True, capture_output=True)
 
 
 def _db(home, sql):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con = ledger_conn(home)
     try:
-        return con.execute(sql).fetchall()
+        return [tuple(r) for r in con.execute(sql).fetchall()]
     finally:
         con.close()
 

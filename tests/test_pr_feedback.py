@@ -9,21 +9,20 @@ The same cases on the GitHub simulator are in tests/test_forge_github_sim.py.
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 
 import pytest
 
-from chaos_support import agent_bin, build, check_invariants, git, remote_sha, run_to_end, watcher
 from agent.forge.local import AGENT_LOGIN, local_user
+from agent.ledger import ledger_path
+from chaos_support import agent_bin, build, check_invariants, git, remote_sha, run_to_end, watcher
+from conftest import ledger_conn
 
 ME = local_user()      # the local forge's collaborator (write access)
 
 
 def _db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
-    return con
+    return ledger_conn(home)
 
 
 def one(home, sql, params=()):
@@ -59,7 +58,7 @@ def local_forge(home):
     from agent.forge.local import LocalForge
     from agent.ledger import Ledger
 
-    return LocalForge(Ledger.open(home / "ledger.db"), home, "demo/widgets")
+    return LocalForge(Ledger.open(ledger_path(home)), home, "demo/widgets")
 
 
 @pytest.fixture

@@ -300,9 +300,9 @@ def test_agent_serve_and_daemon_serve_as_real_processes(home, command):
     finally:
         if p.poll() is None:
             p.kill()
-    import sqlite3
-    con = sqlite3.connect(home / "ledger.db")
-    assert con.execute("SELECT count(*) FROM errors").fetchone() == (1,)
+    from conftest import ledger_conn
+    con = ledger_conn(home)
+    assert con.execute("SELECT count(*) FROM errors").fetchone()[0] == 1
     con.close()
 
 

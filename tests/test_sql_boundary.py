@@ -24,9 +24,6 @@ AGENT = ROOT / "agent"
 ALLOWED: dict[str, str] = {
     "agent/fence.py": "task claims and scan leases: engineer 'runners' moves them into agent/ledger/leases.py",
     "agent/status.py": "status counts: engineer 'runners' moves them into agent/ledger/status.py",
-    "agent/doctor.py": "the ledger's health checks: engineer 'postgres' moves them into agent/ledger/health.py",
-    "agent/home.py": "PRAGMA journal_mode: engineer 'postgres' replaces it with Ledger.journal_mode()",
-    "agent/serve.py": "PRAGMA synchronous/query_only: engineer 'postgres' replaces them with Ledger methods",
 }
 
 _KEYWORD = r"(?:SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|PRAGMA|BEGIN|COMMIT|ROLLBACK|WITH|REPLACE)"

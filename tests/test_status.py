@@ -5,7 +5,7 @@ from __future__ import annotations
 from html.parser import HTMLParser
 
 from agent import chain
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 from agent.tasks import create_task, transition
 
 
@@ -23,7 +23,7 @@ class Page(HTMLParser):
 
 
 def seed(home):
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     a, _ = create_task(led, "acme/widgets", "Fix KeyError <script>alert(1)</script>")
     b, _ = create_task(led, "acme/widgets", "Fix TypeError")
     transition(led, a, chain.BLOCKED, "script", "implementer lane unavailable (codex): binary missing")

@@ -90,7 +90,7 @@ def error_show(error_id, as_json):
       agent error show 3f2a9c1e
     """
     from agent.intake.store import error_detail
-    from agent.tasks import resolve_error
+    from agent.ledger.errors import resolve_error
 
     app = get_app()
     e = error_detail(app.ledger, resolve_error(app.ledger, error_id)["id"])
@@ -130,7 +130,7 @@ def error_decide(error_id, kind, brief, reason, as_json):
       agent error decide 3f2a9c1e --fix --brief "KeyError in checkout: missing SKU guard in prices.py"
     """
     from agent.decide import decide
-    from agent.tasks import resolve_error
+    from agent.ledger.errors import resolve_error
 
     if kind is None:
         raise click.UsageError("pass --fix --brief TEXT or --skip --reason TEXT")

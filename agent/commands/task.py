@@ -31,7 +31,8 @@ def task_create(repo, title, error_id, base, as_json):
     Example:
       agent task create --repo acme/widgets --title "Fix KeyError in checkout"
     """
-    from agent.tasks import create_task, resolve_error
+    from agent.ledger.errors import resolve_error
+    from agent.tasks import create_task
 
     app = get_app()
     if repo not in app.config.repos:  # a task the config cannot serve would make every later config refused

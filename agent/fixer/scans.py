@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from agent.fixer.driver import Ctx, Stop, advance, ensure_workspace
 from agent.ledger import Ledger, ledger_path
-from agent.ledger.errors import fix_candidates
 from agent.ledger.tasks import active_task_ids, task_state
 from agent.shutdown import STOP
 
@@ -76,6 +75,8 @@ def app_task_state(home: Path, task_id: int) -> dict:
 
 def fix_scan(app, jobs: int = 1) -> list[dict]:
     """`agent watch error-fix`: every confirmed error.fix conclusion without a task gets one, with its workspace."""
+    from agent.ledger.errors import fix_candidates
+
     ledger, config = app.ledger, app.config
     rows = fix_candidates(ledger)
     items = []

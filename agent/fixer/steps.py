@@ -497,7 +497,7 @@ def finish(ctx: Ctx) -> None:
     except ForgeError as exc:  # owed to the forge: `watch pr-merged` retries it on later scans until it lands
         from agent.followup import owe_pr_text
 
-        owe_pr_text(ctx.ledger, ctx.task_id, str(exc))
+        owe_pr_text(ctx.ledger, ctx.task_id, str(exc), ctx.token)
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
     finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token,

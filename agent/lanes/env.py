@@ -19,7 +19,8 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Credential variables that never reach a lane or a git command other than push, whatever the config says.
 # Extend with ``register_secret_env`` (a forge module adding its default variable) rather than editing callers.
-FORGE_TOKEN_VARS: list[str] = ["GITHUB_TOKEN", "GH_TOKEN", "GITLAB_TOKEN", "GITEA_TOKEN", "FORGEJO_TOKEN"]
+FORGE_TOKEN_VARS: list[str] = ["GITHUB_TOKEN", "GH_TOKEN", "GITLAB_TOKEN", "GITEA_TOKEN", "FORGEJO_TOKEN",
+                               "AGENT_LEDGER_URL", "PGPASSWORD"]   # the PostgreSQL ledger's URL and password
 # Callables config -> names, for secrets a future config section holds under a key not ending in ``_env``.
 SECRET_ENV_PROVIDERS: list[Callable[[object], Iterable[str]]] = []
 

@@ -1,9 +1,11 @@
-"""The ledger: one SQLite file holding every error, task, step, lane run and event.
+"""The ledger: every error, task, step, lane run and event, in one SQLite file (the embedded default) or one
+PostgreSQL database (``ledger.url`` / ``AGENT_LEDGER_URL``; agent/ledger/backend.py).
 
 Rules (see DESIGN.md "Ledger"):
-- WAL journal, a busy timeout, foreign keys on.
-- Every write goes through ``Ledger.tx()``, which opens ``BEGIN IMMEDIATE`` so two writers
-  serialise at the start of the transaction instead of failing half-way.
+- SQLite: WAL journal, a busy timeout, foreign keys on. PostgreSQL: autocommit outside ``tx()``.
+- Every write goes through ``Ledger.tx()``, which opens ``BEGIN IMMEDIATE`` (PostgreSQL: a transaction holding
+  the ledger's advisory write lock) so two writers serialise at the start of the transaction instead of failing
+  half-way.
 - Every state change writes its event with ``Ledger.event()`` inside the same transaction.
 - A file from a newer schema, a corrupt file, or a SQLite file that is not a ledger is refused
   with a one-line error; nothing is recreated or overwritten.
@@ -22,15 +24,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agent import AgentError
-from agent.ledger import outbox
+from agent.ledger import backend, outbox
+from agent.ledger.backend import POSTGRES, SQLITE, LedgerError
 from agent.ledger.feedback import FeedbackQueries
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
-
-
-class LedgerError(AgentError):
-    pass
 
 
 class StorageError(LedgerError):
@@ -85,9 +84,13 @@ def storage_fault(exc: BaseException, path: Path | str) -> StorageError | None:
 
     A full disk is named as such: SQLite often reports it as "disk I/O error" or "unable to open database file"
     (it cannot create ledger.db-shm), and that must never read as a corrupt ledger."""
-    path = Path(path)
     if isinstance(exc, StorageError):
         return exc
+    if backend.is_url(path):  # PostgreSQL: only the home's own files can fill a disk here, never the ledger
+        if not isinstance(exc, OSError) or isinstance(exc, sqlite3.Error) or not getattr(exc, "filename", None):
+            return None
+        path = Path(exc.filename)
+    path = Path(path)
     if isinstance(exc, OSError) and not isinstance(exc, sqlite3.Error):
         where = Path(exc.filename) if getattr(exc, "filename", None) else path
         if exc.errno in _FULL_ERRNOS:
@@ -132,14 +135,24 @@ SCHEMA_VERSION = 8
 
 
 class Ledger(FeedbackQueries):
-    def __init__(self, path: Path, conn: sqlite3.Connection):
-        self.path = path
-        self.conn = conn
+    def __init__(self, path: Path | str, conn, dialect: backend.Dialect = SQLITE, location: Path | str | None = None):
+        self.path = path                      # SQLite: the file; PostgreSQL: the URL without its password (shown)
+        self.location = location or path      # what Ledger.open() takes again (another thread's connection)
+        self.conn = conn                      # sqlite3.Connection or backend.PgConnection (the same interface)
+        self.dialect = dialect
+        self._locked = False                  # PostgreSQL: this transaction holds the advisory write lock
+
+    @property
+    def postgres(self) -> bool:
+        return self.dialect is POSTGRES
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
     def open(cls, path: Path | str, create: bool = True) -> "Ledger":
+        """Open (and migrate) the ledger at a SQLite path or a ``postgresql://`` URL."""
+        if backend.is_url(path):
+            return cls._open_pg(str(path), create)
         path = Path(path)
         if path.is_dir():
             raise LedgerError(f"{path}: is a directory, not a ledger; point AGENT_HOME at the folder holding ledger.db")
@@ -183,22 +196,73 @@ class Ledger(FeedbackQueries):
                 raise
         return ledger
 
+    @classmethod
+    def _open_pg(cls, url: str, create: bool) -> "Ledger":
+        """PostgreSQL: the schema version is the number of rows in ``_migrations`` (one query per open)."""
+        import psycopg
+
+        shown = backend.display(url)
+        conn = backend.connect_pg(url)
+        ledger = cls(shown, conn, POSTGRES, location=url)
+        try:
+            lock_timeout = f"SET lock_timeout = {int(busy_timeout() * 1000)}"   # a write waits as long as on SQLite
+            try:  # one round trip: the session setting and the schema version
+                cur = conn.execute(f"{lock_timeout}; SELECT count(*) FROM _migrations")
+                cur.nextset()
+                version = cur.fetchone()[0]
+            except psycopg.errors.UndefinedTable:
+                conn.execute(lock_timeout)
+                version = None
+            conn.session.append(lock_timeout)
+            if version is None:  # (or another process is creating it right now: then _migrations is there)
+                ours, tables = conn.execute(
+                    "SELECT count(*) FILTER (WHERE table_name = '_migrations'), count(*) "
+                    "FROM information_schema.tables WHERE table_schema = current_schema()").fetchone()
+                if tables and not ours:
+                    raise LedgerError(f"{shown}: is a PostgreSQL database but not an agent ledger (it has tables "
+                                      "and no _migrations); point ledger.url / AGENT_LEDGER_URL at an empty "
+                                      "database or your ledger")
+                if not create:
+                    raise LedgerError(f"{shown}: no ledger in this database yet; run `agent init` first")
+                version = 0
+            if version > SCHEMA_VERSION:
+                raise LedgerError(f"{shown}: ledger schema {version} is newer than this agent supports "
+                                  f"({SCHEMA_VERSION}); upgrade agent-fixer")
+            if version < SCHEMA_VERSION:
+                ledger.migrate()
+        except BaseException:
+            conn.close()
+            raise
+        return ledger
+
     def close(self) -> None:
         self.conn.close()
 
     def migrate(self) -> list[str]:
-        """Apply pending migrations, each in its own immediate transaction. Returns the names applied."""
-        import sqlite_utils
+        """Apply pending migrations, each in its own write transaction. Returns the names applied.
 
-        db = sqlite_utils.Database(self.conn)
-        applied: list[str] = []
+        On PostgreSQL the migrations get ``agent.ledger.pg.PgDatabase`` instead of a ``sqlite_utils.Database``, and
+        the version is the count of ``_migrations`` rows (no PRAGMA); each migration re-checks inside its
+        transaction whether another process applied it meanwhile."""
         from agent.ledger.migrations import MIGRATIONS
 
+        if self.postgres:
+            from agent.ledger.pg import MIGRATIONS_TABLE, PgDatabase
+
+            db = PgDatabase(self.conn)
+            setup = [MIGRATIONS_TABLE]
+        else:
+            import sqlite_utils
+
+            db = sqlite_utils.Database(self.conn)
+            setup = ["CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)",
+                     f"PRAGMA application_id = {APP_ID}"]
+        applied: list[str] = []
         if len(MIGRATIONS) != SCHEMA_VERSION:  # a developer forgot to bump SCHEMA_VERSION
             raise LedgerError(f"internal: {len(MIGRATIONS)} migrations but SCHEMA_VERSION={SCHEMA_VERSION}")
         with self.tx() as c:
-            c.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-            c.execute(f"PRAGMA application_id = {APP_ID}")
+            for sql in setup:
+                c.execute(sql)
         done = {r[0] for r in self.conn.execute("SELECT name FROM _migrations")}
         unknown = done - set(_known_migrations())
         if unknown:
@@ -208,22 +272,62 @@ class Ledger(FeedbackQueries):
             if name in done:
                 continue
             with self.tx() as c:
+                if c.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone():
+                    continue  # another process applied it while we waited for the write lock
                 fn(db)
                 c.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, now()))
-                c.execute(f"PRAGMA user_version = {index}")
+                if not self.postgres:
+                    c.execute(f"PRAGMA user_version = {index}")
             applied.append(name)
         return applied
 
     def migrations(self) -> list[str]:
-        return [r[0] for r in self.conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
+        order = "seq" if self.postgres else "rowid"
+        return [r[0] for r in self.conn.execute(f"SELECT name FROM _migrations ORDER BY {order}")]
+
+    def schema_version(self) -> int:
+        if self.postgres:
+            return self.scalar("SELECT count(*) FROM _migrations")
+        return self.scalar("PRAGMA user_version")
+
+    def journal_mode(self) -> str:
+        """SQLite's journal mode (``wal``); ``postgresql`` for a PostgreSQL ledger."""
+        return "postgresql" if self.postgres else self.scalar("PRAGMA journal_mode")
+
+    def durable_commits(self) -> None:
+        """Every commit waits for the disk (SQLite ``synchronous=FULL``; PostgreSQL commits are durable already)."""
+        if not self.postgres:
+            self.conn.execute("PRAGMA synchronous = FULL")
+
+    def read_only(self) -> None:
+        """This connection may only read (a GET handler): ``query_only`` / a read-only session."""
+        if self.postgres:
+            self.conn.set_session("SET default_transaction_read_only = on")
+        else:
+            self.conn.execute("PRAGMA query_only = ON")
 
     # ------------------------------------------------------------------ writing
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, opened with BEGIN IMMEDIATE; commits on success, rolls back on error."""
+    def tx(self, exclusive: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction, opened with BEGIN IMMEDIATE; commits on success, rolls back on error.
+
+        On PostgreSQL: a transaction (READ COMMITTED) that first takes the ledger's advisory write lock, so writers
+        serialise at the start as on SQLite. ``exclusive=False`` skips that lock on PostgreSQL, for record
+        operations written for concurrent writers (``SELECT ... FOR UPDATE SKIP LOCKED`` claims); on SQLite every
+        write transaction is exclusive anyway."""
         if self.conn.in_transaction:  # nested use joins the outer transaction
             yield self.conn
+            return
+        if self.postgres:
+            try:
+                with self.conn.transaction():
+                    if exclusive:
+                        self.conn.execute("SELECT pg_advisory_xact_lock(?)", (backend.WRITE_LOCK_KEY,))
+                    self._locked = exclusive
+                    yield self.conn
+            finally:
+                self._locked = False
             return
         # SQLite's busy handler already waits up to busy_timeout() inside BEGIN; a retry only uses what is left
         # of that one budget (a lock released and re-taken between attempts), never a fresh wait per attempt.
@@ -274,12 +378,25 @@ class Ledger(FeedbackQueries):
         if not conn.in_transaction:
             raise RuntimeError("Ledger.event() must be called inside Ledger.tx()")
         ts = now()
-        cur = conn.execute(
-            "INSERT INTO events (ts, task_id, error_id, kind, actor, payload) VALUES (?, ?, ?, ?, ?, ?)",
-            (ts, task_id, error_id, kind, actor, json.dumps(payload or {}, sort_keys=True, default=str)))
+        values = (ts, task_id, error_id, kind, actor, json.dumps(payload or {}, sort_keys=True, default=str))
+        if self.postgres:
+            # Gapless ids as on SQLite (a sequence would skip the ids of rolled-back transactions, and `agent
+            # doctor` reads a gap as a deleted event): the next id under the write lock, which an exclusive tx()
+            # holds already and a non-exclusive one takes here.
+            if not self._locked:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (backend.WRITE_LOCK_KEY,))
+                self._locked = True
+            event_id = conn.execute(
+                "INSERT INTO events (id, ts, task_id, error_id, kind, actor, payload) VALUES "
+                "((SELECT coalesce(max(id), 0) + 1 FROM events), ?, ?, ?, ?, ?, ?) RETURNING id", values
+            ).fetchall()[0][0]
+        else:
+            event_id = conn.execute(
+                "INSERT INTO events (ts, task_id, error_id, kind, actor, payload) VALUES (?, ?, ?, ?, ?, ?) "
+                "RETURNING id", values).fetchall()[0][0]
         # the notification outbox row (if this event is one a human hears about), in this same transaction
-        outbox.on_event(conn, cur.lastrowid, ts, kind, payload or {}, task_id, error_id)
-        return cur.lastrowid
+        outbox.on_event(conn, event_id, ts, kind, payload or {}, task_id, error_id)
+        return event_id
 
     def event_streak(self, conn: sqlite3.Connection, task_id: int, kind: str, reset_kinds: tuple[str, ...]) -> int:
         """How many ``kind`` events the task has had since its last event of one of ``reset_kinds``."""
@@ -289,10 +406,29 @@ class Ledger(FeedbackQueries):
         return conn.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = ? AND id > ?",
                             (task_id, kind, last)).fetchone()[0]
 
-    def insert(self, conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> int:
+    def insert(self, conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> int | None:
+        """Insert one row; returns its ``id`` (SQLite: its rowid; PostgreSQL: None for a table without ``id``)."""
         cols = ", ".join(f'"{k}"' for k in row)
         marks = ", ".join("?" for _ in row)
-        return conn.execute(f'INSERT INTO "{table}" ({cols}) VALUES ({marks})', tuple(row.values())).lastrowid
+        sql = f'INSERT INTO "{table}" ({cols}) VALUES ({marks})'
+        if not self.postgres:
+            return conn.execute(sql, tuple(row.values())).lastrowid
+        if not self._has_id(table):
+            conn.execute(sql, tuple(row.values()))
+            return None
+        new_id = conn.execute(sql + " RETURNING id", tuple(row.values())).fetchall()[0][0]
+        if "id" in row and isinstance(row["id"], int):  # an explicit id: the identity must not hand it out again
+            conn.execute(f"SELECT setval(pg_get_serial_sequence(?, 'id'), (SELECT max(id) FROM \"{table}\"))",
+                         (table,))
+        return new_id
+
+    def _has_id(self, table: str) -> bool:
+        cache = self.__dict__.setdefault("_id_tables", {})
+        if table not in cache:
+            cache[table] = self.conn.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ? "
+                "AND column_name = 'id'", (table,)).fetchone() is not None
+        return cache[table]
 
     def delete(self, conn: sqlite3.Connection, table: str, where: dict[str, Any]) -> int:
         conds = " AND ".join(f'"{k}" = ?' for k in where)
@@ -351,12 +487,14 @@ class Ledger(FeedbackQueries):
     def finished_worktrees(self, finished_before: str) -> list[dict]:
         """Tasks that still have a worktree though they are over: failed, or their PR merged or closed, and that
         since before ``finished_before`` (a ``now()`` timestamp)."""
+        d, pr_updated = self.dialect, "coalesce(p.updated_at, '')"
         return self.all(
             "SELECT t.id, t.repo, t.state, t.worktree, t.branch, t.head_sha, p.state AS pr_state "
-            "FROM tasks t INDEXED BY idx_tasks_with_worktree LEFT JOIN prs p ON p.task_id = t.id "
+            f"FROM tasks t {d.indexed_by('idx_tasks_with_worktree')} LEFT JOIN prs p ON p.task_id = t.id "
             "WHERE t.worktree IS NOT NULL "
             "AND (t.state = 'failed' OR (t.state IN ('done', 'gate-blocked') AND p.state IN ('merged', 'closed'))) "
-            "AND max(t.updated_at, coalesce(p.updated_at, '')) < ? ORDER BY t.id", (finished_before,))
+            f"AND {d.greatest('t.updated_at', pr_updated)} < ? ORDER BY t.id",
+            (finished_before,))
 
     # ------------------------------------------------------------------ forge calls owed (forge_pending)
 
@@ -372,78 +510,37 @@ class Ledger(FeedbackQueries):
         """Record (or count again) a forge call owed; call inside ``tx()`` with its event."""
         conn.execute("INSERT INTO forge_pending (key, kind, task_id, until, reason, attempts, updated_at) "
                      "VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT(key) DO UPDATE SET until = excluded.until, "
-                     "reason = excluded.reason, attempts = attempts + 1, updated_at = excluded.updated_at",
+                     "reason = excluded.reason, attempts = forge_pending.attempts + 1, "
+                     "updated_at = excluded.updated_at",
                      (key, kind, task_id, until, reason, now()))
 
     def clear_pending(self, conn: sqlite3.Connection, key: str) -> bool:
         return conn.execute("DELETE FROM forge_pending WHERE key = ?", (key,)).rowcount > 0
 
     def integrity(self) -> str:
+        """``ok`` or SQLite's first finding; PostgreSQL checks its pages itself (``ok`` once it answers)."""
+        if self.postgres:
+            return "ok" if self.scalar("SELECT 1") == 1 else "no answer"
         return self.scalar("PRAGMA integrity_check")
 
 
-def ledger_path(home: Path) -> Path:
+def ledger_path(home: Path) -> Path | str:
+    """Where the home's ledger is: ``AGENT_LEDGER_URL`` (a PostgreSQL URL), else ``ledger.url`` in the home's
+    config.yaml (or the ``--config`` file an ``App`` named for that home), else the SQLite file
+    ``home/ledger.db``. What ``Ledger.open`` takes; a bad URL is a one-line error naming where it came from."""
+    home = Path(home)
+    return backend.resolve(home, _CONFIG_FILES.get(home))
+
+
+def sqlite_path(home: Path) -> Path:
+    """The home's SQLite ledger file (whether or not the home uses it)."""
     return Path(home) / "ledger.db"
 
 
-
-# ------------------------------------------------------------------ tamper evidence (agent doctor)
-
-
-def schema_objects(conn: sqlite3.Connection) -> dict[str, str]:
-    """``type name`` -> normalised SQL of every table, index and trigger (what a migration made)."""
-    out = {}
-    for typ, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
-                                       "ORDER BY type, name"):
-        out[f"{typ} {name}"] = " ".join((sql or "").split())
-    return out
+# home -> the config file an App was given with --config (so every connection of that process, threads
+# included, resolves ledger.url from the same file)
+_CONFIG_FILES: dict[Path, Path] = {}
 
 
-def expected_schema(version: int) -> dict[str, str]:
-    """The schema objects the first ``version`` migrations make, built in memory."""
-    import sqlite_utils
-
-    from agent.ledger.migrations import MIGRATIONS
-
-    conn = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-        db = sqlite_utils.Database(conn)
-        for _, fn in MIGRATIONS[:version]:
-            fn(db)
-        return schema_objects(conn)
-    finally:
-        conn.close()
-
-
-def tamper_findings(conn: sqlite3.Connection) -> list[str]:
-    """What no agent code path produces: schema objects (the append-only triggers included) missing, added or
-    changed against the migrations; events deleted (gaps in their ids); a task whose round cap its events do not
-    explain (``task.created``/``task.reset`` record it).  Empty when nothing looks tampered with."""
-    found: list[str] = []
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    want, have = expected_schema(version), schema_objects(conn)
-    missing = sorted(set(want) - set(have))
-    extra = sorted(set(have) - set(want))
-    changed = sorted(k for k in set(want) & set(have) if want[k] != have[k])
-    if missing:
-        found.append("missing " + ", ".join(missing[:6]))
-    if extra:
-        found.append("not made by a migration: " + ", ".join(extra[:6]))
-    if changed:
-        found.append("changed: " + ", ".join(changed[:6]))
-    if "table events" in have:
-        lo, hi, n = conn.execute("SELECT min(id), max(id), count(*) FROM events").fetchone()
-        if n and (lo != 1 or hi - lo + 1 != n):
-            found.append(f"events deleted: {hi - n} id(s) missing between 1 and {hi}")
-    if "table tasks" in have and "table events" in have:
-        rows = conn.execute(
-            "SELECT t.id, t.round_cap, (SELECT json_extract(e.payload, '$.round_cap') FROM events e "
-            " WHERE e.task_id = t.id AND e.kind IN ('task.created', 'task.reset') "
-            " AND json_extract(e.payload, '$.round_cap') IS NOT NULL ORDER BY e.id DESC LIMIT 1) "
-            "FROM tasks t").fetchall()
-        odd = [f"task {tid} ({cap}, events say {want_cap})" for tid, cap, want_cap in rows
-               if want_cap is not None and cap != want_cap]
-        if odd:
-            found.append("round cap changed outside `agent task reset`: " + ", ".join(odd[:5]))
-    return found
+def use_config_file(home: Path, config_path: Path) -> None:
+    _CONFIG_FILES[Path(home)] = Path(config_path)

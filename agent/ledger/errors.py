@@ -164,7 +164,7 @@ _UPDATE = ("UPDATE errors SET count = count + ?, "
            "last_seen = CASE WHEN ? > last_seen THEN ? ELSE last_seen END, "
            "excerpt = CASE WHEN ? >= last_seen THEN ? ELSE excerpt END, "
            "message = CASE WHEN ? >= last_seen THEN ? ELSE message END, "
-           "release = CASE WHEN ? >= last_seen AND ? IS NOT NULL THEN ? ELSE release END WHERE id = ?")
+           "release = CASE WHEN ? >= last_seen THEN coalesce(?, release) ELSE release END WHERE id = ?")
 _CURSOR = ("INSERT INTO cursors (source, value, updated_at) VALUES (?, ?, ?) "
            "ON CONFLICT(source) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at")
 
@@ -204,7 +204,7 @@ def record_occurrences(ledger: Ledger, touched: dict[str, dict], actor: str, sou
             else:
                 last = t["last"]
                 updates.append((t["count"], t["first"], t["first"], last, last, last, excerpt, last, p.message,
-                                last, p.release, p.release, t["id"]))
+                                last, p.release, t["id"]))
                 result.deduplicated += t["count"]
         if inserts:
             c.executemany(_INSERT, inserts)

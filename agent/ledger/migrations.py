@@ -2,11 +2,18 @@
 
 Each migration is a function taking a ``sqlite_utils.Database``; its name is recorded in the
 ``_migrations`` table in the same transaction as its DDL, so a crash mid-migration rolls back.
+
+The same list runs on PostgreSQL: there ``db`` is ``agent.ledger.pg.PgDatabase``, which implements the
+sqlite-utils subset used here (``create``, ``create_index``, ``add_column``, ``execute``) in PostgreSQL DDL. A
+migration that writes raw SQLite DDL (triggers) branches on ``is_postgres(db)``; what it does on SQLite never
+changes (tests/data/schema.sql pins that).
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+from agent.ledger.pg import EVENTS_APPEND_ONLY, is_postgres
 
 MIGRATIONS: list[tuple[str, Callable]] = []
 
@@ -133,6 +140,10 @@ def m001_initial(db) -> None:
     }, pk="id", not_null={"ts", "kind", "actor"})
     db["events"].create_index(["task_id", "id"])
     # The event log is append-only: the database itself refuses to change history.
+    if is_postgres(db):  # a plpgsql function raising, for UPDATE, DELETE and TRUNCATE (agent/ledger/pg.py)
+        for sql in EVENTS_APPEND_ONLY:
+            db.execute(sql)
+        return
     db.execute("CREATE TRIGGER events_no_update BEFORE UPDATE ON events "
                "BEGIN SELECT RAISE(ABORT, 'events are append-only'); END")
     db.execute("CREATE TRIGGER events_no_delete BEFORE DELETE ON events "

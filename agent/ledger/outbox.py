@@ -55,9 +55,8 @@ def daily_budget_reached(ledger, spent: float, limit: float) -> bool:
     """Record ``budget.reached`` (scope daily) once per UTC day; True when this call recorded it."""
     day = ledger_now()[:10]
     with ledger.tx() as c:
-        seen = c.execute("SELECT 1 FROM outbox WHERE kinds = 'budget' AND created_at >= ? "
-                         "AND json_extract(payload, '$.scope') = 'daily' LIMIT 1", (day,)).fetchone()
-        if seen:
+        today = c.execute("SELECT payload FROM outbox WHERE kinds = 'budget' AND created_at >= ?", (day,)).fetchall()
+        if any(json.loads(r["payload"] or "{}").get("scope") == "daily" for r in today):
             return False
         ledger.event(c, "budget.reached", "script", {"scope": "daily", "spent_usd": round(spent, 4),
                                                      "limit_usd": limit, "day": day})
@@ -84,8 +83,8 @@ def expand(ledger, wants: dict[str, tuple[str, ...]]) -> int:
             for channel, on in wants.items():
                 if kinds & set(on):
                     made += c.execute(
-                        "INSERT OR IGNORE INTO notify_deliveries (outbox_id, channel, key, state, attempts, next_at, "
-                        "created_at) VALUES (?, ?, ?, 'pending', 0, 0, ?)",
+                        "INSERT INTO notify_deliveries (outbox_id, channel, key, state, attempts, next_at, "
+                        "created_at) VALUES (?, ?, ?, 'pending', 0, 0, ?) ON CONFLICT DO NOTHING",
                         (row["id"], channel, f"agent-{row['event_id']}-{channel}", ledger_now())).rowcount
             c.execute("UPDATE outbox SET expanded = 1 WHERE id = ?", (row["id"],))
     return made
