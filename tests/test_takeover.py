@@ -2,29 +2,33 @@
 same bare remote) claims the task, rebuilds the worktree from the remote's hidden ref `refs/agent/task-N` at the
 task's last recorded commit, and finishes it with exactly one PR whose branch contains A's commit.
 
-Real parts: the demo project and a real bare remote, one SQLite ledger file shared by two homes (each home's
-ledger.db links to it, as two runners on one machine), the installed `agent` binary as real processes killed with
+Real parts: the demo project and a real bare remote, one ledger shared by two homes (PostgreSQL with
+--ledger=postgres; else one SQLite file each home's ledger.db links to, as two runners on one machine), the installed `agent` binary as real processes killed with
 SIGKILL (or at exact points with AGENT_CRASHPOINT), scripted lanes as real subprocesses. A's home is deleted after
 it died, so B can only get A's commit from the remote.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
-import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import ledger_conn
 from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
                            share_ledger, wait_for, watcher)
 
 
 def db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
-    return con
+    return ledger_conn(home)   # the shared ledger, whichever backend (--ledger=postgres: every home uses it)
+
+
+def payload(row) -> dict:
+    value = row["payload"]
+    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 def task(home, tid=1) -> dict:
@@ -35,7 +39,7 @@ def task(home, tid=1) -> dict:
         con.close()
 
 
-def events(home, tid=1) -> list[sqlite3.Row]:
+def events(home, tid=1) -> list:
     con = db(home)
     try:
         return con.execute("SELECT kind, payload FROM events WHERE task_id = ? ORDER BY id", (tid,)).fetchall()
@@ -108,8 +112,8 @@ def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more
     assert row["status"] == "interrupted" and "taken over" in row["reason"]
     assert again == 1                               # launched once more, in B
     assert all(n == 1 for n in lane_launches(b).values()), lane_launches(b)
-    payloads = [e["payload"] for e in events(b) if e["kind"] == "task.taken_over"]
-    assert len(payloads) == 1 and str(run_id) in payloads[0]
+    payloads = [payload(e) for e in events(b) if e["kind"] == "task.taken_over"]
+    assert len(payloads) == 1 and run_id in payloads[0]["interrupted_runs"]
 
 
 def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
@@ -123,7 +127,6 @@ def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
     worktree = task(a)["worktree"]
     con = db(a)
     con.execute("UPDATE prs SET state = 'merged'")           # as follow-up records a merged PR
-    con.commit()
     con.close()
     for home in (a, b):
         cfg = yaml.safe_load((home / "config.yaml").read_text())
@@ -153,7 +156,6 @@ def test_an_own_worktree_that_lacks_the_recorded_head_is_rebuilt(tmp_path):
     assert second != first and task(b)["round"] == 2
     con = db(a)   # "B's home is at A's path on its machine": the ledger names A's path again
     con.execute("UPDATE tasks SET worktree = ? WHERE id = 1", (a_worktree,))
-    con.commit()
     con.close()
     run_to_end(a, log=tmp_path / "a2.log")
     done = task(a)
