@@ -17,16 +17,20 @@ import time
 
 import pytest
 
+from conftest import ledger_conn
 from chaos_support import (check_invariants, count_done, kill_group, lane_launches, runner, runner_homes, stop_runners,
                            wait_for)
-from conftest import ledger_conn
 
 TASKS = 12
 
 
 def db(home):
-    con = ledger_conn(home)
-    return con
+    return ledger_conn(home)   # the shared ledger, whichever backend
+
+
+def payload(row) -> dict:
+    value = row["payload"]
+    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 @pytest.mark.slow
@@ -67,8 +71,8 @@ def test_three_runners_one_killed_mid_lane(tmp_path):
     takeovers = {}
     for r in con.execute("SELECT task_id, payload FROM events WHERE kind = 'task.taken_over' AND id > ?",
                          (last_event,)):
-        if json.loads(r["payload"])["from_worktree"].startswith(f"{victim_home}/"):
-            takeovers[r["task_id"]] = json.loads(r["payload"])
+        if payload(r)["from_worktree"].startswith(f"{victim_home}/"):
+            takeovers[r["task_id"]] = payload(r)
     runs_by_home = {str(h): con.execute("SELECT count(*) FROM lane_runs WHERE log_dir LIKE ?",
                                         (f"{h}/%",)).fetchone()[0] for h in homes}
     con.close()
