@@ -303,8 +303,11 @@ def runner(home: Path, log: Path | None = None, jobs: int = 1, interval: float =
 
 
 def count_done(home: Path) -> int:
-    with sqlite3.connect(Path(home) / "ledger.db", timeout=30) as c:
+    c = ledger_conn(Path(home))
+    try:
         return c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0]
+    finally:
+        c.close()
 
 
 def stop_runners(procs: list[subprocess.Popen]) -> None:

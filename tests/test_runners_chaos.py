@@ -13,11 +13,11 @@ tasks the killed runner held were taken over by the others (a `task.taken_over` 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import pytest
 
+from conftest import ledger_conn
 from chaos_support import (check_invariants, count_done, kill_group, lane_launches, runner, runner_homes, stop_runners,
                            wait_for)
 
@@ -25,9 +25,12 @@ TASKS = 12
 
 
 def db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
-    return con
+    return ledger_conn(home)   # the shared ledger, whichever backend
+
+
+def payload(row) -> dict:
+    value = row["payload"]
+    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 @pytest.mark.slow
@@ -68,8 +71,8 @@ def test_three_runners_one_killed_mid_lane(tmp_path):
     takeovers = {}
     for r in con.execute("SELECT task_id, payload FROM events WHERE kind = 'task.taken_over' AND id > ?",
                          (last_event,)):
-        if json.loads(r["payload"])["from_worktree"].startswith(f"{victim_home}/"):
-            takeovers[r["task_id"]] = json.loads(r["payload"])
+        if payload(r)["from_worktree"].startswith(f"{victim_home}/"):
+            takeovers[r["task_id"]] = payload(r)
     runs_by_home = {str(h): con.execute("SELECT count(*) FROM lane_runs WHERE log_dir LIKE ?",
                                         (f"{h}/%",)).fetchone()[0] for h in homes}
     con.close()

@@ -2,29 +2,33 @@
 same bare remote) claims the task, rebuilds the worktree from the remote's hidden ref `refs/agent/task-N` at the
 task's last recorded commit, and finishes it with exactly one PR whose branch contains A's commit.
 
-Real parts: the demo project and a real bare remote, one SQLite ledger file shared by two homes (each home's
-ledger.db links to it, as two runners on one machine), the installed `agent` binary as real processes killed with
+Real parts: the demo project and a real bare remote, one ledger shared by two homes (PostgreSQL with
+--ledger=postgres; else one SQLite file each home's ledger.db links to, as two runners on one machine), the installed `agent` binary as real processes killed with
 SIGKILL (or at exact points with AGENT_CRASHPOINT), scripted lanes as real subprocesses. A's home is deleted after
 it died, so B can only get A's commit from the remote.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
-import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import ledger_conn
 from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
                            share_ledger, wait_for, watcher)
 
 
 def db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
-    return con
+    return ledger_conn(home)   # the shared ledger, whichever backend (--ledger=postgres: every home uses it)
+
+
+def payload(row) -> dict:
+    value = row["payload"]
+    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 def task(home, tid=1) -> dict:
@@ -35,7 +39,7 @@ def task(home, tid=1) -> dict:
         con.close()
 
 
-def events(home, tid=1) -> list[sqlite3.Row]:
+def events(home, tid=1) -> list:
     con = db(home)
     try:
         return con.execute("SELECT kind, payload FROM events WHERE task_id = ? ORDER BY id", (tid,)).fetchall()
@@ -108,8 +112,8 @@ def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more
     assert row["status"] == "interrupted" and "taken over" in row["reason"]
     assert again == 1                               # launched once more, in B
     assert all(n == 1 for n in lane_launches(b).values()), lane_launches(b)
-    payloads = [e["payload"] for e in events(b) if e["kind"] == "task.taken_over"]
-    assert len(payloads) == 1 and str(run_id) in payloads[0]
+    payloads = [payload(e) for e in events(b) if e["kind"] == "task.taken_over"]
+    assert len(payloads) == 1 and run_id in payloads[0]["interrupted_runs"]
 
 
 def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
@@ -123,7 +127,6 @@ def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
     worktree = task(a)["worktree"]
     con = db(a)
     con.execute("UPDATE prs SET state = 'merged'")           # as follow-up records a merged PR
-    con.commit()
     con.close()
     for home in (a, b):
         cfg = yaml.safe_load((home / "config.yaml").read_text())
@@ -136,3 +139,81 @@ def test_a_runner_never_removes_a_worktree_in_another_runners_home(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert task(a)["worktree"] is None and not Path(worktree).exists()             # A removes its own
+
+
+def test_an_own_worktree_that_lacks_the_recorded_head_is_rebuilt(tmp_path):
+    """Two machines whose runner homes have the same path (one systemd unit on both): the ledger names "my" path,
+    but the runner elsewhere advanced the task since. The worktree here lacks the recorded head, so it is reset to
+    it from the remote, not worked on as it is."""
+    p = build(tmp_path / "w", tasks=1)
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    env = {"AGENT_CRASHPOINT": "commit.recorded"}
+    assert watcher(a, env=env, log=tmp_path / "a.log").wait(120) == 137           # round 1 commit recorded by A
+    a_worktree, first = task(a)["worktree"], task(a)["head_sha"]
+    assert watcher(b, env=env, log=tmp_path / "b.log").wait(120) == 137           # B goes on: round 2 recorded
+    second = task(b)["head_sha"]
+    assert second != first and task(b)["round"] == 2
+    con = db(a)   # "B's home is at A's path on its machine": the ledger names A's path again
+    con.execute("UPDATE tasks SET worktree = ? WHERE id = 1", (a_worktree,))
+    con.close()
+    run_to_end(a, log=tmp_path / "a2.log")
+    done = task(a)
+    assert done["state"] == "done" and done["worktree"] == a_worktree
+    kinds = [e["kind"] for e in events(a)]
+    assert kinds.count("task.taken_over") == 2 and "commit.lost" not in kinds
+    check_invariants(a, p["remote"], tasks=1, homes=[a, b])
+    assert contains(p["remote"], second, done["branch"]) and contains(p["remote"], first, done["branch"])
+
+
+def test_a_commit_is_not_recorded_while_the_remote_refuses_its_hidden_ref(tmp_path):
+    """Recorded but not on the remote must be impossible: a remote whose hook refuses refs/agent/* (as a host that
+    takes only branches would) leaves the round's commit unrecorded and the task waiting with the reason; once the
+    remote takes it, the next scan adopts the commit, pushes and records it."""
+    p = build(tmp_path / "w", tasks=1)
+    home, remote = p["home"], p["remote"]
+    hook = remote / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\nwhile read old new ref; do case $ref in refs/agent/*) "
+                    "echo \"refs outside branches and tags are not accepted here\" >&2; exit 1;; esac; done\n")
+    hook.chmod(0o755)
+    out = subprocess.run([*agent_bin(), "--home", str(home), "watch", "error-fix-work"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    t = task(home)
+    assert t["state"] == "working" and t["head_sha"] is None
+    assert "not recorded until it is on the remote" in (t["wait_reason"] or ""), t["wait_reason"]
+    assert "not accepted here" in t["wait_reason"]
+    con = db(home)
+    assert con.execute("SELECT count(*) FROM commits").fetchone()[0] == 0
+    con.close()
+    made = subprocess.run(["git", "-C", t["worktree"], "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert made.strip() != t["base_sha"]            # the commit exists in the worktree, not in the ledger
+    hook.unlink()
+    run_to_end(home, log=tmp_path / "w.log")
+    check_invariants(home, remote, tasks=1)
+    con = db(home)
+    first = con.execute("SELECT sha FROM commits WHERE task_id = 1 ORDER BY id LIMIT 1").fetchone()[0]
+    con.close()
+    assert first == made.strip()                    # adopted, not made again
+
+
+def test_a_commit_its_runner_never_pushed_dies_with_it_and_the_round_is_redone_free(tmp_path):
+    """Killed between `git commit` and the push: the commit lived only in the dead home. The other home goes on from
+    the recorded state (the base), its implementer runs again in a round that does not count against the cap."""
+    p = build(tmp_path / "w", tasks=1)
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    assert watcher(a, env={"AGENT_CRASHPOINT": "commit.done"}, log=tmp_path / "a.log").wait(120) == 137
+    t = task(a)
+    lost = subprocess.run(["git", "-C", t["worktree"], "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert t["head_sha"] is None and lost != t["base_sha"]
+    assert subprocess.run(["git", "rev-parse", "--verify", "-q", "refs/agent/task-1"], cwd=p["remote"],
+                          capture_output=True).returncode != 0          # never pushed
+    shutil.rmtree(a / "mirrors")
+    shutil.rmtree(a / "worktrees")
+    run_to_end(b, log=tmp_path / "b.log")
+    done = task(b)
+    assert done["state"] == "done" and done["round_cap"] == t["round_cap"] + 1   # the redone round was free
+    check_invariants(b, p["remote"], tasks=1)
+    assert not contains(p["remote"], lost, done["branch"])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent import chain
+from agent import AgentError, chain
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import forget_commits, record_workspace, task_commits, wait_reason
 from agent.shutdown import STOP
@@ -144,10 +144,15 @@ def ensure_workspace(ctx: Ctx) -> None:
     lost = bool(t["worktree"])  # it had a workspace: anything we make now replaces a lost one
     if not foreign and t["worktree"] and own.exists():
         if intact(own, mirror):
-            return
-        # the mirror was deleted (or the worktree's link into it): the folder is no git worktree any more and
-        # every git command in it fails; what it held is unreachable without its git data, so it goes
-        shutil.rmtree(own, ignore_errors=True)
+            if _holds_head(own, mirror, t["head_sha"]):
+                return
+            # this home's worktree lacks the recorded head: a runner elsewhere whose home has the same path (one
+            # systemd unit on two machines) advanced the task since; rebuilt like a takeover
+            foreign = True
+        else:
+            # the mirror was deleted (or the worktree's link into it): the folder is no git worktree any more and
+            # every git command in it fails; what it held is unreachable without its git data, so it goes
+            shutil.rmtree(own, ignore_errors=True)
     repo = repo_config(ctx)
     branch = t["branch"] or branch_name(repo.branch_prefix, t["error_id"], ctx.task_id)
     start_at = None
@@ -174,6 +179,19 @@ def ensure_workspace(ctx: Ctx) -> None:
                 f"{(start_at or 'the pushed branch or base')[:12]}")
     if lost and ws.created:
         _reconcile_lost_work(ctx, ws)
+
+
+def _holds_head(worktree: Path, mirror: Path, head: str | None) -> bool:
+    """Whether the worktree's HEAD is the recorded head or goes on from it (an unrecorded child: a commit made just
+    before a crash, which the commit step adopts)."""
+    from agent.workspace import TaskGit, is_ancestor
+
+    if not head:
+        return True
+    try:
+        return is_ancestor(mirror, head, TaskGit(worktree, mirror).head())
+    except AgentError:
+        return False
 
 
 def _rebuild_point(ctx: Ctx, repo) -> str | None:
