@@ -217,3 +217,39 @@ def test_a_commit_its_runner_never_pushed_dies_with_it_and_the_round_is_redone_f
     assert done["state"] == "done" and done["round_cap"] == t["round_cap"] + 1   # the redone round was free
     check_invariants(b, p["remote"], tasks=1)
     assert not contains(p["remote"], lost, done["branch"])
+
+
+def test_a_worker_that_lost_its_claim_pushes_nothing_to_the_hidden_ref(tmp_path):
+    """The fencing check runs right before the hidden-ref push: a worker whose claim another one took (it stalled
+    past its lease) neither pushes its commit nor records it, so it cannot put a sibling on the ref the new holder
+    pushes to."""
+    from agent.config import load_config
+    from agent.fence import claim, release
+    from agent.fixer.driver import Ctx
+    from agent.fixer.steps import _push_task_ref
+    from agent.ledger import Ledger, ledger_path
+    from agent.tasks import ClaimLost
+    from agent.workspace import TaskGit
+
+    p = build(tmp_path / "w", tasks=1)
+    home = p["home"]
+    worktree = task(home)["worktree"]
+    g = TaskGit(worktree)
+    (Path(worktree) / "stale.txt").write_text("work of a worker that stalled\n")
+    g("add", "-A")
+    g("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-q", "--no-verify", "-m", "stale")
+    sha = g.head()
+    led = Ledger.open(ledger_path(home), create=False)
+    try:
+        config = load_config(home / "config.yaml")
+        mine = claim(led, 1)
+        release(led, 1, mine)
+        newer = claim(led, 1)                       # another worker holds the task now
+        with pytest.raises(ClaimLost):
+            _push_task_ref(Ctx(home, config, led, 1, token=mine), sha)
+        assert subprocess.run(["git", "rev-parse", "--verify", "-q", "refs/agent/task-1"], cwd=p["remote"],
+                              capture_output=True).returncode != 0
+        _push_task_ref(Ctx(home, config, led, 1, token=newer), sha)      # the holder's push goes through
+        assert git(p["remote"], "rev-parse", "refs/agent/task-1") == sha
+    finally:
+        led.close()
