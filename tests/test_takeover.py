@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ledger_conn
-from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
+from chaos_support import (ONE_ROUND, add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
                            share_ledger, wait_for, watcher)
 
 
@@ -86,10 +86,19 @@ def test_a_second_home_takes_over_mid_round_from_the_remotes_hidden_ref(tmp_path
 
 
 def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more(tmp_path):
+    import yaml
+
     lanes_log = tmp_path / "lanes.log"
-    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "3", "--log", str(lanes_log)))
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "30", "--log", str(lanes_log)))
+    p["playbook"].write_text(json.dumps(ONE_ROUND))
     share_ledger(p)
     a, b = p["home"], add_home(p, "home-b")
+    cfg = yaml.safe_load((b / "config.yaml").read_text())
+    for vendor in cfg["vendors"].values():         # B's lanes do not sleep (a fresh run, nothing is resumed)
+        argv = vendor["command"]
+        i = argv.index("--sleep")
+        vendor["command"] = argv[:i] + argv[i + 2:]
+    (b / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     w = watcher(a, log=tmp_path / "a.log")
 
     def lane_running():
