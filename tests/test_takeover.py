@@ -262,3 +262,26 @@ def test_a_worker_that_lost_its_claim_pushes_nothing_to_the_hidden_ref(tmp_path)
         assert git(p["remote"], "rev-parse", "refs/agent/task-1") == sha
     finally:
         led.close()
+
+
+def test_a_reset_task_whose_worktree_was_removed_goes_on_from_its_head_in_another_home(tmp_path):
+    """A failed task's worktree is removed after the grace (its head kept only in that home's mirror); after
+    `agent task reset` another runner picks it up: its worktree starts at the task's recorded head, fetched from
+    the remote, and the next round builds on it."""
+    p = build(tmp_path / "w", tasks=1, limits={"round_cap": 1, "worktree_grace": 0})
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    run_to_end(a, log=tmp_path / "a.log")
+    failed = task(a)
+    assert failed["state"] == "failed" and failed["head_sha"]       # round 1 rejected at the round cap
+    out = subprocess.run([*agent_bin(), "--home", str(a), "watch", "pr-merged"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and task(a)["worktree"] is None, out.stdout + out.stderr
+    out = subprocess.run([*agent_bin(), "--home", str(b), "task", "reset", "1", "--reason", "one more round",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run_to_end(b, log=tmp_path / "b.log")
+    done = task(b)
+    assert done["state"] == "done" and done["round"] == 2, (done["failed_reason"], done["blocked_reason"])
+    check_invariants(b, p["remote"], tasks=1)
+    assert contains(p["remote"], failed["head_sha"], done["branch"])     # round 2 built on round 1's commit
