@@ -149,9 +149,23 @@ def ledger_conn(home: Path):
     read by name and index, ``?`` placeholders, writes committed at once. Close it when done."""
     where = ledger_path(home)
     if isinstance(where, str):
-        from agent.ledger.backend import connect_pg
+        from agent.ledger.backend import PgConnection, connect_pg
 
-        return connect_pg(where)
+        class TestConnection(PgConnection):
+            """What tests written against sqlite3 also call: commit() (autocommit here) and ``with`` (closes)."""
+
+            def commit(self):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.close()
+
+        conn = connect_pg(where)
+        conn.__class__ = TestConnection
+        return conn
     import sqlite3
 
     con = sqlite3.connect(where, timeout=30, isolation_level=None)

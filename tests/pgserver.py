@@ -106,6 +106,26 @@ class PgServer:
             tail = log.read_text(errors="replace")[-400:] if log.exists() else ""
             raise Unavailable(f"pg_ctl start failed: {(res.stderr or res.stdout).strip()[-300:]} {tail}")
         self.admin(f"CREATE DATABASE {TEMPLATE}")
+        self._watchdog()
+
+    def _watchdog(self) -> None:
+        """A tiny process that stops the cluster and removes its folder if this process dies without ``stop()``
+        (a killed test run must not leave a server behind)."""
+        import sys
+
+        stop = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
+        if self.user:
+            stop = ["runuser", "-u", self.user, "--", *stop]
+        code = ("import os, shutil, subprocess, sys, time\n"
+                "parent, root, stop = int(sys.argv[1]), sys.argv[2], sys.argv[3:]\n"
+                "while os.path.isdir(root):\n"
+                "    try:\n        os.kill(parent, 0)\n    except ProcessLookupError:\n        break\n"
+                "    time.sleep(1)\n"
+                "if os.path.isdir(root):\n"
+                "    subprocess.run(stop, capture_output=True)\n    shutil.rmtree(root, ignore_errors=True)\n")
+        subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), str(self.root), *stop],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
 
     def stop(self) -> None:
         if self.data.exists():

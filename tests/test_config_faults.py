@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sqlite3
 import subprocess
 
 import pytest
@@ -19,7 +18,7 @@ import yaml
 
 from chaos_support import build, check_invariants, run_to_end
 
-from conftest import LANES_YAML, agent_bin
+from conftest import LANES_YAML, agent_bin, ledger_conn
 
 
 def agent(home, *args):
@@ -29,8 +28,7 @@ def agent(home, *args):
 
 
 def tasks(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     try:
         return [dict(r) for r in con.execute("SELECT id, state, blocked_reason FROM tasks ORDER BY id")]
     finally:
@@ -38,7 +36,7 @@ def tasks(home):
 
 
 def events(home, kind):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con = ledger_conn(home)
     try:
         return [json.loads(p) for (p,) in con.execute("SELECT payload FROM events WHERE kind = ? ORDER BY id",
                                                       (kind,))]

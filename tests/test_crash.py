@@ -9,7 +9,6 @@ GitHub REST simulator on 127.0.0.1 when it is installed (`bash scripts/ci-forge`
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from pathlib import Path
 
@@ -18,13 +17,13 @@ import pytest
 from chaos_support import (build, check_invariants, git, kill_group, lane_launches, read_log, remote_sha,
                            run_to_end, watcher)
 from test_forge_github_sim import sim  # noqa: F401  (the module-scoped simulator fixture)
+from conftest import ledger_conn
 
 POINTS = ["commit.done", "commit.recorded", "push.done", "pr.created", "lane.finished"]
 
 
 def _db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     return con
 
 

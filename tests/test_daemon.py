@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import time
 
 from chaos_support import ROOT, build, check_invariants, lane_host_pid, read_log, run_to_end, wait_for, watcher
+from conftest import ledger_conn
 
 
 def _steps(home) -> dict:
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
+    con = ledger_conn(home)
     try:
         return dict(con.execute("SELECT key, status FROM steps WHERE task_id = 1").fetchall())
     finally:
@@ -41,7 +41,7 @@ def test_sigterm_lets_the_running_step_finish_then_exits_0(tmp_path):
     assert [(r["role"], r["event"]) for r in records] == [("implementer", "start"), ("implementer", "end")]
     steps = _steps(p["home"])
     assert steps["implementer_done"] == "ja" and steps["committed"] == "pending"  # finished, nothing new started
-    con = sqlite3.connect(p["home"] / "ledger.db")
+    con = ledger_conn(p["home"])
     assert con.execute("SELECT claim_token FROM tasks").fetchone()[0] is None
     con.close()
 
@@ -63,8 +63,7 @@ def test_second_signal_kills_the_lane_group_and_the_next_scan_resumes(tmp_path):
     assert d.wait(30) == 0
     out = (tmp_path / "d.log").read_text()
     assert "second signal, killed 1 running process group(s)" in out, out
-    con = sqlite3.connect(p["home"] / "ledger.db")
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(p["home"])
     runs = [dict(r) for r in con.execute("SELECT status, reason FROM lane_runs")]
     state = con.execute("SELECT state FROM tasks").fetchone()[0]
     con.close()

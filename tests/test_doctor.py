@@ -20,7 +20,8 @@ from agent.config import load_config
 from agent.demo import make_project, write_config
 from agent.doctor import (MIN_GIT, check_disk, check_git, check_github, check_ledger, check_vendor_auth,
                           parse_git_version, run_doctor)
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
+from conftest import on_postgres
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def demo_home(tmp_path):
     playbook.write_text('{"groups": []}')
     home = tmp_path / "home"
     write_config(home, remote, playbook)
-    Ledger.open(home / "ledger.db").close()
+    Ledger.open(ledger_path(home)).close()
     return home
 
 
@@ -63,7 +64,10 @@ def test_healthy_demo_home(demo_home):
     assert "lane demo-implementer (implementer)" in checks
     assert "lane demo-reviewer (pr-logic, pr-quality, reviewer)" in checks
     assert {"auth demo-implementer", "auth demo-reviewer"} <= set(checks)
-    assert "WAL" in checks["ledger"]["detail"] and "integrity ok" in checks["ledger"]["detail"]
+    if on_postgres():
+        assert "PostgreSQL" in checks["ledger"]["detail"] and "schema" in checks["ledger"]["detail"]
+    else:
+        assert "WAL" in checks["ledger"]["detail"] and "integrity ok" in checks["ledger"]["detail"]
     assert "reachable, main at" in checks["remote demo/widgets"]["detail"]
     assert all(c["fix"] is None for c in result["checks"])
 
@@ -123,6 +127,7 @@ def test_builtin_vendor_auth_probe(tmp_path):
     assert login.ok and ".credentials.json" in login.detail and "presence only" in login.detail
 
 
+@pytest.mark.sqlite_only("a garbage ledger.db file")
 def test_corrupt_ledger_garbage(demo_home):
     (demo_home / "ledger.db").write_bytes(b"this is not sqlite at all" * 200)
     check = problems(doctor(demo_home))["ledger"]
@@ -130,6 +135,7 @@ def test_corrupt_ledger_garbage(demo_home):
     assert "move" in check["fix"] and "aside" in check["fix"]
 
 
+@pytest.mark.sqlite_only("corrupt SQLite pages")
 def test_corrupt_ledger_pages(demo_home):
     """A valid header with damaged table pages: integrity_check (or reading) must fail."""
     path = demo_home / "ledger.db"
@@ -150,6 +156,7 @@ def test_corrupt_ledger_pages(demo_home):
     assert "restore a backup" in check.fix
 
 
+@pytest.mark.sqlite_only("no ledger.db file yet; test_ledger_pg has the PostgreSQL database without a ledger")
 def test_no_ledger_is_not_created(tmp_path):
     home = tmp_path / "fresh"
     result = run_doctor(home, home / "config.yaml", environ={})
@@ -157,6 +164,7 @@ def test_no_ledger_is_not_created(tmp_path):
     assert not home.exists()
 
 
+@pytest.mark.sqlite_only("a foreign SQLite file")
 def test_foreign_sqlite_file(tmp_path):
     home = tmp_path / "h"
     home.mkdir()
@@ -278,7 +286,7 @@ def test_github_home_through_run_doctor(tmp_path, github_api):
     config = github_config(tmp_path, github_api, remote)
     home = tmp_path / "home"
     home.mkdir()
-    Ledger.open(home / "ledger.db").close()
+    Ledger.open(ledger_path(home)).close()
     result = run_doctor(home, config.path, config_required=True, online=True, environ={"ACME_GH": "nope"})
     bad = problems(result)
     assert "forge acme/widgets (github)" in bad

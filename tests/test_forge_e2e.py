@@ -10,13 +10,12 @@ human side (merge, close) is the simulator's own methods.
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from chaos_support import build, check_invariants, run_to_end, watcher
 from forge_sim.gitea import GiteaSim
 from forge_sim.gitlab import GitlabSim
+from conftest import ledger_conn
 
 REPO = "demo/widgets"
 TOKENS = {"gitlab": "glpat-e2e-" + "x" * 12, "gitea": "gta-e2e-" + "y" * 12}
@@ -43,8 +42,7 @@ def _sim(forge: str):
 
 
 def _db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     return con
 
 
@@ -233,8 +231,8 @@ def test_feedback_round_on_the_same_draft_then_ci_then_merged(tmp_path, forge):
         out = _agent(home, "watch", "pr-feedback", env=env)               # its own reply starts nothing
         con = _db(home)
         assert tuple(con.execute("SELECT state, round FROM tasks").fetchone()) == ("done", 3)
-        decisions = dict(con.execute("SELECT author, decision FROM pr_feedback WHERE kind != 'ci' "
-                                     "GROUP BY author").fetchall())
+        decisions = dict(tuple(r) for r in con.execute("SELECT DISTINCT author, decision FROM pr_feedback "
+                                                       "WHERE kind != 'ci'").fetchall())
         con.close()
         assert decisions["mallory"] == "ignored" and decisions["agent-bot"] == "own"
 

@@ -25,6 +25,7 @@ from agent.forge import ForgeError, publish_pr
 from agent.forge.github import GithubForge
 
 from agent.tasks import create_task
+from conftest import ledger_conn
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_DIR = Path(os.environ.get("AGENT_GITHUB_SIM_DIR", ROOT / ".cache" / "github-sim"))
@@ -327,10 +328,8 @@ def test_pr_feedback_end_to_end_on_the_simulator(sim, tmp_path):
         return out.stdout
 
     def task():
-        import sqlite3
 
-        con = sqlite3.connect(home / "ledger.db")
-        con.row_factory = sqlite3.Row
+        con = ledger_conn(home)
         try:
             return dict(con.execute("SELECT * FROM tasks").fetchone())
         finally:

@@ -5,8 +5,6 @@ Real parts: the GitHub REST simulator (OpenAPI-validated) behind a real fault-in
 bare remote, scripted lanes as real subprocesses, `agent watch ...` through the CLI."""
 
 from __future__ import annotations
-
-import sqlite3
 import time
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from chaos_support import build, run_to_end
 from fault_proxy import Fault, FaultProxy
 from test_forge_github_sim import sim  # noqa: F401  (the module-scoped simulator fixture)
+from conftest import ledger_conn
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +41,7 @@ def cli(home, *args):
 
 
 def the_pr(home, sim):  # noqa: F811
-    with sqlite3.connect(home / "ledger.db") as c:
+    with ledger_conn(home) as c:
         number = c.execute("SELECT number FROM prs WHERE task_id = 1").fetchone()[0]
     (pr,) = [p for p in sim.pulls() if p["number"] == number]
     return pr
@@ -65,7 +64,7 @@ def test_pr_text_update_that_failed_all_retries_is_retried_on_later_scans(world,
     r = cli(home, "watch", "pr-merged")
     assert r.exit_code == 0 and r.output == "", r.output
     assert [c for c in proxy.calls[calls:] if c[0] == "PATCH"]
-    with sqlite3.connect(home / "ledger.db") as c:
+    with ledger_conn(home) as c:
         attempts, reason = c.execute("SELECT attempts, reason FROM forge_pending WHERE key = 'pr_text:1'").fetchone()
     assert attempts == 2 and "503" in reason
     # the forge is back: the next scan lands the text (old: never retried, the PR kept its creation text)
@@ -100,7 +99,7 @@ def test_rate_limit_reset_is_remembered_and_no_call_is_made_before_it(world, pro
     assert "remembered from an earlier call" in r.output
     assert proxy.calls[calls:] == []
     # once the reset time has passed, calls resume (the test moves the remembered reset into the past)
-    with sqlite3.connect(home / "ledger.db") as c:
+    with ledger_conn(home) as c:
         assert c.execute("SELECT count(*) FROM forge_pending WHERE kind = 'rate_limit' AND until >= ?",
                          (reset,)).fetchone()[0] == 1
         c.execute("UPDATE forge_pending SET until = ? WHERE kind = 'rate_limit'", (time.time() - 1,))

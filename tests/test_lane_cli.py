@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import cli
+from agent.ledger import ledger_path
 from lane_helpers import FakeAgent, make_repo, report_impl, report_review
 
 AGENT_BIN = Path(sys.executable).parent / "agent"
@@ -54,7 +55,7 @@ def test_lane_run_json_has_contract_fields(setup):
     # recorded in the home's ledger
     from agent.ledger import Ledger
 
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     try:
         assert led.one("SELECT status, role FROM lane_runs WHERE id = ?", (doc["run_id"],)) == \
             {"status": "complete", "role": "reviewer"}

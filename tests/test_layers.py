@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ledger_conn
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
@@ -39,9 +41,8 @@ def test_the_daemon_and_the_demo_run_every_scan_without_the_cli_layer(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
     # and the demo really ran: its task is done with a draft PR
-    import sqlite3
 
-    con = sqlite3.connect(tmp_path / "demo" / "home" / "ledger.db")
+    con = ledger_conn(tmp_path / "demo" / "home")
     try:
         assert con.execute("SELECT state FROM tasks WHERE id = 1").fetchone()[0] == "done"
         assert con.execute("SELECT count(*) FROM prs WHERE task_id = 1").fetchone()[0] == 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from agent import chain, demo
-from agent.ledger import Ledger
+from agent.ledger import Ledger, ledger_path
 from agent.tasks import create_task, transition
 from test_fixer import edit_config, home, ingest_and_decide, run_until_settled, scan, world  # noqa: F401
 from test_status import Page
@@ -39,7 +39,7 @@ def test_status_says_why_a_working_task_waits_and_an_unchanged_tick_prints_nothi
     assert second.exit_code == 0 and second.output == "", second.output
     items = agent.json("watch", "all")          # --json still reports every item, marked quiet
     assert {i["scan"] for i in items} == {"pr-feedback", "error-fix-work", "pr-merged"} and all(i.get("quiet") for i in items)
-    led = Ledger.open(world["home"] / "ledger.db")
+    led = Ledger.open(ledger_path(world["home"]))
     waits = led.all("SELECT payload FROM events WHERE task_id = 2 AND kind = 'task.waiting'")
     led.close()
     assert len(waits) == 1                      # one event when it began to wait, not one per tick
@@ -51,7 +51,7 @@ def test_status_says_why_a_working_task_waits_and_an_unchanged_tick_prints_nothi
 
 
 def seed_failures(home):
-    led = Ledger.open(home / "ledger.db")
+    led = Ledger.open(ledger_path(home))
     a, _ = create_task(led, "acme/widgets", "Fix KeyError\nin checkout")
     b, _ = create_task(led, "acme/widgets", "Fix TypeError")
     transition(led, a, chain.BLOCKED, "script", "check failed:\nTraceback (most recent call last):\n  boom")

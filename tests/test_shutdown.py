@@ -8,17 +8,16 @@ On old main the first signal printed "Aborted.", exited 1 at once and left the l
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 
 import pytest
 
 from chaos_support import build, check_invariants, lane_host_pid, read_log, run_to_end, wait_for, watcher
+from conftest import ledger_conn
 
 
 def _ledger(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     return con
 
 

@@ -21,6 +21,8 @@ import pytest
 from chaos_support import agent_bin, build, check_invariants, run_to_end
 from conftest import ROOT
 
+pytestmark = pytest.mark.sqlite_only("faults of the SQLite file's disk, permissions and write lock")
+
 
 def run(home: Path, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     full = {**os.environ, "AGENT_HOME": str(home), **(env or {})}

@@ -543,6 +543,7 @@ def _tamper_setup(tmp_path, sandbox):
 
 
 @needs_bwrap
+@pytest.mark.sqlite_only("the lane tries to write the SQLite file; test_ledger_pg tampers with PostgreSQL")
 def test_case10_sandboxed_lane_cannot_reach_the_ledger(tmp_path):
     home, res = _tamper_setup(tmp_path, "bwrap")
     assert "tampered" not in (res.log_dir / "01-turn.stdout").read_text()
@@ -556,6 +557,7 @@ def test_case10_sandboxed_lane_cannot_reach_the_ledger(tmp_path):
     assert check.ok, check.detail
 
 
+@pytest.mark.sqlite_only("the lane writes the SQLite file; test_ledger_pg tampers with PostgreSQL")
 def test_case10_doctor_reports_a_tampered_ledger(tmp_path):
     """Unsandboxed (`sandbox: none`) the lane can write the ledger: doctor says so instead of `healthy`."""
     from agent.doctor import render_text, run_doctor

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import subprocess
 
 import pytest
@@ -19,7 +18,7 @@ import yaml
 
 from chaos_support import build, check_invariants, git, run_to_end, watcher
 
-from conftest import agent_bin
+from conftest import agent_bin, ledger_conn
 
 
 def agent(home, *args):
@@ -40,8 +39,7 @@ def set_url(home, url):
 
 
 def db(home):
-    con = sqlite3.connect(home / "ledger.db", timeout=30)
-    con.row_factory = sqlite3.Row
+    con = ledger_conn(home)
     return con
 
 
