@@ -158,7 +158,7 @@ def ensure_workspace(ctx: Ctx) -> None:
     start_at = None
     try:
         with mirror_lock(ctx.home, t["repo"]):   # the other --jobs threads of this runner use the same mirror
-            if lost:
+            if lost or t["head_sha"]:   # (a reset task whose worktree was removed has a head, no worktree)
                 start_at = _rebuild_point(ctx, repo)
                 if foreign and start_at is None and own.exists():
                     remove_worktree(mirror, own)   # this home's own old worktree of the task is stale: made again
@@ -177,7 +177,7 @@ def ensure_workspace(ctx: Ctx) -> None:
     if foreign:
         ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
                 f"{(start_at or 'the pushed branch or base')[:12]}")
-    if lost and ws.created:
+    if (lost or t["head_sha"]) and ws.created:
         _reconcile_lost_work(ctx, ws)
 
 

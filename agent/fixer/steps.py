@@ -233,12 +233,15 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
     commit is always reachable for any runner (DESIGN.md "Takeover"). A crash after the push and before the record
     leaves an unrecorded child of the head there, which the next commit step adopts (here or in another home).
     A ref that moved to a commit outside this history (another runner pushed) gate-blocks; a remote that cannot be
-    reached now makes the task wait (the commit is adopted and pushed on the next scan)."""
+    reached now makes the task wait (the commit is adopted and pushed on the next scan). A worker that lost its
+    claim pushes nothing (the fencing check, right before the push: the new holder may be working on the task)."""
     from agent.push import PushError, push_task_ref
     from agent.workspace import mirror_path, task_ref
 
     t = ctx.task
     repo_cfg = repo_config(ctx)
+    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):   # raises ClaimLost: not ours any more, nothing pushed
+        pass
     try:
         push_task_ref(mirror_path(ctx.home, t["repo"]), repo_cfg.url, ctx.task_id, sha, expected=t["head_sha"])
     except PushError as exc:
