@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ledger_conn
-from chaos_support import (add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
+from chaos_support import (ONE_ROUND, add_home, agent_bin, build, check_invariants, git, kill_group, lane_launches, run_to_end,
                            share_ledger, wait_for, watcher)
 
 
@@ -86,10 +86,19 @@ def test_a_second_home_takes_over_mid_round_from_the_remotes_hidden_ref(tmp_path
 
 
 def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more(tmp_path):
+    import yaml
+
     lanes_log = tmp_path / "lanes.log"
-    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "3", "--log", str(lanes_log)))
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "30", "--log", str(lanes_log)))
+    p["playbook"].write_text(json.dumps(ONE_ROUND))
     share_ledger(p)
     a, b = p["home"], add_home(p, "home-b")
+    cfg = yaml.safe_load((b / "config.yaml").read_text())
+    for vendor in cfg["vendors"].values():         # B's lanes do not sleep (a fresh run, nothing is resumed)
+        argv = vendor["command"]
+        i = argv.index("--sleep")
+        vendor["command"] = argv[:i] + argv[i + 2:]
+    (b / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     w = watcher(a, log=tmp_path / "a.log")
 
     def lane_running():
@@ -217,3 +226,62 @@ def test_a_commit_its_runner_never_pushed_dies_with_it_and_the_round_is_redone_f
     assert done["state"] == "done" and done["round_cap"] == t["round_cap"] + 1   # the redone round was free
     check_invariants(b, p["remote"], tasks=1)
     assert not contains(p["remote"], lost, done["branch"])
+
+
+def test_a_worker_that_lost_its_claim_pushes_nothing_to_the_hidden_ref(tmp_path):
+    """The fencing check runs right before the hidden-ref push: a worker whose claim another one took (it stalled
+    past its lease) neither pushes its commit nor records it, so it cannot put a sibling on the ref the new holder
+    pushes to."""
+    from agent.config import load_config
+    from agent.fence import claim, release
+    from agent.fixer.driver import Ctx
+    from agent.fixer.steps import _push_task_ref
+    from agent.ledger import Ledger, ledger_path
+    from agent.tasks import ClaimLost
+    from agent.workspace import TaskGit
+
+    p = build(tmp_path / "w", tasks=1)
+    home = p["home"]
+    worktree = task(home)["worktree"]
+    g = TaskGit(worktree)
+    (Path(worktree) / "stale.txt").write_text("work of a worker that stalled\n")
+    g("add", "-A")
+    g("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-q", "--no-verify", "-m", "stale")
+    sha = g.head()
+    led = Ledger.open(ledger_path(home), create=False)
+    try:
+        config = load_config(home / "config.yaml")
+        mine = claim(led, 1)
+        release(led, 1, mine)
+        newer = claim(led, 1)                       # another worker holds the task now
+        with pytest.raises(ClaimLost):
+            _push_task_ref(Ctx(home, config, led, 1, token=mine), sha)
+        assert subprocess.run(["git", "rev-parse", "--verify", "-q", "refs/agent/task-1"], cwd=p["remote"],
+                              capture_output=True).returncode != 0
+        _push_task_ref(Ctx(home, config, led, 1, token=newer), sha)      # the holder's push goes through
+        assert git(p["remote"], "rev-parse", "refs/agent/task-1") == sha
+    finally:
+        led.close()
+
+
+def test_a_reset_task_whose_worktree_was_removed_goes_on_from_its_head_in_another_home(tmp_path):
+    """A failed task's worktree is removed after the grace (its head kept only in that home's mirror); after
+    `agent task reset` another runner picks it up: its worktree starts at the task's recorded head, fetched from
+    the remote, and the next round builds on it."""
+    p = build(tmp_path / "w", tasks=1, limits={"round_cap": 1, "worktree_grace": 0})
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    run_to_end(a, log=tmp_path / "a.log")
+    failed = task(a)
+    assert failed["state"] == "failed" and failed["head_sha"]       # round 1 rejected at the round cap
+    out = subprocess.run([*agent_bin(), "--home", str(a), "watch", "pr-merged"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and task(a)["worktree"] is None, out.stdout + out.stderr
+    out = subprocess.run([*agent_bin(), "--home", str(b), "task", "reset", "1", "--reason", "one more round",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run_to_end(b, log=tmp_path / "b.log")
+    done = task(b)
+    assert done["state"] == "done" and done["round"] == 2, (done["failed_reason"], done["blocked_reason"])
+    check_invariants(b, p["remote"], tasks=1)
+    assert contains(p["remote"], failed["head_sha"], done["branch"])     # round 2 built on round 1's commit
