@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from agent.fixer.driver import Ctx, Stop, advance, ensure_workspace
 from agent.ledger import Ledger, ledger_path
-from agent.ledger.tasks import active_task_ids, task_state
+from agent.ledger.tasks import active_task_ids, task_state, work_queue
 from agent.shutdown import STOP
 
 if TYPE_CHECKING:
@@ -38,11 +38,12 @@ def lift_config_blocks(ledger: Ledger, home: Path, config: Config, blocked: list
 def work_scan(app, jobs: int = 1) -> list[dict]:
     """`agent watch error-fix-work`: advance every open or working task, up to ``jobs`` at once (first putting
     back to work the tasks whose config block the config no longer causes)."""
-    from agent.tasks import config_blocked_tasks
-
-    blocked = config_blocked_tasks(app.ledger)  # the config is loaded only when there is something to check
-    lifted = lift_config_blocks(app.ledger, app.home, app.config, blocked) if blocked else []
-    ids = active_task_ids(app.ledger)
+    blocked, ids = work_queue(app.ledger)  # one read; the config is loaded only when there is something to check
+    if blocked:
+        lifted = lift_config_blocks(app.ledger, app.home, app.config, blocked)
+        ids = active_task_ids(app.ledger)  # the lifted tasks are working again
+    else:
+        lifted = []
     if not ids:
         return lifted
     config = app.config

@@ -356,6 +356,17 @@ def find_task(ledger: Ledger, task_id: int) -> dict | None:
     return ledger.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
 
 
+def work_queue(ledger: Ledger) -> tuple[list[dict], list[int]]:
+    """What `watch error-fix-work` looks at, in one read (one round trip on PostgreSQL): the config-blocked tasks
+    (as ``config_blocked_tasks``) and the open and working task ids (as ``active_task_ids``), oldest first."""
+    rows = ledger.all("SELECT id, state, repo, base_sha, blocked_reason FROM tasks WHERE state IN (?, ?) "
+                      "OR (state = ? AND substr(blocked_reason, 1, ?) = ?) ORDER BY id",
+                      (chain.OPEN, chain.WORKING, chain.BLOCKED, len(chain.CONFIG_BLOCK), chain.CONFIG_BLOCK))
+    blocked = [{k: r[k] for k in ("id", "repo", "base_sha", "blocked_reason")} for r in rows
+               if r["state"] == chain.BLOCKED]
+    return blocked, [r["id"] for r in rows if r["state"] != chain.BLOCKED]
+
+
 def active_task_ids(ledger: Ledger) -> list[int]:
     """Open and working tasks, oldest first (`watch error-fix-work`)."""
     return [r["id"] for r in ledger.all("SELECT id FROM tasks WHERE state IN (?, ?) ORDER BY id",
