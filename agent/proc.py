@@ -248,6 +248,11 @@ def kill_groups_of(thread_ident: int, grace: float = 2.0) -> int:
     with _RUNNING_LOCK:
         _HALTED_THREADS.add(thread_ident)
         groups = [g for g, t in _STARTED_BY.items() if t == thread_ident and g in _RUNNING]
+    return _terminate(groups, grace)
+
+
+def _terminate(groups: list[int], grace: float) -> int:
+    """SIGTERM each process group, SIGKILL what is still alive after ``grace``; returns how many there were."""
     for pgid in groups:
         _kill_group(pgid, signal.SIGTERM)
     end = time.monotonic() + grace
@@ -269,14 +274,7 @@ def kill_all(grace: float = 2.0) -> int:
     returns how many groups there were."""
     _HALTED.set()
     groups = list(running())
-    for pgid in groups:
-        _kill_group(pgid, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while any(_group_alive(g) for g in groups) and time.monotonic() < end:
-        time.sleep(0.05)
-    for pgid in groups:
-        _kill_group(pgid, signal.SIGKILL)
-    return len(groups)
+    return _terminate(groups, grace)
 
 
 def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, timeout: float | None,
