@@ -355,7 +355,7 @@ def refresh_pr_text(ledger: Ledger, forge, task_id: int) -> bool:
 
 def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None = None) -> list[str]:
     """One task's PR: owed replies, new feedback, CI. Own ledger connection and claim; never raises for a task."""
-    from agent.fence import claim, release
+    from agent.fence import claim, release_quietly
     from agent.forge import ForgeAuthError, ForgeError, get_forge
     from agent.tasks import ClaimLost, Refused, get_task
 
@@ -389,11 +389,7 @@ def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None 
     except AgentError as exc:
         return [f"task {task_id}: PR feedback: {exc}"]
     finally:
-        if token:
-            try:
-                release(ledger, task_id, token)
-            except Exception:
-                pass
+        release_quietly(ledger, task_id, token)
         ledger.close()
 
 

@@ -255,6 +255,30 @@ def release(ledger: Ledger, task_id: int, token: str) -> None:
     ledger.release_claim(task_id, token)
 
 
+def release_quietly(ledger: Ledger, task_id: int, token: str | None) -> None:
+    """Release a claim from a ``finally``: a failure here must not hide what the worker raised (the lease expires)."""
+    if token:
+        try:
+            release(ledger, task_id, token)
+        except Exception:
+            pass
+
+
+def flock_within(fd: int, seconds: float, poll: float = 0.05) -> bool:
+    """Take an exclusive flock on ``fd``, waiting at most ``seconds``; False if it stayed busy."""
+    import fcntl
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll)
+
+
 class Keeper:
     """What ``lease_keeper`` yields: ``lost`` is set once a renewal found the claim gone."""
 
@@ -399,19 +423,10 @@ def holder_live(record: dict, now: float | None = None) -> bool:
 def _guard(folder: Path, name: str) -> Iterator[None]:
     """Serialise the read-check-write of one lock file. The flock is held only for that moment, never across a
     scan, so a stopped holder cannot keep it; waiting for it is bounded."""
-    import fcntl
-
     fd = os.open(folder / f"{name}.guard", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        deadline = time.monotonic() + 5.0
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ScanBusy(f"scan {name}: its lock file stayed busy for 5 s") from None
-                time.sleep(0.01)
+        if not flock_within(fd, 5.0, poll=0.01):
+            raise ScanBusy(f"scan {name}: its lock file stayed busy for 5 s")
         yield
     finally:
         os.close(fd)  # closing drops the flock

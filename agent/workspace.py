@@ -417,9 +417,9 @@ def mirror_lock(home: Path, repo: str, wait: float = MIRROR_LOCK_WAIT) -> Iterat
     """Serialise what changes one home's mirror of a repository (clone, fetch, worktree add/move/prune): the
     threads of one runner (``--jobs``) and the processes sharing the home (a cron tick next to the daemon). A
     thread lock plus an flock on ``mirrors/<name>.git.lock``, waited for at most ``wait`` seconds."""
-    import fcntl
     import threading
-    import time
+
+    from agent.fence import flock_within
 
     path = mirror_path(home, repo)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -431,16 +431,9 @@ def mirror_lock(home: Path, repo: str, wait: float = MIRROR_LOCK_WAIT) -> Iterat
     try:
         fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            deadline = time.monotonic() + wait
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise WorkspaceError(f"{repo}: the mirror {path} stayed busy for {wait:.0f}s (another "
-                                             "process of this home holds it); the next scan tries again") from None
-                    time.sleep(0.05)
+            if not flock_within(fd, wait):
+                raise WorkspaceError(f"{repo}: the mirror {path} stayed busy for {wait:.0f}s (another "
+                                     "process of this home holds it); the next scan tries again")
             yield
         finally:
             os.close(fd)

@@ -309,7 +309,7 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
 
 def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
-    from agent.fence import release, runner_id, take
+    from agent.fence import release_quietly, runner_id, take
     from agent.fixer.steps import STEP_HANDLERS, finish
 
     ledger = Ledger.open(ledger_path(home), create=False)
@@ -366,10 +366,6 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
                     note_wait(ledger, task_id, None, token)
             except Exception:
                 pass
-        if token:
-            try:
-                release(ledger, task_id, token)
-            except Exception:
-                pass
+        release_quietly(ledger, task_id, token)
         ledger.close()
     return ctx.lines
