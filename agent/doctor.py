@@ -177,16 +177,16 @@ def check_runners(where, now: float | None = None) -> list[Check]:
     checks = []
     for r in stale:
         who = f"host {r['host']}, home {r['home']}, pid {r['pid']}" if r["host"] else "not in the runners table"
-        silent = f"no heartbeat for {ago(r['heartbeat_age_s'])}" if r["heartbeat_at"] else "never registered"
+        silent = f"no heartbeat for {ago(r['heartbeat_age_s'])}" if r["heartbeat_at"] else "no heartbeat recorded"
         live = [t for t in r["tasks"] if not t["lease_expired"]]
         detail = f"{who}: {silent} (stale after {limit}); holds {held_text(r, now)}"
         if live:
             tasks = ", ".join(f"task {t['task_id']}" for t in live)
             detail += (f"; its claim on {tasks} is still within its lease, so no other runner may take "
                        f"{'it' if len(live) == 1 else 'them'} over until that lease ends")
+            proc = f"pid {r['pid']} on {r['host']}" if r["host"] else "its process"
             fix = (f"a runner that stopped beating should not be renewing leases: check that host's clock "
-                   f"(`timedatectl`) and whether pid {r['pid']} there is stuck; the task(s) are taken over once the "
-                   "lease ends")
+                   f"(`timedatectl`) and whether {proc} is stuck; the task(s) are taken over once the lease ends")
         elif r["tasks"] or r["leases"]:
             fix = ("nothing to do if the runner is gone: its leases have expired, so any running runner takes its "
                    "task(s) over at its next pass; once they are released, `agent runners --prune` removes it")

@@ -108,7 +108,7 @@ def test_doctor_warns_about_each_stale_runner_with_its_host_silence_and_what_it_
     assert "no heartbeat for 1h00m" in stuck["detail"] and f"task {t3} (open, lease 10m left)" in stuck["detail"]
     assert f"its claim on task {t3} is still within its lease, so no other runner may take it over" in \
         stuck["detail"]
-    assert "clock" in stuck["fix"] and "pid 222" in stuck["fix"]
+    assert "clock" in stuck["fix"] and "pid 222 on box-c is stuck" in stuck["fix"]
 
     idle = checks[f"runner {fleet['idle']}"]
     assert idle["detail"].endswith("no heartbeat for 3h00m (stale after 6m); holds nothing")
@@ -155,6 +155,22 @@ def test_doctor_does_not_report_fresh_runners(home, monkeypatch):
     assert checks["runners"] == {"name": "runners", "ok": True, "warn": False, "fix": None,
                                  "detail": "2 runner(s), each with a heartbeat within 6m"}
     assert rid
+
+
+def test_doctor_names_a_claim_held_by_a_runner_that_is_not_registered(home, monkeypatch):
+    monkeypatch.delenv("AGENT_RUNNER_ID", raising=False)
+    led = Ledger.open(ledger_path(home))
+    try:
+        beat(led, home)
+        t, _ = create_task(led, "acme/widgets", "one")
+        assert take(led, t, runner="box-z:gone", lease_s=630)     # an older agent never registered this runner
+    finally:
+        led.close()
+    check = {c["name"]: c for c in doctor(home)["checks"]}["runner box-z:gone"]
+    assert check["warn"] and check["ok"]
+    assert check["detail"].startswith(f"not in the runners table: no heartbeat recorded (stale after 6m); holds task "
+                                      f"{t} (open, lease 10m left); its claim on task {t} is still within its lease")
+    assert "whether its process is stuck" in check["fix"]
 
 
 def test_doctor_on_a_ledger_without_runners_says_so(home):
