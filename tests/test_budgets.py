@@ -198,6 +198,24 @@ def _task_lanes(home: Path) -> list[dict]:
         con.close()
 
 
+def _seed_history(home: Path, usd: float, runs: int = 3) -> None:
+    """What the demo implementer cost before the daily window (so its lanes are estimated at ``usd`` and the day's
+    spend starts at $0)."""
+    led = Ledger.open(ledger_path(home), create=False)
+    try:
+        for _ in range(runs):
+            rid = start_run(led, task_id=None, error_id=None, round=None, role="implementer",
+                            vendor="demo-implementer", head_sha=None, claim_token=None)
+            finish_run(led, rid, {"status": "complete", "cost_usd": usd}, {"run_id": rid}, task_id=None,
+                       error_id=None, claim_token=None)
+    finally:
+        led.close()
+    con = ledger_conn(home)
+    con.execute("UPDATE lane_runs SET started_at = ? WHERE task_id IS NULL", ("2000-01-01T00:00:00.000000Z",))
+    con.commit()
+    con.close()
+
+
 @pytest.mark.slow
 def test_two_runners_racing_for_the_last_of_the_daily_budget_launch_only_the_lanes_that_fit(tmp_path):
     """Two real `agent watch error-fix-work --jobs 3` processes (own homes, one ledger), 6 tasks, the daily budget
@@ -210,19 +228,7 @@ def test_two_runners_racing_for_the_last_of_the_daily_budget_launch_only_the_lan
     p, homes = runner_homes(tmp_path / "w", runners=2, tasks=6, sleep="2")
     for h in homes:
         _limit(h, daily_budget_usd=0.04, task_budget_usd=3.0)
-    led = Ledger.open(ledger_path(homes[0]), create=False)
-    try:  # the implementer's history: what it cost before the window (so it estimates $0.01, spent today $0)
-        for _ in range(3):
-            rid = start_run(led, task_id=None, error_id=None, round=None, role="implementer",
-                            vendor="demo-implementer", head_sha=None, claim_token=None)
-            finish_run(led, rid, {"status": "complete", "cost_usd": 0.01}, {"run_id": rid}, task_id=None,
-                       error_id=None, claim_token=None)
-    finally:
-        led.close()
-    con = ledger_conn(homes[0])
-    con.execute("UPDATE lane_runs SET started_at = ? WHERE task_id IS NULL", ("2000-01-01T00:00:00.000000Z",))
-    con.commit()
-    con.close()
+    _seed_history(homes[0], 0.01)
 
     for n in (1, 2):   # two passes of both runners at once
         procs = [watcher(h, jobs=3, log=tmp_path / f"runner-{i}.log") for i, h in enumerate(homes)]
@@ -248,3 +254,56 @@ def test_two_runners_racing_for_the_last_of_the_daily_budget_launch_only_the_lan
     by_home = {str(h): sum(1 for r in lanes if r["log_dir"].startswith(f"{h}/")) for h in homes}
     print(f"daily budget race: 6 tasks, 2 runners x 3 jobs, lanes launched {len(lanes)} "
           f"(per runner {list(by_home.values())})")
+
+
+@pytest.mark.slow
+def test_a_killed_runners_reservation_ends_when_its_run_is_marked_interrupted(tmp_path):
+    """Runner A (a real `agent watch error-fix-work`) launches task 1's implementer, which reserves the whole daily
+    budget ($0.01, the lane's history), and is SIGKILLed mid-lane. Its run stays `running` with a live lease (A's
+    claim has ~120 s left), so its reservation still counts: a launch for another task is refused. Runner B (own
+    home, same ledger) takes task 1 over: A's run is marked interrupted, its reservation ends, and B's lane for
+    task 1 launches at once (not after the lease), while the budget still holds for task 2."""
+    from chaos_support import kill_group, runner_homes, wait_for, watcher
+
+    p, homes = runner_homes(tmp_path / "w", runners=2, tasks=2, sleep="3")
+    for h in homes:
+        _limit(h, daily_budget_usd=0.01, task_budget_usd=3.0)
+    _seed_history(homes[0], 0.01)
+
+    def running():
+        return [r for r in _task_lanes(homes[0]) if r["status"] == "running"]
+
+    a = watcher(homes[0], jobs=1, log=tmp_path / "runner-a.log")
+    try:
+        assert wait_for(lambda: bool(running()), 60), (tmp_path / "runner-a.log").read_text()
+    finally:
+        kill_group(a)                                    # SIGKILL mid-lane (the sandboxed lane dies with it)
+    (held,) = running()
+    assert held["reserved_usd"] == pytest.approx(0.01)
+    led = Ledger.open(ledger_path(homes[1]), create=False)
+    try:
+        assert daily_spend_since(led, day_start()) == (0.0, pytest.approx(0.01), 1)   # still reserved
+        other = 2 if held["task_id"] == 1 else 1
+        claim = take(led, other, runner="probe")
+        with pytest.raises(BudgetRefused):               # no room for another lane while A's run reserves it
+            start_run(led, task_id=other, error_id=None, round=1, role="implementer", vendor="demo-implementer",
+                      head_sha=None, claim_token=claim.token,
+                      budget=DailyBudget(limit_usd=0.01, since=day_start(), fallback_usd=3.0))
+        led.release_claim(other, claim.token)
+    finally:
+        led.close()
+
+    b = watcher(homes[1], jobs=1, log=tmp_path / "runner-b.log")
+    assert b.wait(120) == 0, (tmp_path / "runner-b.log").read_text()
+    lanes = _task_lanes(homes[0])
+    by_id = {r["id"]: r for r in lanes}
+    assert by_id[held["id"]]["status"] == "interrupted"
+    redo = [r for r in lanes if r["id"] != held["id"]]
+    assert [(r["task_id"], r["status"], r["log_dir"].startswith(f"{homes[1]}/")) for r in redo] == \
+        [(held["task_id"], "complete", True)], ((tmp_path / "runner-b.log").read_text(), lanes)
+    con = ledger_conn(homes[0])
+    try:
+        waiting = con.execute("SELECT wait_reason FROM tasks WHERE id = ?", (other,)).fetchone()[0]
+    finally:
+        con.close()
+    assert waiting.startswith("waiting: daily budget spent ($0.01 of $0.01"), waiting
