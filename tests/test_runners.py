@@ -365,6 +365,50 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
         led_b.close()
 
 
+HOLD_LEASE = r"""
+import sys, time
+from pathlib import Path
+from agent.fence import named_lease
+from agent.ledger import Ledger, ledger_path
+led = Ledger.open(ledger_path(Path(sys.argv[1])), create=False)
+with named_lease(led, "pr-open", ttl=60, runner="runner-a") as token:
+    print(token, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_named_lease_whose_holder_was_killed_on_this_host_is_taken_at_once(shared_homes):
+    """A scan SIGKILLed inside `pr-open` (after the PR create, before recording it) left the lease held for its
+    60 s ttl, and the next scan waited that long. Like a task claim, a lease whose holder is a dead process of this
+    host is stale now; a live holder still keeps it, and a holder on another host is trusted until its ttl."""
+    a, b = shared_homes
+    p = subprocess.Popen([sys.executable, "-c", HOLD_LEASE, str(a)], stdout=subprocess.PIPE, text=True)
+    try:
+        first = int(p.stdout.readline())
+        led = Ledger.open(ledger_path(b), create=False)
+        try:
+            with pytest.raises(LeaseBusy, match="held by runner-a"):    # alive: it holds
+                with named_lease(led, "pr-open", ttl=60, runner="runner-b"):
+                    pass
+            p.kill()
+            p.wait(10)
+            t0 = time.monotonic()
+            with named_lease(led, "pr-open", ttl=60, runner="runner-b") as token:   # dead: taken, no waiting
+                assert token == first + 1
+                assert time.monotonic() - t0 < 30      # far below the ttl it would have waited (not a speed test)
+                assert led.lease_row("pr-open")["runner"] == "runner-b"
+            # a holder on another host: its pid means nothing here, so only its ttl frees it
+            assert led.take_lease("pr-open", "elsewhere:1:1@runner-c", "runner-c", ttl=60) == first + 2
+            with pytest.raises(LeaseBusy, match="held by runner-c"):
+                with named_lease(led, "pr-open", ttl=60, runner="runner-b"):
+                    pass
+        finally:
+            led.close()
+    finally:
+        p.kill()
+        p.wait(10)
+
+
 def test_a_cursor_write_from_a_pull_that_started_before_another_runners_page_is_refused(ledger, home):
     """The store's transaction checks the cursor is still the one the pull read: a page already stored by another
     runner is never stored again (the fencing of cursors, apart from the lease)."""
