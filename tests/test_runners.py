@@ -225,7 +225,10 @@ def test_a_write_after_the_lease_was_lost_is_refused_and_the_ledger_is_unchanged
         note_wait(led_a, tid, "A waits", a.token)          # A may write while it holds the lease
         run_id = lanes.start_run(led_a, task_id=tid, error_id=None, round=1, role="implementer", vendor="codex",
                                  head_sha=None, claim_token=a.token)
-        time.sleep(0.1)
+        # A's lease runs out (set here, not slept past: a write of A's after expiry but before anyone else claims
+        # renews it, which on a loaded machine made this test's setup race its own 0.05 s lease)
+        with led_a.tx() as c:
+            c.execute("UPDATE tasks SET lease_until = ? WHERE id = ?", (time.time() - 1, tid))
         b = take(led_b, tid, runner="runner-b")
         assert b is not None
         before = dump(a_home)
