@@ -358,10 +358,12 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
             with pytest.raises(LeaseLost):   # A's old token no longer guards a write
                 with led_a.tx() as c:
                     led_a.check_lease(c, "pr-open", tok1)
-        # an expired lease is taken by the next runner
-        assert led_a.take_lease("x", "a", "runner-a", ttl=0.05) == 1
+        # an expired lease is taken by the next runner (expired here, not slept past: a 0.05 s ttl expired before
+        # the second call on a loaded machine)
+        assert led_a.take_lease("x", "a", "runner-a", ttl=30) == 1
         assert led_b.take_lease("x", "b", "runner-b", ttl=30) is None
-        time.sleep(0.1)
+        with led_a.tx() as c:
+            c.execute("UPDATE leases SET until = ? WHERE name = 'x'", (time.time() - 1,))
         assert led_b.take_lease("x", "b", "runner-b", ttl=30) == 2
     finally:
         led_a.close()
