@@ -241,10 +241,11 @@ def test_toolchain_under_a_home_is_bound_back_without_its_secrets(tmp_path):
     from agent.lanes.sandbox import toolchain_paths
 
     home = tmp_path / "alice"
-    for d in (".pyenv/shims", ".cargo/bin", ".local/bin", ".ssh", "bin"):
+    entries = (".pyenv/shims", ".cargo/bin", ".local/bin", ".ssh", "bin", ".nvm/versions/node/v20/bin")
+    for d in entries + (".nvm/versions/node/v20/etc",):
         (home / d).mkdir(parents=True)
     (home / ".cargo" / "credentials.toml").write_text(SECRET)
-    path = ":".join(str(home / d) for d in (".pyenv/shims", ".cargo/bin", ".local/bin", ".ssh", "bin")) + ":/usr/bin"
-    binds, blanks = toolchain_paths(path, [home])
-    assert binds == [home / ".pyenv", home / ".cargo", home / ".local" / "bin", home / "bin"]
-    assert blanks == [home / ".cargo" / "credentials.toml"]
+    (home / ".nvm/versions/node/v20/etc/npmrc").write_text(SECRET)
+    binds, blanks = toolchain_paths(":".join(str(home / d) for d in entries) + ":/usr/bin", [home])
+    assert binds == [home / ".pyenv", home / ".cargo", home / ".local" / "bin", home / "bin", home / ".nvm"]
+    assert sorted(blanks) == [home / ".cargo" / "credentials.toml", home / ".nvm/versions/node/v20/etc/npmrc"]

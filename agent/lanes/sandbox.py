@@ -218,7 +218,10 @@ def toolchain_paths(path_var: str, homes: list[Path]) -> tuple[list[Path], list[
         root = e if rel[0] in _SHARED_DIRS else home / rel[0]
         if root not in binds:
             binds.append(root)
-            blanks += [root / s for s in _TOOL_SECRETS if (root / s).is_file()]
+        # the tool's own root and, for a .../bin entry, its prefix (an nvm node keeps its global npmrc there)
+        prefix = [e.parent] if e.name == "bin" and root in e.parent.parents else []
+        for base in [root, *prefix]:
+            blanks += [base / s for s in _TOOL_SECRETS if (base / s).is_file() and base / s not in blanks]
     return binds, blanks
 
 
