@@ -10,7 +10,9 @@
   when its lease expired, or (on this host only) its pid is dead. ``take`` returns who held it before: the
   takeover hook.
 - **Named lease**: ``named_lease(ledger, name)`` (``source:<key>`` around a source's pull, ``pr-open`` around the
-  PR limits and the PR create) with a token checked by the write it guards (``ledger.check_lease``).
+  PR limits and the PR create) with a token checked by the write it guards (``ledger.check_lease``). Stale, like
+  a claim, when it expired or (on this host only) its holder's pid is dead: a scan killed while holding it does
+  not stall the next one for the lease's ttl.
 - **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` names its holder (pid and process start time, host, token) and
   carries a lease renewed by a heartbeat thread. Another scan is refused while the holder is live; a holder that
   died, whose pid now names another process, or that stopped beating (SIGSTOP) past its lease is replaced. The
@@ -336,6 +338,14 @@ class LeaseBusy(Exception):
         super().__init__(f"lease {name} is held by {who}")
 
 
+def holder_gone(holder: str) -> bool:
+    """Whether a named lease's holder (``owner_id()@runner``) was a process of this host that no longer runs."""
+    owner = holder.split("@", 1)[0]
+    host, _, rest = owner.partition(":")
+    pid = rest.split(":", 1)[0]
+    return host == HOST and pid.isdigit() and not pid_alive(int(pid))
+
+
 @contextmanager
 def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: str | None = None,
                 wait: float = 0.0) -> Iterator[int]:
@@ -347,6 +357,12 @@ def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: st
     deadline = time.monotonic() + wait
     while True:
         token = ledger.take_lease(name, holder, runner, ttl)
+        if token is None:
+            # held by a process of this host that is gone (killed mid-body): as with a task claim, its lease is
+            # stale now, not at its expiry; taken only under the token we saw, so a live newcomer is never robbed
+            row = ledger.lease_row(name)
+            if row is not None and row["holder"] and holder_gone(row["holder"]):
+                token = ledger.take_lease(name, holder, runner, ttl, stale_token=row["token"])
         if token is not None:
             break
         if time.monotonic() >= deadline:

@@ -3,7 +3,7 @@
 ``--ledger=postgres`` runs the tests against a real PostgreSQL server the session starts itself
 (tests/pgserver.py): the ``home`` fixture then sets AGENT_LEDGER_URL to a fresh database of its own, so in-process
 CLI calls, library calls through ``ledger_path(home)`` and subprocesses all use it. Tests about the SQLite file
-itself are marked ``sqlite_only`` and skipped there, with the reason.
+itself are marked ``sqlite_only`` and deselected there (they ran in the SQLite pass).
 """
 
 from __future__ import annotations
@@ -31,13 +31,34 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Under --ledger=postgres, tests about the SQLite file itself (``sqlite_only``) are deselected, not skipped:
+    they ran in the SQLite pass, and a skip in CI means something could not run."""
     if config.getoption("--ledger") != "postgres":
         return
+    keep, drop = [], []
     for item in items:
-        mark = item.get_closest_marker("sqlite_only")
-        if mark is not None:
-            why = mark.args[0] if mark.args else "about the SQLite ledger file itself"
-            item.add_marker(pytest.mark.skip(reason=f"sqlite_only under --ledger=postgres: {why}"))
+        (drop if item.get_closest_marker("sqlite_only") is not None else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+FORBID_SKIPS = "AGENT_TEST_FORBID_SKIPS"   # set by .ci/run: CI here has every system package, so nothing may skip
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With $AGENT_TEST_FORBID_SKIPS set, a run that skipped any test fails, naming each skip and its reason."""
+    if not os.environ.get(FORBID_SKIPS) or hasattr(session.config, "workerinput"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = (reporter.stats.get("skipped", []) if reporter else [])
+    if skipped and session.exitstatus == 0:
+        for rep in skipped:
+            reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+            print(f"\n!! skipped in CI: {rep.nodeid}: {reason}", file=sys.stderr)
+        print(f"!! {len(skipped)} test(s) skipped while {FORBID_SKIPS} is set: install what they need "
+              "(scripts/ci-*) instead", file=sys.stderr)
+        session.exitstatus = 1
 
 
 def postgres_mode(config) -> bool:

@@ -225,7 +225,10 @@ def test_a_write_after_the_lease_was_lost_is_refused_and_the_ledger_is_unchanged
         note_wait(led_a, tid, "A waits", a.token)          # A may write while it holds the lease
         run_id = lanes.start_run(led_a, task_id=tid, error_id=None, round=1, role="implementer", vendor="codex",
                                  head_sha=None, claim_token=a.token)
-        time.sleep(0.1)
+        # A's lease runs out (set here, not slept past: a write of A's after expiry but before anyone else claims
+        # renews it, which on a loaded machine made this test's setup race its own 0.05 s lease)
+        with led_a.tx() as c:
+            c.execute("UPDATE tasks SET lease_until = ? WHERE id = ?", (time.time() - 1, tid))
         b = take(led_b, tid, runner="runner-b")
         assert b is not None
         before = dump(a_home)
@@ -355,14 +358,60 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
             with pytest.raises(LeaseLost):   # A's old token no longer guards a write
                 with led_a.tx() as c:
                     led_a.check_lease(c, "pr-open", tok1)
-        # an expired lease is taken by the next runner
-        assert led_a.take_lease("x", "a", "runner-a", ttl=0.05) == 1
+        # an expired lease is taken by the next runner (expired here, not slept past: a 0.05 s ttl expired before
+        # the second call on a loaded machine)
+        assert led_a.take_lease("x", "a", "runner-a", ttl=30) == 1
         assert led_b.take_lease("x", "b", "runner-b", ttl=30) is None
-        time.sleep(0.1)
+        with led_a.tx() as c:
+            c.execute("UPDATE leases SET until = ? WHERE name = 'x'", (time.time() - 1,))
         assert led_b.take_lease("x", "b", "runner-b", ttl=30) == 2
     finally:
         led_a.close()
         led_b.close()
+
+
+HOLD_LEASE = r"""
+import sys, time
+from pathlib import Path
+from agent.fence import named_lease
+from agent.ledger import Ledger, ledger_path
+led = Ledger.open(ledger_path(Path(sys.argv[1])), create=False)
+with named_lease(led, "pr-open", ttl=60, runner="runner-a") as token:
+    print(token, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_named_lease_whose_holder_was_killed_on_this_host_is_taken_at_once(shared_homes):
+    """A scan SIGKILLed inside `pr-open` (after the PR create, before recording it) left the lease held for its
+    60 s ttl, and the next scan waited that long. Like a task claim, a lease whose holder is a dead process of this
+    host is stale now; a live holder still keeps it, and a holder on another host is trusted until its ttl."""
+    a, b = shared_homes
+    p = subprocess.Popen([sys.executable, "-c", HOLD_LEASE, str(a)], stdout=subprocess.PIPE, text=True)
+    try:
+        first = int(p.stdout.readline())
+        led = Ledger.open(ledger_path(b), create=False)
+        try:
+            with pytest.raises(LeaseBusy, match="held by runner-a"):    # alive: it holds
+                with named_lease(led, "pr-open", ttl=60, runner="runner-b"):
+                    pass
+            p.kill()
+            p.wait(10)
+            t0 = time.monotonic()
+            with named_lease(led, "pr-open", ttl=60, runner="runner-b") as token:   # dead: taken, no waiting
+                assert token == first + 1
+                assert time.monotonic() - t0 < 30      # far below the ttl it would have waited (not a speed test)
+                assert led.lease_row("pr-open")["runner"] == "runner-b"
+            # a holder on another host: its pid means nothing here, so only its ttl frees it
+            assert led.take_lease("pr-open", "elsewhere:1:1@runner-c", "runner-c", ttl=60) == first + 2
+            with pytest.raises(LeaseBusy, match="held by runner-c"):
+                with named_lease(led, "pr-open", ttl=60, runner="runner-b"):
+                    pass
+        finally:
+            led.close()
+    finally:
+        p.kill()
+        p.wait(10)
 
 
 def test_a_cursor_write_from_a_pull_that_started_before_another_runners_page_is_refused(ledger, home):

@@ -43,6 +43,8 @@ AIDER_EDIT = ("app.py\n```\n<<<<<<< SEARCH\n    return \"helo, world\"\n=======\
 AIDER_PWN = "pwned.txt\n```\n<<<<<<< SEARCH\n=======\npwned\n>>>>>>> REPLACE\n```\n\n"
 
 
+LANE_TIMEOUT = 180
+
 def is_repair(req: ModelRequest) -> bool:
     """The conversation holds the runner's repair note (lanes/report.repair_note).  Not only the
     last message: aider adds files a reply mentions to the chat and asks again, and the model
@@ -134,10 +136,12 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         args = (("--edit-format", "diff") if cli == "aider" else ()) + tuple(args)
+        # a generous lane timeout: a real node CLI's start took 47 s of a 60 s budget on a machine under load 20,
+        # leaving its repair turn too little; nothing here waits for the timeout when the CLI behaves
         config = Config(
-            lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=60, repair=repair)},
+            lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=LANE_TIMEOUT, repair=repair)},
             vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args)},
-            limits=Limits(lane_timeout=60), sandbox=sandbox, prices=prices or {})
+            limits=Limits(lane_timeout=LANE_TIMEOUT), sandbox=sandbox, prices=prices or {})
         result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
                                    cwd=repo, ledger=ledger)
         return result, server

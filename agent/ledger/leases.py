@@ -144,9 +144,11 @@ class LeaseQueries:
 
     # ------------------------------------------------------------------ named leases
 
-    def take_lease(self, name: str, holder: str, runner: str | None, ttl: float) -> int | None:
-        """Take the named lease for ``ttl`` seconds if it is free, expired, or already ``holder``'s. Returns its
-        token (one more than the last holder's), or None while someone else holds it. One atomic statement."""
+    def take_lease(self, name: str, holder: str, runner: str | None, ttl: float,
+                   stale_token: int | None = None) -> int | None:
+        """Take the named lease for ``ttl`` seconds if it is free, expired, already ``holder``'s, or still held
+        under ``stale_token`` (a holder the caller found dead: ``agent.fence.named_lease``). Returns its token (one
+        more than the last holder's), or None while someone else holds it. One atomic statement."""
         from agent.ledger import now
 
         ts = time.time()
@@ -155,9 +157,14 @@ class LeaseQueries:
                 "INSERT INTO leases (name, holder, runner, token, until, updated_at) VALUES (?, ?, ?, 1, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, runner = excluded.runner, "
                 "token = leases.token + 1, until = excluded.until, updated_at = excluded.updated_at "
-                "WHERE leases.until < ? OR leases.holder = ? OR leases.holder IS NULL RETURNING token",
-                (name, holder, runner, ts + ttl, now(), ts, holder)).fetchone()
+                "WHERE leases.until < ? OR leases.holder = ? OR leases.holder IS NULL OR leases.token = ? "
+                "RETURNING token",
+                (name, holder, runner, ts + ttl, now(), ts, holder,
+                 -1 if stale_token is None else int(stale_token))).fetchone()
             return int(row[0]) if row is not None else None
+
+    def lease_row(self, name: str) -> dict | None:
+        return self.one("SELECT name, holder, runner, token, until, updated_at FROM leases WHERE name = ?", (name,))
 
     def renew_lease(self, name: str, token: int, ttl: float) -> bool:
         with self.tx() as c:
