@@ -116,7 +116,7 @@ def _probe_lane(monkeypatch, home: Path, python: str, others: list[str]):
     monkeypatch.setenv("PROBE_CONFIG", str(config_file))
     config = make_config({"probe": {"command": [python, str(script), json.dumps(SECRETS), json.dumps(others)],
                                     "env": ["PROBE_STATE", "PROBE_CONFIG"], "writable": [str(state)]}},
-                         {"implementer": {"vendor": "probe", "timeout": 60}})
+                         {"implementer": {"vendor": "probe", "timeout": 120}})
     res = run_lane(config=config, home=agent_home, role="implementer", spec_path=spec, cwd=ws.path)
     text = (res.log_dir / "01-turn.stdout").read_text()
     assert res.status == "complete", (res.status, res.reason, text, (res.log_dir / "01-turn.stderr").read_text())
