@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "lane": "agent.commands.lane:lane",
     "notify": "agent.commands.serve:notify",
     "serve": "agent.commands.serve:serve",
+    "runners": "agent.commands.runners:runners",
 }
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
                echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
     from agent import AgentError
+    from agent.fence import beat
     from agent.scans import SCANS, news, run_scan
     from agent.shutdown import STOP, graceful_stop
 
@@ -23,6 +24,10 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
     try:
         with graceful_stop(echo, who="daemon"):
             while not STOP.is_set():
+                try:  # one heartbeat per tick: `agent runners` shows this runner alive
+                    beat(app.ledger, app.home)
+                except Exception as exc:  # a busy or unreachable ledger must not stop the daemon
+                    echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
                 try:  # pick up edits; a broken edit skips this pass and says why, the daemon keeps running
                     app.reload_config()
                     scans = list(SCANS)

@@ -1,13 +1,21 @@
-"""The execution fence: a per-task claim in the ledger, and a file lock per scan.
+"""The execution fence: runners, per-task claims with fencing tokens, named leases, and a file lock per scan.
 
-- **Task claim**: ``tasks.claim_owner/claim_pid/claim_token/lease_until``. A worker claims a task before advancing
-  it, renews the lease while a lane or check runs, and passes its token to every write (``tasks._check_claim``
-  checks it inside the same transaction), so a worker that lost its claim cannot write its result.
-  A claim is stale when its lease expired or its pid is dead on this host; a stale claim is reclaimed.
+- **Runner**: a home on a host, with an id (``$AGENT_RUNNER_ID`` or ``<hostname>:<hash of the home>``) and a
+  heartbeat in the ledger's ``runners`` table, beaten by every scan, daemon pass and lease keeper (``beat``).
+- **Task claim**: ``tasks.claim_owner/claim_pid/claim_runner/claim_token/lease_until`` and ``tasks.fence``. A worker
+  claims a task before advancing it (``take``: only when unclaimed or stale), renews the lease while a lane or check
+  runs (``lease_keeper``), and passes its token to every write; the fencing check (``tasks._check_claim`` ->
+  ``agent.ledger.leases.check_claim``) runs inside the write's transaction, so a worker that lost its claim writes
+  nothing (LeaseLost). Every new claim increments ``fence``, so a task's tokens strictly increase. A claim is stale
+  when its lease expired, or (on this host only) its pid is dead. ``take`` returns who held it before: the
+  takeover hook.
+- **Named lease**: ``named_lease(ledger, name)`` (``source:<key>`` around a source's pull, ``pr-open`` around the
+  PR limits and the PR create) with a token checked by the write it guards (``ledger.check_lease``).
 - **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` names its holder (pid and process start time, host, token) and
   carries a lease renewed by a heartbeat thread. Another scan is refused while the holder is live; a holder that
   died, whose pid now names another process, or that stopped beating (SIGSTOP) past its lease is replaced. The
-  read-check-write of the file happens under a flock held for that moment only, never across a scan.
+  read-check-write of the file happens under a flock held for that moment only, never across a scan. It is per
+  home: runners with their own homes are kept apart by the claims and leases in the shared ledger instead.
 """
 
 from __future__ import annotations
@@ -22,10 +30,13 @@ from pathlib import Path
 from typing import Iterator
 
 from agent.ledger import Ledger
+from agent.ledger.leases import CLAIM_LEASE_S, claim_lease_s
 
-LEASE_S = 120.0
+LEASE_S = CLAIM_LEASE_S   # a task claim's lease (120 s), renewed every third of it while a lane or check runs
 SCAN_LEASE_S = 60.0   # a scan lock's holder must beat within this; a stopped or dead holder blocks no longer
 HOST = os.uname().nodename  # = socket.gethostname(); socket + secrets cost ~7 ms of import on every tick
+RUNNER_ENV = "AGENT_RUNNER_ID"
+STALE_AFTER = 3  # a runner whose heartbeat is older than this many task leases is shown as stale
 
 
 def owner_id() -> str:
@@ -46,6 +57,21 @@ def crashpoint(name: str) -> None:
         os._exit(137)
 
 
+PAUSEPOINT_ENV = "AGENT_PAUSEPOINT"
+
+
+def pausepoint(name: str) -> None:
+    """Fault injection for tests: if ``$AGENT_PAUSEPOINT`` is ``name:SECONDS``, sleep that long here (it widens a
+    window two runners could race in, so a test can show the window is closed). A no-op unless it matches.
+    Names in use: ``pr.limits_checked``."""
+    spec = os.environ.get(PAUSEPOINT_ENV)
+    if spec and spec.rpartition(":")[0] == name:
+        try:
+            time.sleep(float(spec.rpartition(":")[2]))
+        except ValueError:
+            pass
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether ``pid`` is a live process on this host (a zombie nobody reaped counts as dead)."""
     if not pid:
@@ -64,6 +90,119 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+
+# --------------------------------------------------------------------------- runners
+
+
+def runner_id(home: Path | str) -> str:
+    """This runner's id: ``$AGENT_RUNNER_ID`` if set, else ``<hostname>:<8 hex of sha256(home path)>`` (one home
+    on one host is one runner; two homes on one host are two runners)."""
+    given = os.environ.get(RUNNER_ENV)
+    if given is not None:
+        given = given.strip()
+        if not given or len(given) > 100 or any(ch.isspace() or not ch.isprintable() for ch in given):
+            from agent import AgentError
+
+            raise AgentError(f"{RUNNER_ENV}={given[:40]!r} is not a runner id; use 1-100 printable characters "
+                             "without spaces (or unset it for <hostname>:<hash of the home>)")
+        return given
+    import hashlib
+
+    digest = hashlib.sha256(str(Path(home).expanduser().resolve()).encode()).hexdigest()[:8]
+    return f"{HOST}:{digest}"
+
+
+_PROCESS_RUNNER: str | None = None   # the runner this process last beat for (its home's)
+
+
+def _default_runner(ledger: Ledger) -> str:
+    """The runner a caller that did not name one acts for: ``$AGENT_RUNNER_ID``; else a SQLite ledger's home;
+    else (a ledger URL names no home) the runner this process beat for; else the working directory's."""
+    where = getattr(ledger, "location", None) or getattr(ledger, "path", None)
+    if os.environ.get(RUNNER_ENV) is None and not isinstance(where, Path) and _PROCESS_RUNNER:
+        return _PROCESS_RUNNER
+    return runner_id(where.parent if isinstance(where, Path) else Path.cwd())
+
+
+def reopen(ledger: Ledger) -> Ledger:
+    """Another connection to the same ledger (a background thread's own)."""
+    return Ledger.open(getattr(ledger, "location", None) or ledger.path, create=False)
+
+
+def beat(ledger: Ledger, home: Path | str) -> str:
+    """Register this runner (first time) or beat its heartbeat; every scan, daemon tick and lease keeper does.
+    Returns the runner id."""
+    from agent import __version__
+    from agent.proc import start_time
+
+    global _PROCESS_RUNNER
+    rid = runner_id(home)
+    _PROCESS_RUNNER = rid
+    ledger.beat_runner({"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
+                        "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__})
+    return rid
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(float(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def runners(ledger: Ledger, now: float | None = None) -> list[dict]:
+    """Every runner sharing the ledger: id, host, home, pid, ``heartbeat_at`` (UTC) and its age, ``alive``
+    (a heartbeat within STALE_AFTER task leases) and the ``tasks`` it holds (task id, state, lease expiry, whether
+    that expired)."""
+    now = time.time() if now is None else now
+    held: dict[str, list[dict]] = {}
+    for c in ledger.held_claims():
+        held.setdefault(c["claim_runner"] or "?", []).append(
+            {"task_id": c["task_id"], "state": c["state"], "lease_until": _iso(c["lease_until"]),
+             "lease_expired": c["lease_until"] is not None and c["lease_until"] < now})
+    out = []
+    for r in ledger.runner_rows():
+        age = max(0.0, now - float(r["heartbeat_at"] or 0))
+        out.append({"id": r["id"], "host": r["host"], "home": r["home"], "pid": r["pid"],
+                    "version": r["version"], "started_at": r["started_at"], "heartbeat_at": _iso(r["heartbeat_at"]),
+                    "heartbeat_age_s": round(age, 1), "alive": age <= STALE_AFTER * claim_lease_s(),
+                    "tasks": held.pop(r["id"], [])})
+    for rid, tasks in sorted(held.items()):  # claims by a runner that never registered (an older agent)
+        out.append({"id": rid, "host": None, "home": None, "pid": None, "version": None, "started_at": None,
+                    "heartbeat_at": None, "heartbeat_age_s": None, "alive": False, "tasks": tasks})
+    return out
+
+
+# --------------------------------------------------------------------------- task claims
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A task claim this worker took. ``token`` is its fencing token (every write passes it). The ``previous_*``
+    fields are the takeover hook: ``previous_runner`` is the runner that held the task last (its worktree lives in
+    that runner's home), ``previous_token``/``previous_owner`` are set when that holder never released it (it died
+    or stalled past its lease): its running lane runs are to be marked interrupted."""
+    task_id: int
+    token: str
+    fence: int
+    runner: str
+    previous_runner: str | None = None
+    previous_owner: str | None = None
+    previous_token: str | None = None
+    previous_lease_until: float | None = None
+
+    @property
+    def took_over(self) -> bool:
+        """The previous holder did not release the task (dead, or stopped past its lease)."""
+        return self.previous_token is not None
+
+    @property
+    def moved(self) -> bool:
+        """The task was last held by another runner: its workspace is in that runner's home."""
+        return self.previous_runner is not None and self.previous_runner != self.runner
+
+
 def _stale(row: dict, now: float) -> bool:
     if not row["claim_token"]:
         return True
@@ -74,59 +213,147 @@ def _stale(row: dict, now: float) -> bool:
     return same_host and not pid_alive(row["claim_pid"])
 
 
-def claim(ledger: Ledger, task_id: int, lease_s: float = LEASE_S) -> str | None:
-    """Claim a task; returns the token, or None when another live worker holds it."""
-    token = os.urandom(8).hex()
+def take(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: str | None = None) -> Claim | None:
+    """Claim a task: only when it is unclaimed or its claim is stale (lease expired; or, on this host, its pid is
+    dead). The claiming UPDATE increments the task's fencing counter. Returns the Claim, or None while another
+    live worker holds it."""
+    runner = runner or _default_runner(ledger)
+    lease_s = lease_s or claim_lease_s()
     with ledger.tx() as c:
-        row = c.execute("SELECT claim_owner, claim_pid, claim_token, lease_until FROM tasks WHERE id = ?",
-                        (task_id,)).fetchone()
+        row = ledger.claim_row(c, task_id)
         if row is None:
             return None
-        row = dict(row)
         now = time.time()
         if not _stale(row, now):
             return None
+        fence = int(row["fence"] or 0) + 1
+        token = ledger.take_claim(c, task_id, fence, owner_id(), os.getpid(), runner, now + lease_s)
+        if token is None:
+            return None
         if row["claim_token"]:
             ledger.event(c, "task.claim_reclaimed", "script",
-                         {"previous_owner": row["claim_owner"], "previous_pid": row["claim_pid"]}, task_id=task_id)
-        ledger.update(c, "tasks", {"id": task_id}, {"claim_owner": owner_id(), "claim_pid": os.getpid(),
-                                                    "claim_token": token, "lease_until": now + lease_s})
-    return token
+                         {"previous_owner": row["claim_owner"], "previous_pid": row["claim_pid"],
+                          "previous_runner": row["claim_runner"], "previous_token": row["claim_token"],
+                          "runner": runner, "token": token}, task_id=task_id)
+    return Claim(task_id, token, fence, runner, previous_runner=row["claim_runner"],
+                 previous_owner=row["claim_owner"] if row["claim_token"] else None,
+                 previous_token=row["claim_token"] or None,
+                 previous_lease_until=row["lease_until"] if row["claim_token"] else None)
 
 
-def renew(ledger: Ledger, task_id: int, token: str, lease_s: float = LEASE_S) -> bool:
-    with ledger.tx() as c:
-        return c.execute("UPDATE tasks SET lease_until = ? WHERE id = ? AND claim_token = ?",
-                         (time.time() + lease_s, task_id, token)).rowcount == 1
+def claim(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: str | None = None) -> str | None:
+    """Claim a task; returns the token, or None when another live worker holds it (see ``take``)."""
+    got = take(ledger, task_id, lease_s, runner)
+    return got.token if got else None
+
+
+def renew(ledger: Ledger, task_id: int, token: str, lease_s: float | None = None,
+          runner: str | None = None) -> bool:
+    return ledger.renew_claim(task_id, token, time.time() + (lease_s or claim_lease_s()), runner)
 
 
 def release(ledger: Ledger, task_id: int, token: str) -> None:
-    with ledger.tx() as c:
-        c.execute("UPDATE tasks SET claim_owner = NULL, claim_pid = NULL, claim_token = NULL, lease_until = NULL "
-                  "WHERE id = ? AND claim_token = ?", (task_id, token))
+    ledger.release_claim(task_id, token)
+
+
+class Keeper:
+    """What ``lease_keeper`` yields: ``lost`` is set once a renewal found the claim gone."""
+
+    def __init__(self) -> None:
+        self.lost = threading.Event()
 
 
 @contextmanager
-def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float = LEASE_S) -> Iterator[None]:
-    """Renew a claim every lease/3 from a background thread (own connection) while the body runs."""
+def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | None = None,
+                 runner: str | None = None) -> Iterator[Keeper]:
+    """Renew a claim every lease/3 from a background thread (own connection) while the body runs, beating the
+    runner with it. When a renewal finds the claim gone (the lease expired and another runner claimed the task),
+    ``keeper.lost`` is set and the process groups the body's thread started (its lane or check) are killed: a
+    worker that lost its lease stops its work at once; its writes are refused anyway (``check_claim``)."""
+    from agent import proc
+
     stop = threading.Event()
+    keeper = Keeper()
+    worker = threading.get_ident()
+    lease_s = lease_s or claim_lease_s()
+    runner = runner or (runner_id(Path(ledger_path).parent) if isinstance(ledger_path, Path) else
+                        _PROCESS_RUNNER or runner_id(Path.cwd()))
 
     def loop() -> None:
         led = Ledger.open(ledger_path, create=False)
         try:
             while not stop.wait(lease_s / 3):
-                if not renew(led, task_id, token, lease_s):
-                    return
+                try:
+                    if not renew(led, task_id, token, lease_s, runner):
+                        keeper.lost.set()
+                        proc.kill_groups_of(worker)
+                        return
+                except Exception:  # a busy or unreachable ledger: try again next time; the lease covers it
+                    continue
         finally:
             led.close()
 
     t = threading.Thread(target=loop, daemon=True, name=f"lease-{task_id}")
     t.start()
     try:
-        yield
+        yield keeper
     finally:
         stop.set()
         t.join(timeout=5)
+        proc.resume_thread(worker)
+
+
+# --------------------------------------------------------------------------- named leases
+
+
+class LeaseBusy(Exception):
+    def __init__(self, name: str, holder: dict | None):
+        self.name, self.holder = name, holder or {}
+        who = self.holder.get("runner") or self.holder.get("holder") or "another runner"
+        super().__init__(f"lease {name} is held by {who}")
+
+
+@contextmanager
+def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: str | None = None,
+                wait: float = 0.0) -> Iterator[int]:
+    """Hold the named lease ``name`` (e.g. ``source:<key>``, ``pr-open``) across runners for the body, renewed
+    every ttl/3 from a background thread. Yields its fencing token (a write the lease guards checks it in its
+    own transaction: ``ledger.check_lease``). Raises LeaseBusy when another holder keeps it past ``wait`` s."""
+    runner = runner or _default_runner(ledger)
+    holder = f"{owner_id()}@{runner}"
+    deadline = time.monotonic() + wait
+    while True:
+        token = ledger.take_lease(name, holder, runner, ttl)
+        if token is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise LeaseBusy(name, next((r for r in ledger.lease_rows() if r["name"] == name), None))
+        time.sleep(0.05)
+    stop = threading.Event()
+
+    def loop() -> None:
+        led = reopen(ledger)
+        try:
+            while not stop.wait(ttl / 3):
+                try:
+                    if not led.renew_lease(name, token, ttl):
+                        return
+                except Exception:
+                    continue
+        finally:
+            led.close()
+
+    thread = threading.Thread(target=loop, daemon=True, name=f"lease-{name}")
+    thread.start()
+    try:
+        yield token
+    finally:
+        stop.set()
+        thread.join(5)
+        try:
+            ledger.release_lease(name, token)
+        except Exception:
+            pass  # a lease we could not release expires with its ttl
 
 
 class ScanBusy(Exception):

@@ -214,6 +214,7 @@ def _group_alive(pgid: int) -> bool:
 
 # Process groups started by run() and not yet finished: kill_all() ends them (daemon's second signal).
 _RUNNING: dict[int, str] = {}
+_STARTED_BY: dict[int, int] = {}   # pgid -> the thread that started it (kill_groups_of: a lease keeper's worker)
 _RUNNING_LOCK = threading.Lock()
 
 
@@ -235,6 +236,32 @@ def halted() -> bool:
 def resume_starting() -> None:
     """Undo kill_all's halt (the daemon calls it when it returns, for in-process callers and tests)."""
     _HALTED.clear()
+
+
+_HALTED_THREADS: set[int] = set()   # threads whose work was stopped (kill_groups_of): run() starts nothing for them
+
+
+def kill_groups_of(thread_ident: int, grace: float = 2.0) -> int:
+    """SIGTERM, then SIGKILL after ``grace``, every running group that thread ``thread_ident`` started (a worker
+    whose task lease was lost: its lane or check must not go on), and start no new child for that thread (a lane's
+    repair turn) until ``resume_thread``. Returns how many groups there were."""
+    with _RUNNING_LOCK:
+        _HALTED_THREADS.add(thread_ident)
+        groups = [g for g, t in _STARTED_BY.items() if t == thread_ident and g in _RUNNING]
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(_group_alive(g) for g in groups) and time.monotonic() < end:
+        time.sleep(0.05)
+    for pgid in groups:
+        _kill_group(pgid, signal.SIGKILL)
+    return len(groups)
+
+
+def resume_thread(thread_ident: int) -> None:
+    """Undo kill_groups_of's halt for that thread (its lease keeper's body ended)."""
+    with _RUNNING_LOCK:
+        _HALTED_THREADS.discard(thread_ident)
 
 
 def kill_all(grace: float = 2.0) -> int:
@@ -278,9 +305,9 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
 
     if not argv:
         return not_started("empty command")
-    if _HALTED.is_set():
+    if _HALTED.is_set() or threading.get_ident() in _HALTED_THREADS:
         stdout_path.write_bytes(b"")
-        stderr_path.write_text("not started: shutting down (kill_all)\n", encoding="utf-8")
+        stderr_path.write_text("not started: shutting down (kill_all), or its task lease was lost\n", encoding="utf-8")
         return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
                           stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
                           error="not started: shutting down")
@@ -312,12 +339,14 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     pgid = proc.pid  # start_new_session: the child leads its own group
     with _RUNNING_LOCK:
         _RUNNING[pgid] = os.path.basename(argv[0])
+        _STARTED_BY[pgid] = threading.get_ident()
     try:
         return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
                           max_bytes, tail_bytes, on_line, on_start, hard_cap)
     finally:
         with _RUNNING_LOCK:
             _RUNNING.pop(pgid, None)
+            _STARTED_BY.pop(pgid, None)
 
 
 def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path, max_bytes,

@@ -15,7 +15,7 @@ PR_STATES = ("open", "merged", "closed")
 
 
 def _counts(ledger: Ledger, table: str, states: tuple[str, ...]) -> dict[str, int]:
-    found = {r["state"]: r["n"] for r in ledger.all(f"SELECT state, count(*) AS n FROM {table} GROUP BY state")}
+    found = ledger.state_counts(table)
     return {s: found.get(s, 0) for s in states} | {k: v for k, v in found.items() if k not in states}
 
 
@@ -33,28 +33,79 @@ def one_line(text: str | None, limit: int | None = None) -> str:
 
 
 def gather(ledger: Ledger, home=None) -> dict:
-    blocked = []
-    for t in ledger.all("SELECT id, repo, title, round, round_cap, blocked_reason, updated_at FROM tasks "
-                        "WHERE state = 'gate-blocked' ORDER BY id"):
+    blocked = ledger.blocked_tasks()
+    for t in blocked:
         t["reset_command"] = reset_command(t["id"], "gate-blocked")
-        blocked.append(t)
-    failed = ledger.all("SELECT id, repo, title, round, round_cap, failed_reason, updated_at FROM tasks "
-                        "WHERE state = 'failed' ORDER BY id")
+    failed = ledger.failed_tasks()
     for t in failed:
         t["reset_command"] = reset_command(t["id"], "failed")
-    return {
+    data = {
         "errors": _counts(ledger, "errors", ERROR_STATES),
         "tasks": _counts(ledger, "tasks", TASK_STATES),
         "prs": _counts(ledger, "prs", PR_STATES),
         "gate_blocked": blocked,
         "failed": failed,
-        "waiting": ledger.all("SELECT id, repo, title, state, round, wait_reason, updated_at FROM tasks "
-                              "WHERE state IN ('open', 'working') AND wait_reason IS NOT NULL ORDER BY id"),
-        "open_prs": ledger.all("SELECT task_id, repo, number, url, head_sha AS head FROM prs WHERE state = 'open' "
-                               "ORDER BY task_id"),
-        "cost_usd": round(ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs") or 0.0, 4),
+        "waiting": ledger.waiting_tasks(),
+        "open_prs": ledger.open_pr_rows(),
+        "cost_usd": round(ledger.lane_cost_total(), 4),
         **({"disk": disk_use(home)} if home is not None else {}),
     }
+    runners = runners_shown(ledger)
+    if runners:
+        data["runners"] = runners
+    return data
+
+
+def runners_shown(ledger: Ledger) -> list[dict] | None:
+    """The runners for `agent status`: only when more than one runner shares the ledger, or one is stale (or a
+    claim names a runner that never registered); a single live runner's status stays as it always was."""
+    from agent.fence import runners
+
+    found = runners(ledger)
+    if len(found) > 1 or any(not r["alive"] for r in found):
+        return found
+    return None
+
+
+def ago(seconds: float | None) -> str:
+    """``42s``, ``5m``, ``3h12m``, ``2d4h``: an age or a time left, short."""
+    if seconds is None:
+        return "never"
+    s = int(abs(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+def _lease_text(task: dict, now: float) -> str:
+    from datetime import datetime, timezone
+
+    if not task["lease_until"]:
+        return "no lease"
+    until = datetime.strptime(task["lease_until"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return f"lease expired {ago(now - until)} ago" if until < now else f"lease {ago(until - now)} left"
+
+
+def runner_lines(runners: list[dict], now: float | None = None) -> list[str]:
+    """Two or more lines per runner: who, alive or stale, heartbeat age, then each task it holds."""
+    import time
+
+    now = time.time() if now is None else now
+    lines = []
+    for r in runners:
+        state = "alive" if r["alive"] else "STALE"
+        beat = f"heartbeat {ago(r['heartbeat_age_s'])} ago" if r["heartbeat_at"] else "never registered"
+        where = f"  {r['host']}  {r['home']}  pid {r['pid']}" if r["host"] else ""
+        lines.append(f"  {r['id']}  {state}  {beat}{where}")
+        if not r["tasks"]:
+            lines.append("    holds no task")
+        for t in r["tasks"]:
+            lines.append(f"    task {t['task_id']} ({t['state']}): {_lease_text(t, now)}")
+    return lines
 
 
 def render_text(data: dict) -> str:
@@ -85,6 +136,10 @@ def render_text(data: dict) -> str:
         lines.append("\ndraft PRs waiting for review:")
         for p in data["open_prs"]:
             lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}: {p['url']}")
+    if data.get("runners"):
+        stale = sum(1 for r in data["runners"] if not r["alive"])
+        lines.append(f"\nrunners ({len(data['runners'])}{f', {stale} stale' if stale else ''}):")
+        lines.extend(runner_lines(data["runners"]))
     return "\n".join(lines)
 
 
@@ -122,10 +177,21 @@ def render_html(ledger: Ledger, data: dict) -> str:
             out.append(f"<tr class='{cls}'><td>{t['id']}</td><td>{e(one_line(t[reason], 500))}</td>"
                        + (f"<td><code>{e(t['reset_command'])}</code></td>" if then else "") + "</tr>")
         out.append("</table>")
+    if data.get("runners"):
+        out.append("<h2>Runners</h2><table id='runners'><tr><th>runner</th><th>state</th><th>heartbeat</th>"
+                   "<th>host</th><th>home</th><th>pid</th><th>tasks held</th></tr>")
+        import time
+
+        now = time.time()
+        for r in data["runners"]:
+            held = "<br>".join(f"task {t['task_id']} ({e(t['state'])}): {e(_lease_text(t, now))}" for t in r["tasks"])
+            beat = f"{ago(r['heartbeat_age_s'])} ago" if r["heartbeat_at"] else "never"
+            out.append(f"<tr class='{'' if r['alive'] else 'failed'}'><td>{e(r['id'])}</td>"
+                       f"<td>{'alive' if r['alive'] else 'stale'}</td><td>{e(beat)}</td><td>{e(r['host'] or '')}</td>"
+                       f"<td>{e(r['home'] or '')}</td><td>{r['pid'] or ''}</td><td>{held or 'none'}</td></tr>")
+        out.append("</table>")
     out.append("<h2>Tasks</h2>")
-    tasks = ledger.all("SELECT t.id, t.repo, t.title, t.state, t.round, t.round_cap, t.blocked_reason, "
-                       "t.failed_reason, t.wait_reason, p.url AS pr_url FROM tasks t "
-                       "LEFT JOIN prs p ON p.task_id = t.id ORDER BY t.id DESC LIMIT 200")
+    tasks = ledger.recent_tasks(200)
     resets = {t["id"]: t["reset_command"] for t in data["gate_blocked"] + data["failed"]}
     for t in tasks:
         cls = {"gate-blocked": "blocked", "failed": "failed", "done": "done"}.get(t["state"], "")

@@ -24,6 +24,7 @@ from agent.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task
 
 if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module
     from agent.config import Config, RepoConfig
+    from agent.fence import Claim
 
 # STOP: set on the first SIGTERM/SIGINT (agent.shutdown): finish the running step, start no new one.
 
@@ -36,6 +37,7 @@ class Ctx:
     ledger: Ledger
     task_id: int
     token: str | None = None
+    claim: Claim | None = None           # the claim advance took: its fencing token and whom it took the task from
     lines: list[str] = field(default_factory=list)
     progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
     waiting: str | None = None           # why this pass stopped to wait (recorded as tasks.wait_reason)
@@ -310,17 +312,19 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
 
 def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
-    from agent.fence import claim, release
+    from agent.fence import release, runner_id, take
     from agent.fixer.steps import STEP_HANDLERS, finish
 
     ledger = Ledger.open(ledger_path(home), create=False)
     ctx = Ctx(home, config, ledger, task_id, progress=progress)
     token = None
     try:
-        token = claim(ledger, task_id)
-        if token is None:
+        got = take(ledger, task_id, runner=runner_id(home))
+        if got is None:
             return [f"task {task_id}: claimed by another worker; skipped"]
-        ctx.token = token
+        # ctx.claim.moved / .took_over: the takeover hook (DESIGN.md "Runners, leases and fencing")
+        ctx.claim, ctx.token = got, got.token
+        token = got.token
         if ctx.task["state"] not in (chain.OPEN, chain.WORKING):
             return []
         ensure_workspace(ctx)

@@ -41,6 +41,11 @@ def check_budgets(ctx: Ctx) -> None:
         wait(ctx, f"waiting: daily budget spent ({usd(daily)} of {usd(limits.daily_budget_usd)})")
 
 
+PR_OPEN_LEASE = "pr-open"   # held across runners around the PR limits' check and the PR create (steps.step_pr_opened)
+PR_OPEN_LEASE_S = 60.0
+PR_OPEN_WAIT_S = 10.0      # how long a runner waits for another runner's PR create before it waits a tick
+
+
 def pr_limits_reached(ctx: Ctx, repo: str) -> str | None:
     limits = ctx.config.limits
     open_drafts = open_drafts_in(ctx.ledger, repo, ctx.task_id)

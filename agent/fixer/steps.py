@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import AgentError, chain
-from agent.fence import crashpoint
+from agent.fence import crashpoint, pausepoint
 from agent.fixer.driver import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
                                 repo_settings, task_git, wait)
-from agent.fixer.limits import check_budgets, pr_limits_reached
+from agent.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, check_budgets,
+                                 pr_limits_reached)
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
 from agent.ledger.lanes import implementer_summary, inflight_run, interrupt_run
@@ -22,7 +23,7 @@ from agent.ledger.prs import has_pr
 from agent.ledger.tasks import (finish_task, lessons_for, passing_check, record_check, record_commit, record_gate,
                                 record_push, record_spec, task_commits)
 from agent.shutdown import STOP
-from agent.tasks import ClaimLost, Refused, claimed_tx, snapshot
+from agent.tasks import ClaimLost, LeaseLost, Refused, claimed_tx, snapshot
 
 if TYPE_CHECKING:
     from agent.config import RepoConfig
@@ -78,6 +79,21 @@ def _require_lane(ctx: Ctx, role: str) -> None:
         block(ctx, f"{chain.CONFIG_BLOCK} {exc}; the task goes on by itself once it is there")
 
 
+def _runner(ctx: Ctx) -> str:
+    from agent.fence import runner_id
+
+    return ctx.claim.runner if ctx.claim is not None else runner_id(ctx.home)
+
+
+def _lease_held(ctx: Ctx, keeper, what: str) -> None:
+    """After a lane or check: if its lease keeper found the claim gone (another runner took the task over while it
+    ran, and the keeper killed it), stop here; nothing of its result is written (the fencing check would refuse
+    it anyway)."""
+    if keeper is not None and keeper.lost.is_set():
+        raise LeaseLost(f"task {ctx.task_id}: lease lost while its {what} ran (another runner took the task over); "
+                        "stopped it, result not written")
+
+
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
     from agent.fence import lease_keeper
@@ -111,13 +127,16 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
         inflight = None
     from agent.lanes.progress import LaneProgress
 
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext(), \
+    keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
+        else nullcontext()
+    with keeping as keeper, \
             LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
         result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
                           ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
                           head_sha=head, repo_lanes=settings.lanes if settings else None,
                           claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
                           on_progress=progress)
+    _lease_held(ctx, keeper, f"{role} lane")
     crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
     if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
         # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
@@ -309,9 +328,12 @@ def step_local_check_pass(ctx: Ctx) -> None:
         argv, env = check_argv(ctx.config, ctx.home, Path(t["worktree"]), command, folder / "sandbox")
     except AgentError as exc:
         block(ctx, f"check not started: {exc}")
-    with lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token) if ctx.token else nullcontext():
+    keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
+        else nullcontext()
+    with keeping as keeper:
         res = run(argv, cwd=Path(t["worktree"]), env=env, timeout=ctx.config.limits.check_timeout,
                   stdout_path=out, stderr_path=out.with_suffix(".err"))
+    _lease_held(ctx, keeper, "check")
     passed = res.status == "ok"
     if STOP.is_set() and not passed:  # killed by the daemon's second signal: run it again next scan
         ctx.say("check interrupted by shutdown; the next scan runs it again")
@@ -406,13 +428,22 @@ def _publish(ctx: Ctx):
 def step_pr_opened(ctx: Ctx) -> None:
     from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient
 
+    from agent.fence import LeaseBusy, named_lease
+
     t = ctx.task
-    if not has_pr(ctx.ledger, ctx.task_id):
-        why = pr_limits_reached(ctx, t["repo"])
-        if why:
-            wait(ctx, f"waiting to open a PR: {why}")
     try:
-        pr, action = _publish(ctx)
+        # runners sharing the ledger take turns here: the limits count every runner's PRs, and the count and the
+        # create happen under one `pr-open` lease, so two runners can never both pass the check for one slot
+        with named_lease(ctx.ledger, PR_OPEN_LEASE, ttl=PR_OPEN_LEASE_S, wait=PR_OPEN_WAIT_S,
+                         runner=_runner(ctx)):
+            if not has_pr(ctx.ledger, ctx.task_id):
+                why = pr_limits_reached(ctx, t["repo"])
+                if why:
+                    wait(ctx, f"waiting to open a PR: {why}")
+                pausepoint("pr.limits_checked")  # fault injection (tests): widen the check -> create window
+            pr, action = _publish(ctx)
+    except LeaseBusy as exc:
+        wait(ctx, f"waiting to open a PR: {exc} (another runner is opening one)")
     except ForgeAuthError as exc:
         block(ctx, f"forge refused: {exc}")
     except (ForgeRateLimited, ForgeTransient) as exc:

@@ -35,6 +35,7 @@ LOKI_LIMIT = 1000
 LOKI_MAX_PAGES = 20
 SENTRY_MAX_PAGES = 10
 FILE_MAX_BYTES = 64 * 1024 * 1024   # per file per pull; the rest waits for the next pull
+SOURCE_LEASE_S = 60.0   # the `source:<key>` lease a pull holds, renewed every third of it while it runs
 
 
 class Pull:
@@ -245,23 +246,41 @@ def source_label(src: SourceConfig) -> str:
     return redact(f"{src.kind} {where}")
 
 
-def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Pull one source, store its events and cursor together; return a scan item."""
+def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None = None,
+                lease_ttl: float = SOURCE_LEASE_S, runner: str | None = None) -> dict[str, Any]:
+    """Pull one source, store its events and cursor together; return a scan item.
+
+    Runners sharing the ledger take turns: the pull holds the named lease ``source:<key>`` while it reads the
+    cursor, fetches and stores, and the store's transaction checks that the lease is still its own and that the
+    cursor is still the one it started from, so no page is ever stored twice (a source another runner is pulling
+    right now is skipped quietly)."""
+    from agent.fence import LeaseBusy, named_lease
+
     key = src.key
     label = source_label(src)
     try:
-        cursor = get_cursor(ledger, key)
-        if src.kind == "loki":
-            pulled = pull_loki(src, cursor, env)
-        elif src.kind == "file":
-            pulled = pull_files(src, cursor)
-        elif src.kind == "sentry":
-            pulled = pull_sentry(src, cursor, env)
-        else:
-            raise AgentError(f"unknown source kind {src.kind!r}")
-        result = IngestResult()
-        result.add_rejected(pulled.rejected)
-        ingest(ledger, pulled.events, source=f"{src.kind}", cursor=(key, pulled.cursor or ""), result=result)
+        with named_lease(ledger, f"source:{key}", ttl=lease_ttl, runner=runner) as token:
+            cursor = get_cursor(ledger, key)
+            if src.kind == "loki":
+                pulled = pull_loki(src, cursor, env)
+            elif src.kind == "file":
+                pulled = pull_files(src, cursor)
+            elif src.kind == "sentry":
+                pulled = pull_sentry(src, cursor, env)
+            else:
+                raise AgentError(f"unknown source kind {src.kind!r}")
+            result = IngestResult()
+            result.add_rejected(pulled.rejected)
+
+            def guard(conn) -> None:
+                ledger.check_lease(conn, f"source:{key}", token)
+                ledger.check_cursor(conn, key, cursor)
+
+            ingest(ledger, pulled.events, source=f"{src.kind}", cursor=(key, pulled.cursor or ""), result=result,
+                   guard=guard)
+    except LeaseBusy as exc:
+        return {"source": label, "kind": src.kind, "ok": True, "skipped": True, "quiet": True,
+                "line": f"errors: {label}: skipped: {exc} (it is pulling this source now)"}
     except (AgentError, OSError, ValueError) as exc:   # one broken source must not stop the others
         from agent.ledger import storage_fault
 
@@ -281,4 +300,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
 
 def scan(app, jobs: int = 1) -> list[dict]:
     """The `errors` scan: pull every configured source once."""
-    return [pull_source(app.ledger, src) for src in app.config.sources]
+    from agent.fence import runner_id
+
+    runner = runner_id(app.home)
+    return [pull_source(app.ledger, src, runner=runner) for src in app.config.sources]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from agent.intake.fingerprint import fingerprint, signature
 from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
@@ -120,11 +120,13 @@ def _chunks(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
 
 def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", source: str | None = None,
            cursor: tuple[str, str] | None = None, batch: int | None = BATCH,
-           result: IngestResult | None = None) -> IngestResult:
+           result: IngestResult | None = None, guard: Callable[[Any], None] | None = None) -> IngestResult:
     """Store events (deduplicated) in one transaction per ``batch`` events.
 
     With ``cursor=(source_key, value)`` everything goes in ONE transaction together with the
     cursor, so a crash either keeps both or neither (no double counting on the next pull).
+    ``guard(conn)`` runs first inside each write transaction and may raise to write nothing (a source's pull
+    checks there that it still holds the source's lease and that the cursor is still the one it read).
     Redaction and fingerprinting happen before each transaction starts.
     """
     result = result or IngestResult()
@@ -133,10 +135,10 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
     wrote_cursor = False
     for chunk in chunks:
         touched = _prepare_batch(chunk, result)
-        record_occurrences(ledger, touched, actor, source, cursor, result)
+        record_occurrences(ledger, touched, actor, source, cursor, result, guard)
         wrote_cursor = True
     if cursor is not None and not wrote_cursor:
-        set_cursor(ledger, cursor[0], cursor[1])
+        set_cursor(ledger, cursor[0], cursor[1], guard)
     return result
 
 

@@ -378,7 +378,10 @@ class _Run:
     def event(self, kind: str, payload: dict) -> None:
         if self.ledger is None:
             return
-        with self.ledger.tx() as c:
+        from agent.ledger.tasks import claimed_tx
+
+        # fenced like every task write: a lane whose task was taken over (lease lost) records nothing more
+        with claimed_tx(self.ledger, self.task_id, self.claim_token if self.task_id is not None else None) as c:
             self.ledger.event(c, kind, "lane", payload, task_id=self.task_id, error_id=self.error_id)
 
     # one turn ---------------------------------------------------------------

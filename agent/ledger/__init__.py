@@ -27,6 +27,8 @@ from agent import AgentError
 from agent.ledger import backend, outbox
 from agent.ledger.backend import POSTGRES, SQLITE, LedgerError
 from agent.ledger.feedback import FeedbackQueries
+from agent.ledger.leases import LeaseQueries
+from agent.ledger.status import StatusQueries
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
@@ -131,10 +133,10 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
-class Ledger(FeedbackQueries):
+class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):
     def __init__(self, path: Path | str, conn, dialect: backend.Dialect = SQLITE, location: Path | str | None = None):
         self.path = path                      # SQLite: the file; PostgreSQL: the URL without its password (shown)
         self.location = location or path      # what Ledger.open() takes again (another thread's connection)

@@ -319,3 +319,25 @@ def m008_notify_outbox(db) -> None:
         "id": int, "hook": str, "key": str, "events": int, "new": int, "deduplicated": int, "received_at": str,
     }, pk="id", not_null={"hook", "key", "received_at"})
     db["hook_deliveries"].create_index(["hook", "key"], unique=True)
+
+
+@migration
+def m009_runners_and_leases(db) -> None:
+    """Many runners sharing one ledger (DESIGN.md "Runners, leases and fencing").
+
+    - ``runners``: one row per runner (a home on a host), registered and beaten by every scan, daemon tick and
+      lease keeper; ``heartbeat_at`` is epoch seconds (like ``tasks.lease_until``) so staleness is arithmetic.
+    - ``tasks.fence``: the fencing counter, incremented by every new claim in the claiming UPDATE; the claim token
+      is made from it, so a task's tokens strictly increase. ``tasks.claim_runner``: the runner id holding it.
+    - ``leases``: named leases (a source's cursor, ``pr-open``) with a holder, an increasing token and an expiry.
+    """
+    db["runners"].create({
+        "id": str, "host": str, "home": str, "pid": int, "pid_start": int, "version": str,
+        "started_at": str, "heartbeat_at": float,
+    }, pk="id", not_null={"host", "home", "heartbeat_at"})
+    db["tasks"].add_column("fence", int)
+    db["tasks"].add_column("claim_runner", str)
+    db["tasks"].create_index(["claim_runner"])
+    db["leases"].create({
+        "name": str, "holder": str, "runner": str, "token": int, "until": float, "updated_at": str,
+    }, pk="name", not_null={"token"})

@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
+# ClaimLost (a claim token that is not the task's) and LeaseLost (a ClaimLost: what the fencing check raises) live
+# with the claim records in agent.ledger.leases, and so does check_claim, the fencing check every write here runs
+from agent.ledger.leases import ClaimLost, LeaseLost, check_claim  # noqa: F401
 
 
 HUMAN_STEP_PENDING = "human step pending:"
@@ -30,26 +33,12 @@ class Refused(AgentError):
         super().__init__(prefix + "; ".join(reasons))
 
 
-class ClaimLost(AgentError):
-    """A worker's claim token no longer matches the task's: someone else owns it now."""
-
-
 def get_task(ledger: Ledger, task_id: int, conn: sqlite3.Connection | None = None) -> dict:
     c = conn or ledger.conn
     row = c.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
     if row is None:
         raise AgentError(f"no task {task_id}; see `agent task list`")
     return dict(row)
-
-
-def check_claim(conn: sqlite3.Connection, task_id: int, token: str | None) -> None:
-    """Inside the write's own transaction: raise ClaimLost unless ``token`` is the task's claim (None: a write that
-    acts without a claim, see the module docstring)."""
-    if token is None:
-        return
-    held = conn.execute("SELECT claim_token FROM tasks WHERE id = ?", (task_id,)).fetchone()
-    if held is None or held[0] != token:
-        raise ClaimLost(f"task {task_id}: claim lost to another worker; result not written")
 
 
 def claim_held(ledger: Ledger, task_id: int, token: str | None) -> bool:

@@ -131,6 +131,14 @@ table lane_runs
   pid_start INTEGER
   fk task_id -> tasks.id
   index (task_id, round, role) c
+table leases
+  name TEXT PK1
+  holder TEXT
+  runner TEXT
+  token INTEGER NOT NULL
+  until REAL
+  updated_at TEXT
+  index unique (name) pk
 table lessons
   id INTEGER PK1
   service TEXT
@@ -284,6 +292,16 @@ table prs
   updated_at TEXT
   fk task_id -> tasks.id
   index unique (task_id) c
+table runners
+  id TEXT PK1
+  host TEXT NOT NULL
+  home TEXT NOT NULL
+  pid INTEGER
+  pid_start INTEGER
+  version TEXT
+  started_at TEXT
+  heartbeat_at REAL NOT NULL
+  index unique (id) pk
 table steps
   task_id INTEGER PK1
   key TEXT PK2
@@ -321,8 +339,11 @@ table tasks
   created_at TEXT
   updated_at TEXT
   wait_reason TEXT
+  fence INTEGER
+  claim_runner TEXT
   fk conclusion_id -> conclusions.id
   fk error_id -> errors.id
+  index (claim_runner) c
   index (id) c
   index (state) c
   index unique (error_id) c
