@@ -176,7 +176,10 @@ def ensure_workspace(ctx: Ctx) -> None:
     record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
                      old_base_sha=t["base_sha"], created=ws.created, replaced_lost=lost and ws.created,
                      claim_token=ctx.token, start_at=start_at, taken_over_from=t["worktree"] if foreign else None,
-                     head=t["head_sha"], own_lanes=str(Path(ctx.home).resolve() / "lanes") + "/")
+                     head=t["head_sha"],
+                     # another runner held it last: every run still `running` is that runner's (its home may have
+                     # the same path as this one on another machine); else only runs outside this home's lanes/
+                     own_lanes=None if moved else str(Path(ctx.home).resolve() / "lanes") + "/")
     if foreign:
         ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
                 f"{(start_at or 'the pushed branch or base')[:12]}")
