@@ -145,8 +145,9 @@ def check_ledger_tamper(home: Path, where=None) -> list[Check]:
     if not found:
         return [Check("ledger trust", True, "schema and append-only triggers as the migrations made them; event ids "
                       "contiguous; every round cap explained by its events")]
+    kept = "a dump of the database (`pg_dump`)" if backend.is_url(where) else "the file"
     return [Check("ledger trust", False, f"{backend.display(where)}: tampered with: " + "; ".join(found)[:600],
-                  "stop the daemon/cron, keep the file for forensics, restore the ledger from a backup; run lanes in "
+                  f"stop the daemon/cron, keep {kept} for forensics, restore the ledger from a backup; run lanes in "
                   "the sandbox (`sandbox: bwrap`) so no lane can reach it")]
 
 

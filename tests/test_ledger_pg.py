@@ -104,6 +104,35 @@ def test_two_processes_migrating_one_empty_database_apply_each_migration_once(pg
         pg_server.drop(url)
 
 
+def test_the_shim_refuses_what_it_does_not_implement_and_records_without_a_database():
+    db = pg.PgDatabase()
+    with pytest.raises(TypeError, match="not in the subset"):
+        db["t"].create({"id": int}, pk="id", replace=True)
+    with pytest.raises(TypeError, match="no PostgreSQL type"):
+        db["t"].create({"blob": dict}, pk=None)
+    with pytest.raises(TypeError, match=r"\(column, table, column\)"):
+        db["t"].create({"id": int, "u": int}, pk="id", foreign_keys=["u"])
+    db["t"].create({"id": int, "name": str, "n": float}, pk="id", not_null={"name"}, defaults={"n": 1.5})
+    db["t"].create_index(["name"], unique=True)
+    db["t"].add_column("extra", int)
+    assert db.objects == {"table t": {"id": "bigint not null", "name": "text not null", "n": "double precision",
+                                      "extra": "bigint"},
+                          "index t_pkey": "unique t (id)", "index idx_t_name": "unique t (name)"}
+
+
+def test_config_yaml_ledger_url_is_validated_without_echoing_the_password(tmp_path):
+    from agent.config import ConfigError, parse_config
+
+    assert parse_config({"ledger": {"url": "postgresql://a@db/x"}}).ledger_url == "postgresql://a@db/x"
+    assert parse_config({}).ledger_url is None
+    for bad, says in [({"url": "mysql://a:hunter2@db/x"}, "expected a postgresql://"),
+                      ({"url": 5}, "ledger.url"), ({"host": "db"}, "ledger.host"),
+                      ({"url": "postgresql://a:hunter2@db:port/x"}, "malformed URL")]:
+        with pytest.raises(ConfigError) as exc:
+            parse_config({"ledger": bad}, filename="config.yaml")
+        assert says in str(exc.value) and "hunter2" not in str(exc.value), str(exc.value)
+
+
 def test_a_database_that_is_not_a_ledger_is_refused(pg_server):
     url = pg_server.empty()
     try:

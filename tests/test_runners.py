@@ -518,3 +518,38 @@ def test_a_runner_stopped_past_its_lease_loses_the_task_and_stops_its_lane_witho
     assert took < 15, f"A went on for {took:.1f}s: its lane was not stopped"        # not the lane's 30 s
     assert [r["event"] for r in read_log(log)] == ["start"] and started["role"] == "implementer"
     assert dump(home) == before, "runner A wrote after runner B claimed the task"
+
+
+def test_the_daily_budget_counts_what_every_runner_spent(shared_homes):
+    """Runner B's lanes spent $4; runner A, about to start a lane with `limits.daily_budget_usd: 5`, may go on;
+    after B spends $1.50 more, A waits and says why (the spend is summed from the shared ledger)."""
+    from agent.config import parse_config
+    from agent.fixer.driver import Ctx, Stop
+    from agent.fixer.limits import check_budgets
+    from agent.ledger import lanes
+
+    a_home, _ = shared_homes
+    led_a, led_b = two_runners(shared_homes)
+    config = parse_config({"limits": {"daily_budget_usd": 5, "task_budget_usd": 100}})
+    try:
+        mine, _ = create_task(led_a, "acme/widgets", "A's task")
+        theirs, _ = create_task(led_b, "acme/widgets", "B's task")
+        a, b = take(led_a, mine, runner="runner-a"), take(led_b, theirs, runner="runner-b")
+
+        def spend(usd):
+            run = lanes.start_run(led_b, task_id=theirs, error_id=None, round=1, role="implementer", vendor="codex",
+                                  head_sha=None, claim_token=b.token)
+            lanes.finish_run(led_b, run, {"status": "complete", "cost_usd": usd}, {"run_id": run}, task_id=theirs,
+                             error_id=None, claim_token=b.token)
+
+        spend(4.0)
+        ctx = Ctx(a_home, config, led_a, mine, a.token)
+        check_budgets(ctx)                         # $4 of $5: A goes on
+        spend(1.5)
+        with pytest.raises(Stop):
+            check_budgets(ctx)
+        assert ctx.waiting == "waiting: daily budget spent ($5.5 of $5)"
+        assert led_a.scalar("SELECT wait_reason FROM tasks WHERE id = ?", (mine,)) == ctx.waiting
+    finally:
+        led_a.close()
+        led_b.close()

@@ -12,7 +12,7 @@ from agent.commands.common import emit, get_app, json_option
 def runners(as_json):
     """Runners sharing the ledger: id, host, home, pid, last heartbeat, alive or stale, tasks held.
 
-    A runner is a home on a host (id: AGENT_RUNNER_ID, else HOSTNAME:HASH-OF-HOME); every scan, daemon pass and
+    A runner is a home on a host (id: AGENT_RUNNER_ID, else HOSTNAME:CRC32-OF-HOME); every scan, daemon pass and
     running lane beats its heartbeat. Stale: no heartbeat for 3 task leases (6 min). A task held by a stale runner
     is taken over by another runner once its lease expires.
 
