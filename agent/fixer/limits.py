@@ -6,20 +6,48 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from agent.fixer.driver import Ctx, block, wait
-from agent.ledger import Ledger
-from agent.ledger.lanes import cost_since
+from agent.ledger.lanes import BudgetRefused, DailyBudget, daily_spend_since
 from agent.ledger.prs import open_drafts as open_drafts_in, prs_opened_since
 from agent.ledger.outbox import TASK_BUDGET_SPENT, daily_budget_reached
 
 
-def daily_cost(ledger: Ledger) -> float:
-    since = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
-    return cost_since(ledger, since)
+def day_start() -> str:
+    """The daily budget's window: the last 24 hours (as the ledger's timestamps sort)."""
+    return (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def usd(x: float) -> str:
     """$3, $0.25, $0.005: enough digits to tell a small budget from what was spent."""
     return "$" + f"{x:,.4f}".rstrip("0").rstrip(".")
+
+
+def daily_wait_line(spent: float, reserved: float, inflight: int, limit: float, role: str | None = None,
+                    estimate: float | None = None) -> str:
+    """Why a task waits for the daily budget: spent (and reserved by lanes in flight) of the limit, and, when the
+    budget is not used up but the next lane does not fit, that lane's estimate."""
+    line = f"waiting: daily budget spent ({usd(spent + reserved)} of {usd(limit)}"
+    if inflight:
+        line += f", {usd(reserved)} of it reserved by {inflight} running lane{'s' if inflight != 1 else ''}"
+    if role is not None and estimate is not None and spent + reserved < limit:
+        line += f"; a {role} lane is estimated at {usd(estimate)}"
+    return line + ")"
+
+
+def lane_budget(ctx: Ctx) -> DailyBudget:
+    """What a fixer lane checks and reserves when it is recorded ``running`` (``ledger.lanes.start_run``): the
+    daily limit, its window, and the estimate for a lane without history: what is left of the task's budget."""
+    from agent.tasks import task_budget
+
+    limits = ctx.config.limits
+    spent, budget, _ = task_budget(ctx.ledger, ctx.task_id, limits.task_budget_usd)
+    return DailyBudget(limit_usd=limits.daily_budget_usd, since=day_start(), fallback_usd=max(0.0, budget - spent))
+
+
+def budget_refused(ctx: Ctx, role: str, exc: BudgetRefused) -> None:
+    """The lane did not fit in the daily budget (checked atomically with its launch): the task waits."""
+    if exc.spent + exc.reserved >= exc.limit:
+        daily_budget_reached(ctx.ledger, exc.spent + exc.reserved, exc.limit)
+    wait(ctx, daily_wait_line(exc.spent, exc.reserved, exc.inflight, exc.limit, role, exc.estimate))
 
 
 def check_budgets(ctx: Ctx) -> None:
@@ -35,10 +63,11 @@ def check_budgets(ctx: Ctx) -> None:
     started = datetime.strptime(t["created_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
     if (datetime.now(timezone.utc) - started).total_seconds() > limits.task_wall_time:
         block(ctx, f"task wall time {limits.task_wall_time}s exceeded")
-    daily = daily_cost(ctx.ledger)
-    if daily >= limits.daily_budget_usd:
-        daily_budget_reached(ctx.ledger, daily, limits.daily_budget_usd)  # once a day: the "budget" notification
-        wait(ctx, f"waiting: daily budget spent ({usd(daily)} of {usd(limits.daily_budget_usd)})")
+    # spent, plus what the lanes in flight (any runner's) reserved; the launch itself checks again, atomically
+    daily, reserved, inflight = daily_spend_since(ctx.ledger, day_start())
+    if daily + reserved >= limits.daily_budget_usd:
+        daily_budget_reached(ctx.ledger, daily + reserved, limits.daily_budget_usd)  # once a day: "budget" notice
+        wait(ctx, daily_wait_line(daily, reserved, inflight, limits.daily_budget_usd))
 
 
 PR_OPEN_LEASE = "pr-open"   # held across runners around the PR limits' check and the PR create (steps.step_pr_opened)

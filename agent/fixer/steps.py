@@ -14,11 +14,11 @@ from agent import AgentError, chain
 from agent.fence import crashpoint, pausepoint
 from agent.fixer.driver import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
                                 repo_settings, task_git, wait)
-from agent.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, check_budgets,
-                                 pr_limits_reached)
+from agent.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, budget_refused, check_budgets,
+                                 lane_budget, pr_limits_reached)
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
-from agent.ledger.lanes import implementer_summary, inflight_run, interrupt_run
+from agent.ledger.lanes import BudgetRefused, implementer_summary, inflight_run, interrupt_run
 from agent.ledger.prs import has_pr
 from agent.ledger.tasks import (finish_task, lessons_for, passing_check, record_check, record_commit, record_gate,
                                 record_push, record_spec, task_commits)
@@ -129,13 +129,18 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
 
     keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
         else nullcontext()
-    with keeping as keeper, \
-            LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
-        result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
-                          ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"],
-                          head_sha=head, repo_lanes=settings.lanes if settings else None,
-                          claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
-                          on_progress=progress)
+    try:
+        with keeping as keeper, \
+                LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
+            # the daily budget is checked and this lane's estimate reserved in the transaction that records it
+            # running, so runners (and --jobs threads) racing for the last of it launch only the lanes that fit
+            result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path,
+                              cwd=Path(t["worktree"]), ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"],
+                              round=t["round"], head_sha=head, repo_lanes=settings.lanes if settings else None,
+                              claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
+                              on_progress=progress, budget=lane_budget(ctx))
+    except BudgetRefused as exc:
+        budget_refused(ctx, role, exc)
     _lease_held(ctx, keeper, f"{role} lane")
     crashpoint("lane.finished")  # fault injection (tests): the run is recorded, its step not closed yet
     if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):

@@ -437,12 +437,15 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
              ledger=None, task_id: int | None = None, error_id: str | None = None,
              round: int | None = None, head_sha: str | None = None, repo_lanes: dict | None = None,
              vendor: str | None = None, deadline: float | None = None, claim_token: str | None = None,
-             resume_run_id: int | None = None, on_progress: Callable[[str], None] | None = None) -> LaneResult:
+             resume_run_id: int | None = None, on_progress: Callable[[str], None] | None = None,
+             budget=None) -> LaneResult:
     """Run one lane to an outcome; never raises for a failing child (see the module doc).
 
     ``deadline`` is an absolute ``time.time()``; the lane's own timeout (lanes.ROLE.timeout, else
     limits.lane_timeout) applies too, whichever is first, and repair turns share it.
-    Raises AgentError only for caller errors: unknown role/vendor, missing spec or cwd, lost claim.
+    ``budget`` (``agent.ledger.lanes.DailyBudget``, the fixer's lanes): the run reserves its estimate of the daily
+    budget when it is recorded, or ``BudgetRefused`` is raised before anything starts.
+    Raises AgentError only for caller errors: unknown role/vendor, missing spec or cwd, lost claim, no budget.
     """
     from agent.config import ROLES
 
@@ -472,7 +475,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         from agent.ledger.lanes import start_run
 
         run_id = start_run(ledger, task_id=task_id, error_id=error_id, round=round, role=role, vendor=vendor_name,
-                           head_sha=head_sha, claim_token=claim_token)
+                           head_sha=head_sha, claim_token=claim_token, budget=budget, supersedes=resume_run_id)
         run_dir = home / "lanes" / str(run_id)
     else:
         run_dir = home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"

@@ -341,3 +341,18 @@ def m009_runners_and_leases(db) -> None:
     db["leases"].create({
         "name": str, "holder": str, "runner": str, "token": int, "until": float, "updated_at": str,
     }, pk="name", not_null={"token"})
+
+
+@migration
+def m010_lane_budget_reservations(db) -> None:
+    """The daily budget holds across runners (DESIGN.md "The daily budget across runners").
+
+    - ``lane_runs.reserved_usd``: what a fixer lane reserved of the daily budget when it was recorded ``running``
+      (its estimate); while the run is ``running`` under a live claim the reservation counts as spent, after that
+      its real ``cost_usd`` does. NULL for lanes that reserve nothing (the decider, `agent lane run`).
+    - indexes for the two reads every lane start makes: the last 24 hours' spend (``started_at``) and the lane's
+      recent costs (``role``, ``vendor``).
+    """
+    db["lane_runs"].add_column("reserved_usd", float)
+    db["lane_runs"].create_index(["started_at"])
+    db["lane_runs"].create_index(["role", "vendor"])

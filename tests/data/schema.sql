@@ -129,7 +129,10 @@ table lane_runs
   started_at TEXT
   ended_at TEXT
   pid_start INTEGER
+  reserved_usd REAL
   fk task_id -> tasks.id
+  index (role, vendor) c
+  index (started_at) c
   index (task_id, round, role) c
 table leases
   name TEXT PK1
