@@ -309,11 +309,15 @@ except LeaseLost as exc:
 """
 
 
-def test_the_lease_keeper_stops_the_lane_of_a_worker_that_lost_its_lease_and_it_writes_nothing(shared_homes):
+def test_the_lease_keeper_stops_the_lane_of_a_worker_that_lost_its_lease_and_it_writes_nothing(shared_homes,
+                                                                                               monkeypatch):
     """Runner A (a real process) runs a lane under its lease keeper; A is stopped (SIGSTOP) past its lease,
     runner B claims the task, A resumes: A's keeper finds the claim gone, kills A's lane at once, and A's write
     is refused."""
+    from agent.ledger import LedgerError
+
     a_home, _ = shared_homes
+    monkeypatch.setenv("AGENT_LEDGER_BUSY_TIMEOUT", "2")   # B's wait when A is stopped inside a write (below)
     led_a, led_b = two_runners(shared_homes)
     tid, _ = create_task(led_a, "acme/widgets", "t")
     led_a.close()
@@ -322,9 +326,17 @@ def test_the_lease_keeper_stops_the_lane_of_a_worker_that_lost_its_lease_and_it_
     try:
         assert worker.stdout.readline().startswith("claimed")
         time.sleep(0.3)
-        os.kill(worker.pid, signal.SIGSTOP)
-        time.sleep(1.0)                                   # past A's lease: nobody renewed it
-        b = take(led_b, tid, runner="runner-b")
+        b = None
+        for _ in range(10):
+            os.kill(worker.pid, signal.SIGSTOP)
+            time.sleep(1.0)                               # past A's lease: nobody renewed it
+            try:
+                b = take(led_b, tid, runner="runner-b")
+                break
+            except LedgerError as exc:   # A was stopped inside its keeper's renewal, holding the write lock:
+                assert "busy" in str(exc)  # let it finish that write and stop it again
+                os.kill(worker.pid, signal.SIGCONT)
+                time.sleep(0.1)
         assert b is not None and b.took_over and b.previous_runner == "runner-a"
         before = dump(a_home)
         os.kill(worker.pid, signal.SIGCONT)
