@@ -121,16 +121,18 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
     of the real CLI against a fresh scripted server; HOME and every CLI dir under tmp_path."""
 
     def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
-            args: tuple[str, ...] = (), ledger=None, sandbox: str = "bwrap", prices: dict | None = None):
+            args: tuple[str, ...] = (), ledger=None, sandbox: str = "bwrap", prices: dict | None = None,
+            user_home: Path | None = None):
         binary, why = find_cli(cli)
         if binary is None:
             pytest.skip(why)
         server = fake(script)
         server.refuse_auth = refuse_auth
-        home = tmp_path / "home"
+        home = user_home or tmp_path / "home"
         home.mkdir(exist_ok=True)
         monkeypatch.setenv("HOME", str(home))
-        env = setup_env(cli, server.url, tmp_path / f"{cli}-cfg")
+        # with user_home, the CLI's config and session dirs live in that home, as a real user's do
+        env = setup_env(cli, server.url, (home if user_home else tmp_path) / f"{cli}-cfg")
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         args = (("--edit-format", "diff") if cli == "aider" else ()) + tuple(args)
@@ -245,6 +247,46 @@ def test_grok_implementer_edit_and_fresh_retry(lane, repo):
     assert [r["kind"] for r in result.repairs] == ["fresh"], why
     retry = [r for r in server.requests if is_repair(r)]
     assert retry and SPEC_MARK in retry[0].all_text and "STATUS: completed" not in retry[0].all_text, why
+
+
+HOME_SECRET = "SECRET-" + "h0me" * 6
+PEEK_CMD = "cat ~/.ssh/id_rsa ~/.aws/credentials; ls -A /home; echo HOME-IS-$HOME; " + EDIT_CMD
+
+
+def peek_script(req: ModelRequest) -> Reply:
+    """Read the user's secrets and list /home through the CLI's shell tool, edit app.py, report."""
+    if not req.tool_names:
+        return Reply(text="Peek")
+    if req.tool_results:
+        return Reply(text=GOOD_REPORT)
+    return Reply(shell=PEEK_CMD, text="no shell tool was offered\n\nSTATUS: blocked\nSUMMARY: no shell\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", ["codex", "claude"])     # opencode's own permission refuses paths outside --dir
+def test_cli_in_a_user_home_cannot_read_its_secrets(cli, lane, repo):
+    """A real CLI whose HOME, config and session dirs are a user's home OUTSIDE /tmp (the private /tmp would hide
+    one inside it by accident), with ~/.ssh/id_rsa and ~/.aws/credentials planted: its shell tool finds neither
+    (on main before the home was hidden it printed both to the model), the edit lands, and the session dir bound
+    back into the private home keeps the session (the CLI reports its id)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="agent-home-test-", dir="/var/tmp"))
+    try:
+        home = base / "alice"
+        for rel in (".ssh/id_rsa", ".aws/credentials"):
+            (home / rel).parent.mkdir(parents=True)
+            (home / rel).write_text(HOME_SECRET)
+        result, server = lane(cli, "implementer", peek_script, user_home=home)
+        why = explain(result, server)
+        results = "\n".join(t for r in server.requests for t in r.tool_results)
+        assert f"HOME-IS-{home}" in results, why                   # the shell tool ran, with the user's HOME
+        assert HOME_SECRET not in results and "No such file" in results, why
+        assert result.status == "complete" and result.session_id, why
+        assert 'return "hello, world"' in (repo / "app.py").read_text(), why
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider", "gemini"])

@@ -9,6 +9,12 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
 - the agent home (ledger, config, other tasks' specs, worktrees and lane logs) replaced by an empty tmpfs, with only
   this lane's worktree (read-write for the implementer, read-only for every other role), its spec (read-only) and
   its run dir (read-write: vendors write their last message and chat files there) bound back in;
+- the users' homes (``/root``, ``/home``, the agent's ``$HOME`` and its user's home in passwd) replaced by empty
+  tmpfs mounts: ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, ``~/.netrc``, shell history and other users' homes are not
+  there.  ``$HOME`` is the lane's private, writable, throwaway home; bound back into it: the vendor's session dirs
+  (``state_paths``, read-write), and read-only what the lane must run (``toolchain_paths``: the agent's interpreter
+  and package tree, the PATH entries' tool directories, the vendor binary's package) and the files a command
+  vendor's argv or a ``vendors.X.env`` variable names;
 - the git dir read-only: the worktree's ``.git`` file (so a lane cannot point it elsewhere), the mirror's objects
   and refs, and in place of the mirror's ``config`` a sanitised copy (format version and extensions only: no remote
   URL, nothing git would execute);
@@ -65,7 +71,9 @@ class Plan:
     """What one sandboxed run may see and touch.  Paths are host paths (the sandbox shows them at the same place)."""
     cwd: Path
     writable_cwd: bool
-    hide: list[Path] = field(default_factory=list)          # replaced by an empty tmpfs
+    hide: list[Path] = field(default_factory=list)          # replaced by an empty tmpfs (the agent home: only
+                                                            # the lane's own paths are bound back into it)
+    homes: list[Path] = field(default_factory=list)         # users' homes: an empty writable tmpfs each
     rw: list[Path] = field(default_factory=list)            # bound read-write
     ro: list[Path] = field(default_factory=list)            # bound read-only (inside hidden or writable areas)
     over: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, read-only
@@ -130,24 +138,122 @@ def git_paths(cwd: Path) -> tuple[Path | None, Path | None]:
     return (gd.resolve() if gd else None), common
 
 
-def runtime_paths() -> list[Path]:
-    """Where the agent itself runs from, when the private /tmp would hide it: its interpreter's prefix (a venv)
-    and the tree its package was imported from (an editable install, which may hold the vendor CLIs too).  Demo
-    lanes and ``python -m`` command vendors run the agent's own interpreter; a CI clone under /tmp is the usual
-    case.  Read-only, like the rest of the filesystem outside /tmp."""
+# Top-level directories that are never hidden as a "home" (a service account's HOME may be one of them).
+_SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+                          "/mnt", "/nonexistent", "/opt", "/proc", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+                          "/var"})
+
+
+def user_homes(environ=None) -> list[Path]:
+    """The home directories a lane never sees: ``/root``, ``/home`` (every user's home), the agent's ``$HOME``
+    and its user's home in passwd (as given and resolved).  A home that is ``/`` or a system directory (a service
+    account's) is left alone; one that does not exist cannot be mounted over and needs no hiding."""
+    import pwd
+
+    env = os.environ if environ is None else environ
+    cands = ["/root", "/home", env.get("HOME") or ""]
+    try:
+        cands.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except (KeyError, OSError):
+        pass
+    out: list[Path] = []
+    for c in cands:
+        if not c.startswith("/"):
+            continue
+        for p in (Path(os.path.abspath(c)), Path(c).resolve()):
+            if str(p) not in _SYSTEM_DIRS and p.is_dir() and p not in out:
+                out.append(p)
+    return out
+
+
+def _inside(p: Path, roots) -> Path | None:
+    """The root of ``roots`` that is ``p`` or one of its parents, or None."""
+    for r in roots:
+        if p == r or r in p.parents:
+            return r
+    return None
+
+
+def runtime_paths(homes: list[Path] | None = None) -> list[Path]:
+    """Where the agent itself runs from, when the private /tmp or a hidden home would hide it: its interpreter's
+    prefix (a venv), the base interpreter that venv was made from (pyenv and uv keep theirs under ``~``) and the
+    tree its package was imported from (an editable install, which may hold the vendor CLIs too).  Demo lanes and
+    ``python -m`` command vendors run the agent's own interpreter; a CI clone under /tmp and a checkout under ``~``
+    are the usual cases.  Read-only, like the rest of the filesystem outside /tmp."""
     import agent
 
-    tmp = Path("/tmp")
-    roots = {Path(sys.prefix).absolute(), Path(agent.__file__).resolve().parent.parent}
-    return sorted(p for p in roots if tmp in p.parents)
+    hidden = [Path("/tmp"), *(homes or [])]
+    roots = {Path(sys.prefix).absolute(), Path(sys.base_prefix).absolute(),
+             Path(agent.__file__).resolve().parent.parent}
+    return sorted(p for p in roots if _inside(p, hidden) is not None and p not in hidden)
+
+
+# What stays hidden inside a tool directory bound back from a home: credentials some tools keep next to their
+# binaries (cargo's registry token, rubygems' API key, an npm prefix's global npmrc).
+_TOOL_SECRETS = ("credentials", "credentials.toml", "etc/npmrc")
+# Directories of a home that hold configuration and data of many programs: a PATH entry under one of them is bound
+# back alone, never the whole directory; and never one of the usual secret stores.
+_SHARED_DIRS = frozenset({".local", ".config", ".cache", ".var"})
+_SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".azure", ".password-store",
+                          ".git-credentials", ".pgpass", ".npmrc", ".pypirc"})
+
+
+def toolchain_paths(path_var: str, homes: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(directories to bind back read-only, credential files to blank) for the lane's PATH entries that live in a
+    hidden home.  An entry's tool directory is the home's top-level directory holding it (``~/.pyenv`` for
+    ``~/.pyenv/shims``, whose shims need the versions next to them; ``~/.nvm``, ``~/.cargo``) or, under a shared
+    directory (``~/.local/bin``), the entry alone.  Secret stores are never bound back."""
+    binds: list[Path] = []
+    blanks: list[Path] = []
+    for entry in (path_var or "").split(":"):
+        if not entry.startswith("/"):
+            continue
+        e = Path(os.path.abspath(entry))
+        home = _inside(e, homes)
+        if home is None or e == home or not e.is_dir():
+            continue
+        rel = e.relative_to(home).parts
+        if rel[0] in _SECRET_DIRS:
+            continue
+        root = e if rel[0] in _SHARED_DIRS else home / rel[0]
+        if root not in binds:
+            binds.append(root)
+        # the tool's own root and, for a .../bin entry, its prefix (an nvm node keeps its global npmrc there)
+        prefix = [e.parent] if e.name == "bin" and root in e.parent.parents else []
+        for base in [root, *prefix]:
+            blanks += [base / s for s in _TOOL_SECRETS if (base / s).is_file() and base / s not in blanks]
+    return binds, blanks
+
+
+def package_root(binary: Path) -> list[Path]:
+    """What a binary needs besides itself, when it lives in a hidden home: the ``node_modules`` tree it belongs to
+    (an npm package's dependencies sit beside it), its Python venv and the interpreter that venv was made from
+    (``pyvenv.cfg`` ``home``), an interpreter's own prefix (``~/.pyenv/versions/X/bin/python`` needs ``lib/``
+    next to ``bin/``), or else its resolved file."""
+    named = Path(os.path.abspath(binary))
+    real = named.resolve()
+    for cand in (named, real):
+        if "node_modules" in cand.parts:
+            return [Path(*cand.parts[:cand.parts.index("node_modules") + 1])]
+        for parent in cand.parents:
+            cfg = parent / "pyvenv.cfg"
+            if cfg.is_file():
+                m = re.search(r"^\s*home\s*=\s*(\S.*?)\s*$", cfg.read_text(errors="replace"), re.M)
+                base = Path(m.group(1)).resolve() if m and m.group(1).startswith("/") else None
+                return [parent] + (package_root(base / "python") if base is not None else [])
+    if real.parent.name == "bin" and (real.parent.parent / "lib").is_dir():
+        return [real.parent.parent]
+    return [real]
 
 
 def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
-              state_paths: list[Path], extra_writable: list[Path]) -> Plan:
-    """The plan for a lane in ``cwd`` (see the module doc)."""
+              state_paths: list[Path], extra_writable: list[Path], homes: list[Path] | None = None) -> Plan:
+    """The plan for a lane in ``cwd`` (see the module doc).  ``homes``: the users' homes to hide (default
+    ``user_homes()``)."""
     cwd = Path(cwd).resolve()
     plan = Plan(cwd=cwd, writable_cwd=writable)
     plan.hide.append(Path(agent_home).resolve())
+    plan.homes = list(user_homes() if homes is None else homes)
     for p in [*state_paths, *extra_writable]:
         p = Path(os.path.expanduser(str(p)))
         try:
@@ -157,7 +263,7 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
         plan.rw.append(p.resolve())
     plan.rw.append(Path(run_dir).resolve())
     (plan.rw if writable else plan.ro).append(cwd)
-    plan.ro.extend(runtime_paths())
+    plan.ro.extend(runtime_paths(plan.homes))
     for s in spec_paths:
         if s is not None and Path(s).exists():
             plan.ro.append(Path(s).resolve())
@@ -181,25 +287,47 @@ _ENV_NOT_PATHS = ("HOME", "PATH", "TMPDIR", "PWD", "OLDPWD", "SHELL")
 
 
 def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None) -> Plan:
-    """The plan plus, read-only, every existing file an absolute argv element names (a command vendor's script
-    and its arguments, from the trusted config) and every existing path a variable of the lane's environment
-    names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``): the private /tmp would otherwise hide them."""
-    extra = []
+    """The plan plus, read-only, what this turn must run and read: every existing file an absolute argv element
+    names (a command vendor's script and its arguments, from the trusted config), every existing path a variable
+    of the lane's environment names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``; in a hidden home only a file,
+    never a directory such as ``~/.config``), and, when they live in a hidden home, the PATH entries' tool
+    directories and the vendor binary's package or interpreter (``toolchain_paths``, ``package_root``).  Nothing
+    in the agent home is ever bound back this way."""
+    env = env or {}
+    extra: list[Path] = []
+    blanks: list[tuple[Path, Path]] = []
     candidates = [a for a in argv if a.startswith("/") and os.path.isfile(a)]
-    candidates += [v for k, v in (env or {}).items()
-                   if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v and os.path.exists(v)
-                   and len(Path(v).parts) >= 3]
+    candidates += [v for k, v in env.items()
+                   if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v
+                   and os.path.exists(v) and len(Path(v).parts) >= 3]
+
+    def add(p: Path) -> None:
+        inside_rw = _inside(p, plan.rw) is not None
+        hidden = _inside(p, plan.hide) is not None             # never the ledger, even if named
+        if not inside_rw and not hidden and p not in plan.ro and p not in extra and p not in plan.homes:
+            extra.append(p)
+
     for a in candidates:
-        if a:
-            p = Path(a).resolve()
-            inside_rw = any(p == w or w in p.parents for w in plan.rw)
-            hidden = any(p == h or h in p.parents for h in plan.hide)     # never the ledger, even if named
-            if not inside_rw and not hidden and p not in plan.ro:
-                extra.append(p)
-    if not extra:
+        p = Path(a).resolve()
+        if _inside(p, plan.homes) is not None and not p.is_file():
+            continue                                            # a file in a home, never a whole directory
+        add(p)
+    if plan.homes:
+        tools, secrets = toolchain_paths(env.get("PATH", ""), plan.homes)
+        for t in tools:
+            add(t)
+        blanks += [(Path("/dev/null"), s) for s in secrets]
+        if argv and argv[0].startswith("/") and os.path.exists(argv[0]):
+            b = Path(os.path.abspath(argv[0]))
+            if _inside(b, plan.homes) is not None and b.parent not in plan.homes:
+                add(b.parent)                                   # the binary as named (a symlink stays one)
+            for p in package_root(b):                           # e.g. a venv outside made from ~/.pyenv's python
+                if _inside(p, plan.homes) is not None:
+                    add(p)
+    if not extra and not blanks:
         return plan
-    return Plan(cwd=plan.cwd, writable_cwd=plan.writable_cwd, hide=list(plan.hide), rw=list(plan.rw),
-                ro=list(plan.ro) + extra, over=list(plan.over), empty=list(plan.empty))
+    return Plan(cwd=plan.cwd, writable_cwd=plan.writable_cwd, hide=list(plan.hide), homes=list(plan.homes),
+                rw=list(plan.rw), ro=list(plan.ro) + extra, over=list(plan.over) + blanks, empty=list(plan.empty))
 
 
 def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: Path) -> tuple[list[str], dict]:
@@ -215,7 +343,7 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     scratch.mkdir(parents=True, exist_ok=True)
     plan = lane_plan(cwd=worktree, writable=True, agent_home=agent_home, run_dir=scratch, spec_paths=[],
                      state_paths=[], extra_writable=[])
-    return wrap(bwrap, argv, plan, env)
+    return wrap(bwrap, argv, with_argv_files(plan, argv, env), env)
 
 
 LANE_UID = 1000
@@ -235,7 +363,8 @@ def _depth(p: Path) -> int:
 def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The bwrap argv running ``argv`` under ``plan``, and the environment to give it (TMPDIR is the private
     /tmp).  Mounts are ordered by depth, so a deeper path (the worktree's ``.git``) overrides a shallower one (the
-    worktree), and a hidden tree (the home) is emptied before what the lane may see is bound back into it."""
+    worktree), and a hidden tree (a user's home, the agent home inside it) is emptied before what the lane may see
+    is bound back into it."""
     args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev",
             "--proc", "/proc", "--tmpfs", "/tmp"]
@@ -247,6 +376,8 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
         order += 1
         mounts.append((_depth(dest), order, op))
 
+    for p in plan.homes:
+        add(p, ["--tmpfs", str(p)])
     for p in plan.hide:
         add(p, ["--tmpfs", str(p)])
     for p in plan.rw:
