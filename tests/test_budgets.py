@@ -307,3 +307,35 @@ def test_a_killed_runners_reservation_ends_when_its_run_is_marked_interrupted(tm
     finally:
         con.close()
     assert waiting.startswith("waiting: daily budget spent ($0.01 of $0.01"), waiting
+
+
+def test_the_two_pr_reviewers_racing_for_the_last_of_the_daily_budget_launch_one(world):
+    """The PR quality and logic reviewers start together in two threads after one budget check. The demo's rounds
+    before them cost $0.03 (two implementer runs at $0.01, two reviewer runs at $0.005); with a $0.035 daily budget
+    there is room for one more lane: one PR reviewer launches and reserves the rest, the other is refused at its
+    launch and the task waits, with the reason; raising the budget lets the other one run, and the task ends done
+    with one run of each (before reservations both launched at once: $0.04 of $0.035)."""
+    edit_config(world, lambda c: c["limits"].update(daily_budget_usd=0.035))
+    ingest_and_decide(world)
+    scan(world, "error-fix")
+    run_until_settled(world, passes=2)
+
+    def runs():
+        led = ledger(world)
+        try:
+            return (led.all("SELECT role, cost_usd, reserved_usd FROM lane_runs ORDER BY id"),
+                    led.one("SELECT state, wait_reason FROM tasks WHERE id = 1"))
+        finally:
+            led.close()
+
+    lanes, task = runs()
+    before = [r for r in lanes if not r["role"].startswith("pr-")]
+    assert sum(r["cost_usd"] for r in before) == pytest.approx(0.03), lanes
+    pr = [r for r in lanes if r["role"].startswith("pr-")]
+    assert len(pr) == 1 and pr[0]["reserved_usd"] == pytest.approx(0.005), lanes   # the rest of the day, no more
+    assert task["state"] == "working" and task["wait_reason"] == "waiting: daily budget spent ($0.035 of $0.035)", task
+    edit_config(world, lambda c: c["limits"].update(daily_budget_usd=1.0))
+    run_until_settled(world)
+    lanes, task = runs()
+    assert task["state"] == "done", task
+    assert sorted(r["role"] for r in lanes if r["role"].startswith("pr-")) == ["pr-logic", "pr-quality"]

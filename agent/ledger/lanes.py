@@ -88,13 +88,13 @@ def daily_spend_since(ledger: Ledger, since: str) -> tuple[float, float, int]:
 def _reserve(c, budget: DailyBudget, role: str, vendor: str, supersedes: int | None) -> float:
     """The check and the reservation's amount, inside ``start_run``'s transaction (the ledger's write lock makes
     it atomic across runners). A lane fits while something is left and either its estimate fits in what is left
-    or no other lane is in flight (one lane may always use the rest, as before reservations)."""
+    or no other lane is in flight: then it may use the rest, as before reservations, and reserves the rest."""
     estimate = lane_estimate(c, role, vendor, budget.fallback_usd)
     spent, reserved, inflight = daily_spend(c, budget.since, supersedes)
     used = spent + reserved
     if used >= budget.limit_usd - _EPS or (inflight and used + estimate > budget.limit_usd + _EPS):
         raise BudgetRefused(spent, reserved, inflight, estimate, budget.limit_usd)
-    return estimate
+    return min(estimate, budget.limit_usd - used)
 
 
 def _claimed(c, task_id: int | None, token: str | None) -> None:
