@@ -285,3 +285,31 @@ def test_a_reset_task_whose_worktree_was_removed_goes_on_from_its_head_in_anothe
     assert done["state"] == "done" and done["round"] == 2, (done["failed_reason"], done["blocked_reason"])
     check_invariants(b, p["remote"], tasks=1)
     assert contains(p["remote"], failed["head_sha"], done["branch"])     # round 2 built on round 1's commit
+
+
+def test_the_claims_hook_makes_a_home_rebuild_when_another_runner_held_the_task_last(tmp_path, monkeypatch):
+    """The runners' claim says who held the task last (`claim.moved`). Runner m2 (its home at the same path as
+    m1's on its machine) made round 2's edits and died before pushing them; m1's own worktree still holds the
+    recorded head, so only the claim tells m1 that its worktree is not the task's state: it rebuilds, and the lost
+    edits are redone in a free round instead of a rejected one ("the implementer made no change")."""
+    monkeypatch.setenv("AGENT_RUNNER_ID", "m1")    # the batch is built by runner m1 too
+    p = build(tmp_path / "w", tasks=1)
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    m1, m2 = {"AGENT_RUNNER_ID": "m1"}, {"AGENT_RUNNER_ID": "m2"}
+    assert watcher(a, env={**m1, "AGENT_CRASHPOINT": "commit.recorded"}, log=tmp_path / "a.log").wait(120) == 137
+    a_worktree = task(a)["worktree"]
+    assert watcher(b, env={**m2, "AGENT_CRASHPOINT": "commit.done"}, log=tmp_path / "b.log").wait(120) == 137
+    before = task(b)
+    assert before["round"] == 2 and before["head_sha"] == git(p["remote"], "rev-parse", "refs/agent/task-1")
+    con = db(a)   # on m2's machine its home has m1's path: the ledger names that path
+    con.execute("UPDATE tasks SET worktree = ? WHERE id = 1", (a_worktree,))
+    con.close()
+    run_to_end(a, env=m1, log=tmp_path / "a2.log")
+    done = task(a)
+    assert done["state"] == "done" and done["round_cap"] == before["round_cap"] + 1   # a free round
+    kinds = [e["kind"] for e in events(a)]
+    assert kinds.count("task.taken_over") == 2
+    feedback = " ".join(payload(e).get("feedback", "") for e in events(a) if e["kind"] == "round.started")
+    assert "changed no file" not in feedback and "workspace was lost" in feedback
+    check_invariants(a, p["remote"], tasks=1, homes=[a, b])

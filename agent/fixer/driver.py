@@ -141,13 +141,16 @@ def ensure_workspace(ctx: Ctx) -> None:
     # the worktree the ledger names lives in another runner's home: that runner advanced the task last (and may be
     # dead); its folder is never touched from here
     foreign = bool(t["worktree"]) and os.path.realpath(t["worktree"]) != os.path.realpath(own)
+    # the claim's takeover hook: another runner held the task last (DESIGN.md "Runners, leases and fencing")
+    moved = bool(getattr(getattr(ctx, "claim", None), "moved", False))
     lost = bool(t["worktree"])  # it had a workspace: anything we make now replaces a lost one
     if not foreign and t["worktree"] and own.exists():
         if intact(own, mirror):
-            if _holds_head(own, mirror, t["head_sha"]):
+            if not moved and _holds_head(own, mirror, t["head_sha"]):
                 return
-            # this home's worktree lacks the recorded head: a runner elsewhere whose home has the same path (one
-            # systemd unit on two machines) advanced the task since; rebuilt like a takeover
+            # another runner advanced the task since (its claim says so, or this home's worktree lacks the
+            # recorded head): a runner elsewhere whose home has the same path (one systemd unit on two machines);
+            # rebuilt like a takeover, so nothing of this home's older state is taken for the task's
             foreign = True
         else:
             # the mirror was deleted (or the worktree's link into it): the folder is no git worktree any more and
@@ -173,7 +176,10 @@ def ensure_workspace(ctx: Ctx) -> None:
     record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
                      old_base_sha=t["base_sha"], created=ws.created, replaced_lost=lost and ws.created,
                      claim_token=ctx.token, start_at=start_at, taken_over_from=t["worktree"] if foreign else None,
-                     head=t["head_sha"], own_lanes=str(Path(ctx.home).resolve() / "lanes") + "/")
+                     head=t["head_sha"],
+                     # another runner held it last: every run still `running` is that runner's (its home may have
+                     # the same path as this one on another machine); else only runs outside this home's lanes/
+                     own_lanes=None if moved else str(Path(ctx.home).resolve() / "lanes") + "/")
     if foreign:
         ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
                 f"{(start_at or 'the pushed branch or base')[:12]}")

@@ -92,7 +92,7 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
         title = f"Fix {r['class'] or 'error'} in {r['service']}"
         if r["message"]:
             title += f": {r['message'].splitlines()[0]}"
-        from agent.fence import claim, release
+        from agent.fence import claim, release, runner_id
         from agent.ledger.tasks import begin_fix
         from agent.tasks import create_task
         from agent.workspace import branch_name
@@ -100,7 +100,9 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
         task_id, created = create_task(ledger, repo.name, title[:200], error_id=r["error_id"],
                                        conclusion_id=r["conclusion_id"], base=repo.base,
                                        round_cap=config.limits.round_cap, actor="script")
-        token = claim(ledger, task_id)  # its branch, its error's state and its workspace: only under its claim
+        # its branch, its error's state and its workspace: only under its claim, as this home's runner (the
+        # worktree it makes is in this home; the work scan's claim then knows it did not move)
+        token = claim(ledger, task_id, runner=runner_id(app.home))
         if token is None:
             items.append({"task_id": task_id, "error_id": r["error_id"], "created": created,
                           "line": f"task {task_id} {'created' if created else 'found'} for error "
