@@ -3,6 +3,9 @@
 Signals are handled by ``agent.shutdown.graceful_stop``, as in every `agent watch` command: the first one lets the
 running step finish and starts nothing new; a second one kills the running lanes' and checks' process groups; their
 tasks resume from the ledger on the next start. The daemon then exits 0 (a requested stop).
+
+The runner's heartbeat is beaten at every pass and, while the daemon waits between passes, every task lease, so a
+live daemon never looks stale (`agent runners`, `agent doctor`) whatever its ``--interval``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
     from agent import AgentError
     from agent.fence import beat
+    from agent.ledger.leases import claim_lease_s
     from agent.scans import SCANS, news, run_scan
     from agent.shutdown import STOP, graceful_stop
 
@@ -46,8 +50,15 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                 if max_ticks is not None and ticks >= max_ticks:
                     break
                 deadline = time.monotonic() + interval
+                next_beat = time.monotonic() + claim_lease_s()
                 while not STOP.is_set() and time.monotonic() < deadline:
                     time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    if time.monotonic() >= next_beat:  # a long --interval never makes this runner look stale
+                        next_beat = time.monotonic() + claim_lease_s()
+                        try:
+                            beat(app.ledger, app.home)
+                        except Exception as exc:  # noqa: BLE001 - as above
+                            echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
     finally:
         if server is not None:
             server.close()

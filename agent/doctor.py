@@ -2,7 +2,8 @@
 
 Checks: git (>= 2.25), the ledger (opens read-only, is an agent ledger, schema, ``PRAGMA integrity_check``, WAL;
 on PostgreSQL: connects, schema, migrations known; agent/ledger/health.py holds the SQL), its trust (schema and
-append-only triggers as the migrations made them, no event gaps),
+append-only triggers as the migrations made them, no event gaps), stale runners (a warning: who, since when, what
+each still holds),
 the config (parses and validates), every vendor a configured lane role uses (binary on the lane's PATH, its version,
 an auth probe), every configured repository's forge (local: ``git ls-remote`` of the URL; github, gitlab, gitea: a
 token resolves, and with ``online`` GET /user, the token user's access to the project on GitLab/Gitea, and
@@ -149,6 +150,50 @@ def check_ledger_tamper(home: Path, where=None) -> list[Check]:
     return [Check("ledger trust", False, f"{backend.display(where)}: tampered with: " + "; ".join(found)[:600],
                   f"stop the daemon/cron, keep {kept} for forensics, restore the ledger from a backup; run lanes in "
                   "the sandbox (`sandbox: bwrap`) so no lane can reach it")]
+
+
+def check_runners(where, now: float | None = None) -> list[Check]:
+    """Runners whose heartbeat is older than the stale threshold, each a warning naming its host, how long it has
+    been silent and what it still holds; a stale runner whose task claim is still within its lease is named as
+    such (its tasks wait for that lease; a runner that stopped beating should not be renewing it). One `ok` line
+    otherwise. Nothing when the ledger cannot be read (the ledger check says why)."""
+    import time
+
+    from agent.fence import runner_view, stale_after_s
+    from agent.ledger import health
+    from agent.status import ago, held_text
+
+    found = health.runners(where)
+    if found is None:
+        return []
+    now = time.time() if now is None else now
+    view = runner_view(*found, now=now)
+    limit = ago(stale_after_s())
+    stale = [r for r in view if not r["alive"]]
+    if not stale:
+        what = f"{len(view)} runner(s), each with a heartbeat within {limit}" if view else \
+            "no runner has registered yet (every `agent watch` and `agent daemon` pass registers one)"
+        return [Check("runners", True, what)]
+    checks = []
+    for r in stale:
+        who = f"host {r['host']}, home {r['home']}, pid {r['pid']}" if r["host"] else "not in the runners table"
+        silent = f"no heartbeat for {ago(r['heartbeat_age_s'])}" if r["heartbeat_at"] else "no heartbeat recorded"
+        live = [t for t in r["tasks"] if not t["lease_expired"]]
+        detail = f"{who}: {silent} (stale after {limit}); holds {held_text(r, now)}"
+        if live:
+            tasks = ", ".join(f"task {t['task_id']}" for t in live)
+            detail += (f"; its claim on {tasks} is still within its lease, so no other runner may take "
+                       f"{'it' if len(live) == 1 else 'them'} over until that lease ends")
+            proc = f"pid {r['pid']} on {r['host']}" if r["host"] else "its process"
+            fix = (f"a runner that stopped beating should not be renewing leases: check that host's clock "
+                   f"(`timedatectl`) and whether {proc} is stuck; the task(s) are taken over once the lease ends")
+        elif r["tasks"] or r["leases"]:
+            fix = ("nothing to do if the runner is gone: its leases have expired, so any running runner takes its "
+                   "task(s) over at its next pass; once they are released, `agent runners --prune` removes it")
+        else:
+            fix = "if it is gone for good: `agent runners --prune` removes runners that hold nothing"
+        checks.append(Check(f"runner {r['id']}", True, detail, fix, warn=True))
+    return checks
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -434,6 +479,7 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
     where, bad = ledger_location(home, config_path)
     checks = [check_git(), bad or check_ledger(home, where)]
     checks += check_ledger_tamper(home, where) if bad is None else []
+    checks += check_runners(where) if bad is None else []
     cfg_check, config = check_config(config_path, config_required)
     checks.append(cfg_check)
     if config is not None:

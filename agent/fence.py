@@ -152,27 +152,78 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(float(epoch), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def stale_after_s() -> float:
+    """A runner whose heartbeat is older than this is stale: STALE_AFTER task claim leases (6 min by default).
+    A live runner beats at least every third of a lease while a lane or check runs (the lease keeper), at every
+    daemon pass (60 s by default) and while the daemon waits between passes (every lease), so only a runner that
+    stopped or lost the ledger goes that long; it also spans cron's 5-minute `agent watch all`."""
+    return STALE_AFTER * claim_lease_s()
+
+
 def runners(ledger: Ledger, now: float | None = None) -> list[dict]:
     """Every runner sharing the ledger: id, host, home, pid, ``heartbeat_at`` (UTC) and its age, ``alive``
-    (a heartbeat within STALE_AFTER task leases) and the ``tasks`` it holds (task id, state, lease expiry, whether
-    that expired)."""
+    (a heartbeat within STALE_AFTER task leases), the ``tasks`` it holds (task id, state, lease expiry, whether
+    that expired) and the named ``leases`` it holds (name, token, expiry, whether that expired)."""
+    return runner_view(ledger.runner_rows(), ledger.held_claims(), ledger.held_leases(), now)
+
+
+def runner_view(rows: list[dict], claims: list[dict], leases: list[dict], now: float | None = None) -> list[dict]:
+    """``runners`` from the ledger's rows (`agent doctor` reads them through its own read-only connection)."""
     now = time.time() if now is None else now
     held: dict[str, list[dict]] = {}
-    for c in ledger.held_claims():
+    for c in claims:
         held.setdefault(c["claim_runner"] or "?", []).append(
             {"task_id": c["task_id"], "state": c["state"], "lease_until": _iso(c["lease_until"]),
              "lease_expired": c["lease_until"] is not None and c["lease_until"] < now})
+    named: dict[str, list[dict]] = {}
+    for lease in leases:
+        named.setdefault(lease["runner"] or "?", []).append(
+            {"name": lease["name"], "token": lease["token"], "until": _iso(lease["until"]),
+             "expired": lease["until"] is not None and lease["until"] < now})
     out = []
-    for r in ledger.runner_rows():
+    stale_s = stale_after_s()
+    for r in rows:
         age = max(0.0, now - float(r["heartbeat_at"] or 0))
         out.append({"id": r["id"], "host": r["host"], "home": r["home"], "pid": r["pid"],
                     "version": r["version"], "started_at": r["started_at"], "heartbeat_at": _iso(r["heartbeat_at"]),
-                    "heartbeat_age_s": round(age, 1), "alive": age <= STALE_AFTER * claim_lease_s(),
-                    "tasks": held.pop(r["id"], [])})
-    for rid, tasks in sorted(held.items()):  # claims by a runner that never registered (an older agent)
+                    "heartbeat_age_s": round(age, 1), "alive": age <= stale_s,
+                    "tasks": held.pop(r["id"], []), "leases": named.pop(r["id"], [])})
+    for rid in sorted(set(held) | set(named)):  # held by a runner that never registered (an older agent) or is gone
         out.append({"id": rid, "host": None, "home": None, "pid": None, "version": None, "started_at": None,
-                    "heartbeat_at": None, "heartbeat_age_s": None, "alive": False, "tasks": tasks})
+                    "heartbeat_at": None, "heartbeat_age_s": None, "alive": False, "tasks": held.get(rid, []),
+                    "leases": named.get(rid, [])})
     return out
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, option: str = "--older-than") -> float:
+    """``90s``, ``30m``, ``12h``, ``7d`` or plain seconds -> seconds (positive); AgentError naming ``option``."""
+    from agent import AgentError
+
+    raw = (text or "").strip().lower()
+    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _UNITS else raw
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise AgentError(f"{option} {text!r} is not a duration; give a positive number with s, m, h or d "
+                         "(90s, 30m, 12h, 7d)")
+    return seconds
+
+
+def prune(ledger: Ledger, older_than: float | None = None, now: float | None = None) -> list[dict]:
+    """Remove the runners whose heartbeat is older than ``older_than`` seconds (default: stale, ``stale_after_s``)
+    and that hold nothing (no task claim, live or expired; no named lease), each with a ``runner.pruned`` event,
+    in one transaction. Returns the removed runners as ``runners`` shows them. A pruned runner that comes back
+    registers again at its next pass."""
+    now = time.time() if now is None else now
+    limit = stale_after_s() if older_than is None else older_than
+    removed = ledger.prune_runners(now - limit, why={"older_than_s": round(limit, 1)})
+    return runner_view(removed, [], [], now)
 
 
 # --------------------------------------------------------------------------- task claims

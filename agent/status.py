@@ -90,8 +90,22 @@ def _lease_text(task: dict, now: float) -> str:
     return f"lease expired {ago(now - until)} ago" if until < now else f"lease {ago(until - now)} left"
 
 
+def _named_lease_text(lease: dict, now: float) -> str:
+    """``expired 3m ago`` or ``1m left``."""
+    return _lease_text({"lease_until": lease["until"]}, now).replace("lease ", "", 1)
+
+
+def held_text(runner: dict, now: float) -> str:
+    """What a runner holds, on one line: ``task 5 (working, lease 1m left), lease pr-open (expired 3m ago)``, or
+    ``nothing``."""
+    held = [f"task {t['task_id']} ({t['state']}, {_lease_text(t, now)})" for t in runner["tasks"]]
+    held += [f"lease {lease['name']} ({_named_lease_text(lease, now)})" for lease in runner.get("leases", [])]
+    return ", ".join(held) or "nothing"
+
+
 def runner_lines(runners: list[dict], now: float | None = None) -> list[str]:
-    """Two or more lines per runner: who, alive or stale, heartbeat age, then each task it holds."""
+    """Two or more lines per runner: who, alive or stale, heartbeat age, then each task and named lease it
+    holds."""
     import time
 
     now = time.time() if now is None else now
@@ -105,6 +119,8 @@ def runner_lines(runners: list[dict], now: float | None = None) -> list[str]:
             lines.append("    holds no task")
         for t in r["tasks"]:
             lines.append(f"    task {t['task_id']} ({t['state']}): {_lease_text(t, now)}")
+        for lease in r.get("leases", []):
+            lines.append(f"    lease {lease['name']}: {_named_lease_text(lease, now)}")
     return lines
 
 
@@ -184,7 +200,9 @@ def render_html(ledger: Ledger, data: dict) -> str:
 
         now = time.time()
         for r in data["runners"]:
-            held = "<br>".join(f"task {t['task_id']} ({e(t['state'])}): {e(_lease_text(t, now))}" for t in r["tasks"])
+            held = "<br>".join([f"task {t['task_id']} ({e(t['state'])}): {e(_lease_text(t, now))}" for t in r["tasks"]]
+                               + [f"lease {e(lease['name'])}: {e(_named_lease_text(lease, now))}"
+                                  for lease in r.get("leases", [])])
             beat = f"{ago(r['heartbeat_age_s'])} ago" if r["heartbeat_at"] else "never"
             out.append(f"<tr class='{'' if r['alive'] else 'failed'}'><td>{e(r['id'])}</td>"
                        f"<td>{'alive' if r['alive'] else 'stale'}</td><td>{e(beat)}</td><td>{e(r['host'] or '')}</td>"

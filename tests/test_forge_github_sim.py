@@ -204,6 +204,7 @@ def test_find_prefers_the_open_pr_and_pagination_follows_link(sim, forge):
     second = forge.create_draft("agent/fix-again001", "main", "t2", "b2")
     assert second.number != first.number
     assert forge.find_pr_by_head("agent/fix-again001").number == second.number
+    forge.create_draft("agent/fix-again002", "main", "t3", "b3")   # 3 PRs: a second page of 2, whatever ran before
 
     everything = forge._paginate(f"/repos/{REPO}/pulls", {"state": "all", "per_page": 2}, "listing all")
     assert len(everything) == len(sim.pulls()) >= 3

@@ -2,6 +2,7 @@
 
 - :func:`status`: can it be opened, is it an agent ledger, its schema version against this agent's migrations
   (unknown migrations, a newer schema), SQLite's ``integrity_check`` and WAL, PostgreSQL's server version.
+- :func:`runners`: the runners, the task claims and the named leases they hold (doctor's stale-runner check).
 - :func:`tamper`: evidence that something other than agent wrote it: schema objects (the append-only triggers
   included) missing, added or changed against what the migrations make; deleted events (gaps in their ids,
   which are gapless on both backends); a task whose round cap its events do not explain.
@@ -15,8 +16,11 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from agent.ledger import APP_ID, SCHEMA_VERSION, backend
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -32,6 +36,28 @@ def status(where: Path | str) -> Status:
 
 def tamper(where: Path | str) -> list[str] | None:
     """Findings (empty: nothing looks tampered with), or None when the ledger cannot be read (``status`` says)."""
+    def read(conn, version: int) -> list[str]:
+        if backend.is_url(where):
+            from agent.ledger import pg
+
+            return _findings(conn, pg.expected_schema(version), pg.schema_objects(conn))
+        return _findings(conn, expected_sqlite_schema(version), sqlite_schema_objects(conn))
+
+    return _read_only(where, read)
+
+
+def runners(where: Path | str) -> tuple[list[dict], list[dict], list[dict]] | None:
+    """(runners, task claims, held named leases) read through a read-only connection, or None when the ledger
+    cannot be read (``status`` says why) or predates runners."""
+    from agent.ledger.leases import holdings
+
+    return _read_only(where, lambda conn, version: holdings(conn))
+
+
+def _read_only(where: Path | str, read: Callable[[Any, int], T]) -> T | None:
+    """``read(conn, schema version)`` through a read-only connection of either backend (rows by name and index),
+    or None when the ledger cannot be opened or read, is not an agent ledger, or is newer than this agent (``status``
+    says which)."""
     if backend.is_url(where):
         conn = _pg_connect(where)
         if conn is None:
@@ -40,9 +66,7 @@ def tamper(where: Path | str) -> list[str] | None:
             version = _pg_version(conn)
             if version is None or version > SCHEMA_VERSION:
                 return None
-            from agent.ledger import pg
-
-            return _findings(conn, pg.expected_schema(version), pg.schema_objects(conn))
+            return read(conn, version)
         except Exception:  # noqa: BLE001 - status() reports an unreadable ledger
             return None
         finally:
@@ -55,12 +79,13 @@ def tamper(where: Path | str) -> list[str] | None:
     except sqlite3.Error:
         return None
     try:
+        conn.row_factory = sqlite3.Row
         if conn.execute("PRAGMA application_id").fetchone()[0] != APP_ID:
             return None
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            return None                         # status() says what is wrong with such a file
-        return _findings(conn, expected_sqlite_schema(version), sqlite_schema_objects(conn))
+            return None
+        return read(conn, version)
     except sqlite3.DatabaseError:
         return None
     finally:

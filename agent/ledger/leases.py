@@ -64,6 +64,20 @@ def check_claim(conn, task_id: int, token: str | None, lease_s: float | None = N
                      (now + (lease_s or claim_lease_s()), task_id, token))
 
 
+_RUNNER_COLUMNS = "id, host, home, pid, pid_start, version, started_at, heartbeat_at"
+RUNNERS_SQL = f"SELECT {_RUNNER_COLUMNS} FROM runners ORDER BY id"
+CLAIMS_SQL = ("SELECT id AS task_id, state, claim_runner, claim_owner, claim_pid, claim_token, lease_until "
+              "FROM tasks WHERE claim_token IS NOT NULL ORDER BY id")
+LEASES_SQL = "SELECT name, holder, runner, token, until FROM leases WHERE holder IS NOT NULL ORDER BY name"
+
+
+def holdings(conn) -> tuple[list[dict], list[dict], list[dict]]:
+    """The runners, every recorded task claim and every held named lease, read through ``conn`` (any connection
+    of either backend with rows by name: `agent doctor` reads through its own read-only one, health.py)."""
+    return tuple([dict(r) for r in conn.execute(sql).fetchall()]   # type: ignore[return-value]
+                 for sql in (RUNNERS_SQL, CLAIMS_SQL, LEASES_SQL))
+
+
 class LeaseQueries:
     """Mixed into ``Ledger``: the record operations of runners, task claims and named leases."""
 
@@ -96,13 +110,35 @@ class LeaseQueries:
         conn.execute("UPDATE runners SET heartbeat_at = ? WHERE id = ?", (time.time(), runner_id))
 
     def runner_rows(self) -> list[dict]:
-        return self.all("SELECT id, host, home, pid, pid_start, version, started_at, heartbeat_at FROM runners "
-                        "ORDER BY id")
+        return self.all(RUNNERS_SQL)
 
     def held_claims(self) -> list[dict]:
         """Every task claim currently recorded (live or expired), with the runner holding it."""
-        return self.all("SELECT id AS task_id, state, claim_runner, claim_owner, claim_pid, claim_token, "
-                        "lease_until FROM tasks WHERE claim_token IS NOT NULL ORDER BY id")
+        return self.all(CLAIMS_SQL)
+
+    def held_leases(self) -> list[dict]:
+        """Every named lease someone holds (live or expired, not released), with its runner."""
+        return self.all(LEASES_SQL)
+
+    def prune_runners(self, heartbeat_before: float, why: dict[str, Any] | None = None) -> list[dict]:
+        """Remove the runners whose heartbeat is older than ``heartbeat_before`` (epoch seconds) and that hold
+        nothing: no task claim (live or expired) and no named lease. One transaction, a ``runner.pruned`` event
+        per removed row (its payload: the row, plus ``why``). Returns the removed rows. The DELETE re-checks both
+        conditions itself, so a runner that beat or took a claim meanwhile stays."""
+        idle = ("heartbeat_at < ? AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.claim_runner = runners.id AND "
+                "tasks.claim_token IS NOT NULL) AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.runner = "
+                "runners.id AND leases.holder IS NOT NULL)")
+        removed = []
+        with self.tx() as c:
+            rows = c.execute(f"SELECT {_RUNNER_COLUMNS} FROM runners WHERE {idle} ORDER BY id",
+                             (heartbeat_before,)).fetchall()
+            for row in rows:
+                if c.execute(f"DELETE FROM runners WHERE id = ? AND {idle}",
+                             (row["id"], heartbeat_before)).rowcount != 1:
+                    continue
+                removed.append(dict(row))
+                self.event(c, "runner.pruned", "human", {**dict(row), **(why or {})})
+        return removed
 
     # ------------------------------------------------------------------ task claims
 
