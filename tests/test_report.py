@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.lanes.report import Report, parse_report, repair_note, report_template, verdict
+from agent.lanes.report import NONE_WORDS, Report, parse_report, repair_note, report_template, verdict
 
 IMPL = "STATUS: complete\nSUMMARY: Guarded the None case in checkout.\nLESSON: check optional fields\n"
 REVIEW_OK = "STATUS: complete\nFINDINGS: none\n"
@@ -181,7 +181,7 @@ prose_line = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), 
     lambda s: "p " + s.replace(":", ";").replace("`", "'").replace("~", "-"))
 prose = st.lists(prose_line, max_size=8).map(lambda ls: "\n".join(ls))
 finding = st.text(alphabet="abcdefghijklmnopqrstuvwxyz ", min_size=3, max_size=30).filter(
-    lambda s: s.strip() and s.strip() not in ("none", "na", "nothing"))
+    lambda s: s.strip() and s.strip() not in NONE_WORDS)    # "no findings" is the parser's word for zero
 
 
 @st.composite

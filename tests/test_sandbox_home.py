@@ -249,3 +249,30 @@ def test_toolchain_under_a_home_is_bound_back_without_its_secrets(tmp_path):
     binds, blanks = toolchain_paths(":".join(str(home / d) for d in entries) + ":/usr/bin", [home])
     assert binds == [home / ".pyenv", home / ".cargo", home / ".local" / "bin", home / "bin", home / ".nvm"]
     assert sorted(blanks) == [home / ".cargo" / "credentials.toml", home / ".nvm/versions/node/v20/etc/npmrc"]
+
+
+@needs_bwrap
+def test_root_only_system_secrets_are_blanked_when_the_agent_is_root(tmp_path):
+    """Inside its user namespace a lane's uid maps to the agent's: when that is root, a root-only file such as
+    /etc/shadow is readable through the read-only root (it was, before this change).  Each such file that exists
+    is a /dev/null the lane cannot open, each such dir an empty one (the test only counts bytes read inside; it never
+    reads the real file outside).  Not as root,
+    there is nothing to blank: the lane cannot read them anyway."""
+    from agent import proc
+    from agent.config import parse_config
+    from agent.lanes.sandbox import system_secrets
+
+    if os.getuid() != 0:
+        assert system_secrets() == []
+        return
+    files = [p for p in system_secrets() if p.is_file()]
+    assert Path("/etc/shadow") in files or not os.path.exists("/etc/shadow")
+    wt = tmp_path / "wt"
+    wt.mkdir()
+    cmd = "; ".join(f"echo {p}=$(cat {p} 2>/dev/null | wc -c)" for p in files) + "; ls -A /etc/ssl/private | wc -l"
+    argv, env = check_argv(parse_config({}), tmp_path / "agent-home", wt, cmd, tmp_path / "scratch")
+    res = proc.run(argv, cwd=wt, env=env, timeout=30, stdout_path=tmp_path / "o", stderr_path=tmp_path / "e")
+    lines = res.stdout_text().split()
+    assert lines[:-1] == [f"{p}=0" for p in files], (lines, res.stderr_text())
+    assert lines[-1] == "0"
+    assert all(p.stat().st_size > 0 for p in files if p.name in ("shadow", "gshadow"))   # the real ones are not

@@ -11,7 +11,8 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
   its run dir (read-write: vendors write their last message and chat files there) bound back in;
 - the users' homes (``/root``, ``/home``, the agent's ``$HOME`` and its user's home in passwd) replaced by empty
   tmpfs mounts: ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, ``~/.netrc``, shell history and other users' homes are not
-  there.  ``$HOME`` is the lane's private, writable, throwaway home; bound back into it: the vendor's session dirs
+  there; when the agent is root, the system's root-only secrets are blanked too (``system_secrets``: ``/etc/shadow``,
+  SSH host keys, ``/etc/ssl/private``).  ``$HOME`` is the lane's private, writable, throwaway home; bound back into it: the vendor's session dirs
   (``state_paths``, read-write), and read-only what the lane must run (``toolchain_paths``: the agent's interpreter
   and package tree, the PATH entries' tool directories, the vendor binary's package) and the files a command
   vendor's argv or a ``vendors.X.env`` variable names;
@@ -246,6 +247,29 @@ def package_root(binary: Path) -> list[Path]:
     return [real]
 
 
+_SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh/ssh_host_*_key",
+                   "/etc/ssl/private")
+
+
+def system_secrets() -> list[Path]:
+    """Root-only secrets of the system (password hashes, SSH host keys, TLS private keys) a lane must not read when
+    the agent runs as root: inside its user namespace the lane's uid maps to root outside, so a file only root may
+    read is readable through the read-only root.  Only those that exist and are not world-readable."""
+    import glob
+
+    if os.getuid() != 0:
+        return []
+    out = []
+    for pattern in _SYSTEM_SECRETS:
+        for name in sorted(glob.glob(pattern)):
+            try:
+                if not os.stat(name).st_mode & 0o004:
+                    out.append(Path(name))
+            except OSError:
+                continue
+    return out
+
+
 def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
               state_paths: list[Path], extra_writable: list[Path], homes: list[Path] | None = None) -> Plan:
     """The plan for a lane in ``cwd`` (see the module doc).  ``homes``: the users' homes to hide (default
@@ -264,6 +288,8 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
     plan.rw.append(Path(run_dir).resolve())
     (plan.rw if writable else plan.ro).append(cwd)
     plan.ro.extend(runtime_paths(plan.homes))
+    for p in system_secrets():                      # blanked: an empty file or an empty read-only dir in its place
+        (plan.empty.append(p) if p.is_dir() else plan.over.append((Path("/dev/null"), p)))
     for s in spec_paths:
         if s is not None and Path(s).exists():
             plan.ro.append(Path(s).resolve())
