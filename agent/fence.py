@@ -340,6 +340,35 @@ class Keeper:
 
 
 @contextmanager
+def _renewing(open_ledger, period: float, renew, on_lost, name: str) -> Iterator[None]:
+    """While the body runs, call ``renew(led)`` every ``period`` s from a background thread with its own
+    connection (``open_ledger()``); once it returns False, ``on_lost()`` runs and renewing stops. A renewal that
+    raises (a busy or unreachable ledger) is tried again next time: the lease covers the gap."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        led = open_ledger()
+        try:
+            while not stop.wait(period):
+                try:
+                    if not renew(led):
+                        on_lost()
+                        return
+                except Exception:
+                    continue
+        finally:
+            led.close()
+
+    thread = threading.Thread(target=loop, daemon=True, name=name)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+@contextmanager
 def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | None = None,
                  runner: str | None = None) -> Iterator[Keeper]:
     """Renew a claim every lease/3 from a background thread (own connection) while the body runs, beating the
@@ -348,34 +377,21 @@ def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | N
     worker that lost its lease stops its work at once; its writes are refused anyway (``check_claim``)."""
     from agent import proc
 
-    stop = threading.Event()
     keeper = Keeper()
     worker = threading.get_ident()
     lease_s = lease_s or claim_lease_s()
     runner = runner or (runner_id(Path(ledger_path).parent) if isinstance(ledger_path, Path) else
                         _PROCESS_RUNNER or runner_id(Path.cwd()))
 
-    def loop() -> None:
-        led = Ledger.open(ledger_path, create=False)
-        try:
-            while not stop.wait(lease_s / 3):
-                try:
-                    if not renew(led, task_id, token, lease_s, runner):
-                        keeper.lost.set()
-                        proc.kill_groups_of(worker)
-                        return
-                except Exception:  # a busy or unreachable ledger: try again next time; the lease covers it
-                    continue
-        finally:
-            led.close()
+    def lost() -> None:
+        keeper.lost.set()
+        proc.kill_groups_of(worker)
 
-    t = threading.Thread(target=loop, daemon=True, name=f"lease-{task_id}")
-    t.start()
     try:
-        yield keeper
+        with _renewing(lambda: Ledger.open(ledger_path, create=False), lease_s / 3,
+                       lambda led: renew(led, task_id, token, lease_s, runner), lost, f"lease-{task_id}"):
+            yield keeper
     finally:
-        stop.set()
-        t.join(timeout=5)
         proc.resume_thread(worker)
 
 
@@ -417,29 +433,13 @@ def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: st
         if token is not None:
             break
         if time.monotonic() >= deadline:
-            raise LeaseBusy(name, next((r for r in ledger.lease_rows() if r["name"] == name), None))
+            raise LeaseBusy(name, ledger.lease_row(name))
         time.sleep(0.05)
-    stop = threading.Event()
-
-    def loop() -> None:
-        led = reopen(ledger)
-        try:
-            while not stop.wait(ttl / 3):
-                try:
-                    if not led.renew_lease(name, token, ttl):
-                        return
-                except Exception:
-                    continue
-        finally:
-            led.close()
-
-    thread = threading.Thread(target=loop, daemon=True, name=f"lease-{name}")
-    thread.start()
     try:
-        yield token
+        with _renewing(lambda: reopen(ledger), ttl / 3, lambda led: led.renew_lease(name, token, ttl),
+                       lambda: None, f"lease-{name}"):
+            yield token
     finally:
-        stop.set()
-        thread.join(5)
         try:
             ledger.release_lease(name, token)
         except Exception:
