@@ -130,6 +130,9 @@ def render_text(data: dict) -> str:
 
     lines = [row("errors", data["errors"]), row("tasks", data["tasks"]), row("prs", data["prs"]),
              f"cost   ${data['cost_usd']:.2f} spent on lanes"]
+    if data.get("config_error"):
+        lines.insert(0, f"config BROKEN (scans and the fixer refuse to run until it is fixed): "
+                        f"{one_line(data['config_error'], 400)}")
     if data.get("disk"):
         d = data["disk"]
         lines.append(f"disk   worktrees {d['worktrees']['count']} ({human_bytes(d['worktrees']['bytes'])})  "

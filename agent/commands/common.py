@@ -27,3 +27,13 @@ def emit(data: Any, as_json: bool, human: Callable[[Any], None] | None = None) -
 
 def fail(message: str) -> None:
     raise AgentError(message)
+
+
+def warn_broken_config(app) -> str | None:
+    """For a command that does not need the config: one line on stderr when the config is broken (the command
+    goes on); returns that line's reason for a JSON field."""
+    problem = app.config_problem()
+    if problem:
+        click.echo(f"agent: warning: the config is broken ({problem}); this command does not need it, others "
+                   "refuse to run until it is fixed", err=True)
+    return problem

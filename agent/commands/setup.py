@@ -42,6 +42,7 @@ def status(as_json, html_file):
     app = get_app()
     ledger = app.ledger
     data = gather(ledger, app.home)
+    data["config_error"] = app.config_problem()   # status works without the config, and says it is broken
     if html_file:
         Path(html_file).write_text(render_html(ledger, data), encoding="utf-8")
         data["html"] = str(Path(html_file).resolve())
