@@ -81,9 +81,15 @@ def decode(data: bytes, name: str, strict: bool = True, offset: int = 0, codec: 
     if codec == "utf-8":   # one U+FFFD per invalid byte; the offset of the first is exact
         text = str(body, codec, "surrogateescape")
         bad = sum(m.end() - m.start() for m in _ESCAPED.finditer(text))
-        return Decoded(_ESCAPED.sub(lambda m: "\ufffd" * (m.end() - m.start()), text), codec, bom, bad, at)
+        return Decoded(without_escapes(text), codec, bom, bad, at)
     text = str(body, codec, "replace")
     return Decoded(text, codec, bom, max(1, text.count("\ufffd")), at)
+
+
+def without_escapes(text: str) -> str:
+    """Text decoded with ``surrogateescape`` (a tailed file, whose byte offsets must stay exact) as it is shown
+    and stored: each invalid byte a U+FFFD."""
+    return _ESCAPED.sub(lambda m: "\ufffd" * (m.end() - m.start()), text)
 
 
 def read_text(path: Path | str, name: str | None = None, strict: bool = True,

@@ -177,7 +177,9 @@ def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | 
     chunk); Sentry documents and log text are parsed whole, since an event may span many lines.
     """
     from agent.intake.formats import parse, sniff
+    from agent.textio import one_newline
 
+    text = one_newline(text[1:] if text.startswith("\ufeff") else text)   # (a file's BOM: agent.textio.decode)
     chosen = sniff(text) if fmt == "auto" else fmt
     result = IngestResult()
     kw = {"service": service, "environment": environment, "repo": repo}

@@ -356,3 +356,10 @@ def m010_lane_budget_reservations(db) -> None:
     db["lane_runs"].add_column("reserved_usd", float)
     db["lane_runs"].create_index(["started_at"])
     db["lane_runs"].create_index(["role", "vendor"])
+
+
+@migration
+def m015_errors_last_seen(db) -> None:
+    """`agent error list` reads the most recently seen errors first, a page at a time: an index on ``last_seen``
+    makes that a range read whatever the number of errors (``(state, last_seen)`` serves ``--state``)."""
+    db["errors"].create_index(["last_seen"])
