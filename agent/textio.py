@@ -124,16 +124,19 @@ def load_yaml(text: str, name: str, error: type[AgentError] = InputError) -> Any
     """``yaml.safe_load`` whose every failure is one ``error`` line naming the file, where, and what to fix."""
     import yaml  # imported here: a cron tick without config should not pay for it
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml: fast, and it caps nesting itself
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if "nesting depth" in str(what):
+            raise error(f"{name}:{where}: not valid YAML: nested too deep; flatten the nesting") from None
         raise error(f"{name}:{where}: not valid YAML: {' '.join(str(what).split())[:200]}; fix the file there")\
             from None
     except RecursionError:
-        raise error(f"{name}: not valid YAML: nested too deep for this parser; flatten the nesting") from None
+        raise error(f"{name}: not valid YAML: nested too deep; flatten the nesting") from None
     except ValueError as exc:   # an integer of more than 4,300 digits, a date out of range
         raise error(f"{name}: not valid YAML: a value cannot be read ({' '.join(str(exc).split(';')[0].split())[:160]}); "
                     "shorten or quote it") from None
