@@ -678,6 +678,7 @@ def parse_jsonl(text: str, line_base: int = 1) -> ParseResult:
 # --------------------------------------------------------------------------- Sentry
 
 _SENTRY_KEYS = ("exception", "entries", "logentry", "event_id", "eventID", "sdk", "culprit", "threads")
+_SENTRY_KEY_SET = frozenset(_SENTRY_KEYS)
 _ITEM_HEADER_KEYS = {"type", "length", "content_type", "filename", "attachment_type", "item_count"}
 _BUILTIN_MODULES = ("builtins", "__builtin__", "exceptions", "__main__")
 
@@ -708,7 +709,7 @@ def _is_sentry(obj: Any) -> bool:
     if not isinstance(obj, dict):
         return False
     inner, wrapper = _unwrap(obj)
-    return bool(wrapper) or any(k in inner for k in _SENTRY_KEYS)
+    return bool(wrapper) or not _SENTRY_KEY_SET.isdisjoint(inner)
 
 
 def _tags(raw: Any) -> dict[str, str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from agent.intake.fingerprint import fingerprint, signature
-from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
+from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Frame, Rejected, cap, valid_text
 from agent.intake.redact import redact
 from agent.ledger import Ledger, now
 # the error rows, their occurrences and the source cursors are written by the errors aggregate's record operations
@@ -87,15 +87,29 @@ def _clean_short(text: str) -> str:
     return redact(valid_text(text))
 
 
+def _clean_frame(f: Frame) -> Frame:
+    """A frame with every name cleaned (the names of one frame recur across events: cleaned once, cached)."""
+    names = (f.file, f.function, f.module)
+    if all(type(x) is str and len(x) <= 256 for x in names):
+        file, function, module = _clean_names(names)
+    else:
+        file, function, module = (clean(x, MAX_NAME) for x in names)
+    return Frame(file=file, function=function, lineno=f.lineno if isinstance(f.lineno, int) else None,
+                 module=module, in_app=f.in_app)
+
+
+@functools.lru_cache(maxsize=16384)
+def _clean_names(names: tuple[str, str, str]) -> tuple[str, str, str]:
+    return tuple(_clean_short(x) for x in names)  # type: ignore[return-value]
+
+
 def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     """Cap, clean and redact every field of an event, then fingerprint the redacted values."""
     service = clean((ev.service or "").strip(), MAX_SHORT) or "unknown"
     environment = clean((ev.environment or "").strip(), MAX_SHORT) or "unknown"
     cls = clean(ev.cls, MAX_NAME)
     message = cap(clean(ev.message, PRE_MESSAGE), MAX_MESSAGE)
-    frames = [type(f)(file=clean(f.file, MAX_NAME), function=clean(f.function, MAX_NAME),
-                      lineno=f.lineno if isinstance(f.lineno, int) else None, module=clean(f.module, MAX_NAME),
-                      in_app=f.in_app) for f in ev.frames[-MAX_FRAMES_STORED:]]
+    frames = [_clean_frame(f) for f in ev.frames[-MAX_FRAMES_STORED:]]
     causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
     sig = signature(frames, causes, message)
     ts = ev.timestamp if isinstance(ev.timestamp, str) and len(ev.timestamp) <= 64 else None
