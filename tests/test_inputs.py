@@ -338,3 +338,27 @@ def test_5_cli_listings_default_to_100_with_limit_since_state_and_say_what_they_
 
     r = agent_proc("events", "--limit", "5")
     assert len(r.stdout.splitlines()) == 5 and "more events than the 5 shown" in r.stderr
+
+
+# --------------------------------------------------------------------------- 6. the benchmark measures the CLI
+
+def test_6_bench_ingest_measures_the_cli_path_beside_the_in_process_one(tmp_path):
+    """A small run of scripts/bench-ingest's `cli` and `list` parts (the numbers go to bench/RESULTS.md from a full
+    run): a fresh `agent error ingest FILE` process whose stored counts are checked, its rate, CPU and peak RSS
+    beside the in-process path's, and `error list --json` timed on two ledger sizes, default limit and all rows."""
+    import sys
+    from conftest import ROOT
+
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# Benchmarks\n\n<!-- intake:begin (scripts/bench-ingest) -->\nkept\n<!-- intake:end -->\n")
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_LEDGER_URL"}
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench-ingest"), "--only", "cli,list", "--events", "300",
+                        "--fingerprints", "30", "--runs", "1", "--list-errors", "20,300", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = out.read_text()
+    assert "kept" in text, "the in-process section is left as it was"
+    section = text.split("<!-- intake-cli:begin", 1)[1]
+    for needed in ("error ingest FILE` (a fresh process", "**CLI median ", "events per CPU second; **peak RSS ",
+                   "**CLI / in-process = ", "| 20 | ", "| 300 | ", "default limit, 300 / 20 errors: **time "):
+        assert needed in section, (needed, section)
