@@ -319,7 +319,7 @@ def test_5_cli_listings_default_to_100_with_limit_since_state_and_say_what_they_
     assert len(rows(agent_proc, "error", "list", "--since", "2024-05-01T10:02:00")) == 10
     assert rows(agent_proc, "error", "list", "--state", "fixing") == []
     r = agent_proc("error", "list", "--limit", "3")
-    assert [ln.split()[-1] for ln in r.stdout.splitlines()] == ["m129", "m128", "m127"]
+    assert [ln.split()[-1] for ln in r.stdout.splitlines()] == ["m129", "m128", "m127"] and r.stderr == ""
     r = agent_proc("error", "list", "--since", "yesterday-ish")
     assert r.returncode == 1 and "--since 'yesterday-ish': expected a duration" in one_line(r.stderr)
 
@@ -336,8 +336,10 @@ def test_5_cli_listings_default_to_100_with_limit_since_state_and_say_what_they_
     merged = rows(agent_proc, "pr", "list", "--state", "merged", "--since", "2024-05-03", "--limit", "0")
     assert [p["task_id"] for p in merged] == list(range(100, 106, 2))
 
-    r = agent_proc("events", "--limit", "5")
-    assert len(r.stdout.splitlines()) == 5 and "more events than the 5 shown" in r.stderr
+    r = agent_proc("events", "--limit", "5")                           # an explicit limit asked for that many
+    assert len(r.stdout.splitlines()) == 5 and r.stderr == ""
+    r = agent_proc("events")
+    assert len(r.stdout.splitlines()) == 100 and "more events than the 100 shown" in r.stderr
 
 
 # --------------------------------------------------------------------------- 6. the benchmark measures the CLI

@@ -16,7 +16,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 def limit_option(what: str):
     return click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
                         help=f"At most N {what}, with --json too; 0 for all of them (printed as they are read, "
-                             "so memory stays flat). Fewer than there are: a line on stderr says so.")
+                             "so memory stays flat). When the default leaves rows out, a line on stderr says so.")
 
 
 def since_option(what: str):
@@ -33,7 +33,8 @@ def listing_args(limit: int, since: str | None) -> dict:
 
 def emit_rows(rows: Iterable[dict], as_json: bool, line: Callable[[dict], None], empty: str, what: str) -> int:
     """Print a listing row by row as the ledger yields it: one JSON array (the same text ``emit`` prints for a
-    list), or ``line(row)`` per row (``empty`` when there is none). Says on stderr when the limit left rows out."""
+    list), or ``line(row)`` per row (``empty`` when there is none). Says on stderr when the default limit left rows
+    out."""
     n = 0
     if as_json:
         out = sys.stdout
@@ -50,7 +51,9 @@ def emit_rows(rows: Iterable[dict], as_json: bool, line: Callable[[dict], None],
             n += 1
         if not n and empty:
             click.echo(empty)
-    if getattr(rows, "more", False):
+    ctx = click.get_current_context(silent=True)
+    default = ctx is None or ctx.get_parameter_source("limit") is click.core.ParameterSource.DEFAULT
+    if default and getattr(rows, "more", False):   # (an explicit --limit N asked for N)
         click.echo(f"agent: more {what} than the {n} shown; pass --limit N (0 for all) or --since WHEN", err=True)
     return n
 
