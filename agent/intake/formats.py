@@ -543,7 +543,7 @@ def _stack_text_event(stack: str) -> Event | None:
     frame lines found in it (a stack printed without its header or exception line)."""
     stack = cap(stack, MAX_STACK)
     lines = split_lines(stack)
-    if len(lines) < 4 * MAX_EXCERPT_LINES and all(len(ln) <= MAX_LINE for ln in lines):
+    if len(lines) < 4 * MAX_EXCERPT_LINES and max(map(len, lines)) <= MAX_LINE:
         if _is_py_start(lines[0]):        # the common shapes, without building an excerpt
             ev, _, status = _parse_python(lines, 0)
             if status == "ok" and ev is not None and ev.frames:
