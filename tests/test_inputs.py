@@ -364,3 +364,13 @@ def test_6_bench_ingest_measures_the_cli_path_beside_the_in_process_one(tmp_path
     for needed in ("error ingest FILE` (a fresh process", "**CLI median ", "events per CPU second; **peak RSS ",
                    "**CLI / in-process = ", "| 20 | ", "| 300 | ", "default limit, 300 / 20 errors: **time "):
         assert needed in section, (needed, section)
+
+
+def test_5_a_limit_of_exactly_one_page_still_knows_whether_there_are_more(ledger):
+    from agent.ledger.errors import iter_errors
+
+    _errors(ledger, 12)
+    for limit, more in ((5, True), (11, True), (12, False), (13, False)):
+        listing = iter_errors(ledger, limit=limit)
+        listing.page = 5
+        assert len(list(listing)) == min(limit, 12) and listing.more is more, limit

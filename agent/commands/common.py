@@ -14,7 +14,9 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 
 
 def limit_option(what: str):
-    return click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
+    from agent.ledger.listing import DEFAULT_LIMIT
+
+    return click.option("--limit", type=click.IntRange(min=0), default=DEFAULT_LIMIT, show_default=True,
                         help=f"At most N {what}, with --json too; 0 for all of them (printed as they are read, "
                              "so memory stays flat). When the default leaves rows out, a line on stderr says so.")
 

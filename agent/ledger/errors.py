@@ -51,15 +51,8 @@ ERROR_COLUMNS = ("id, fingerprint, service, environment, class, message, count, 
 def iter_errors(ledger: Ledger, state: str | None = None, since: str | None = None,
                 limit: int | None = None) -> Listing:
     """Errors most recently seen first (``since``: seen at or after that ledger timestamp), read page by page."""
-    where, params = [], []
-    if state:
-        where.append("state = ?")
-        params.append(state)
-    if since:
-        where.append("last_seen >= ?")
-        params.append(since)
-    return Listing(ledger, ERROR_COLUMNS, "errors", where, params, [("last_seen", "last_seen", True),
-                                                                    ("id", "id", False)], limit)
+    return Listing(ledger, ERROR_COLUMNS, "errors", [("state = ?", state), ("last_seen >= ?", since)],
+                   [("last_seen", "last_seen", True), ("id", "id", False)], limit)
 
 
 def list_errors(ledger: Ledger, state: str | None = None) -> list[dict]:

@@ -18,12 +18,12 @@ DEFAULT_LIMIT = 100
 
 
 class Listing:
-    """``SELECT columns FROM source`` filtered by ``where``, ordered by ``order``: one or two ``(sql expression,
-    row key, descending)``; the last must be unique. ``tail``: the LAST ``limit`` rows
-    of that order (still in that order), as `events` shows the newest events oldest first (one key only).
-    ``convert``: applied to each row as it is yielded."""
+    """``SELECT columns FROM source`` filtered by ``where`` (``(condition with one ?, value)`` pairs; a pair whose
+    value is None or empty is left out), ordered by ``order``: one or two ``(sql expression, row key,
+    descending)``; the last must be unique. ``tail``: the LAST ``limit`` rows of that order (still in that order),
+    as `events` shows the newest events oldest first (one key only). ``convert``: applied to each row yielded."""
 
-    def __init__(self, ledger, columns: str, source: str, where: Sequence[str], params: Sequence[Any],
+    def __init__(self, ledger, columns: str, source: str, where: Sequence[tuple[str, Any]],
                  order: Sequence[tuple[str, str, bool]], limit: int | None, tail: bool = False, page: int = PAGE,
                  convert: Callable[[dict], dict] | None = None):
         if tail and len(order) != 1:
@@ -31,14 +31,15 @@ class Listing:
         if limit is not None and limit < 1:
             raise ValueError("limit is None (all rows) or >= 1")
         self.ledger, self.columns, self.source = ledger, columns, source
-        self.where, self.params = list(where), list(params)
+        kept = [(cond, value) for cond, value in where if value is not None and value != ""]
+        self.where, self.params = [c for c, _ in kept], [v for _, v in kept]
         self.order, self.limit, self.tail, self.page, self.convert = list(order), limit, tail, page, convert
         self.more = False
 
     def _sql(self, where: list[str], n: int, order=None, columns: str | None = None, offset: int = 0) -> str:
         order = order or self.order
-        return (f"SELECT {columns or self.columns} FROM {self.source}" + (" WHERE " + " AND ".join(where) if where else "")
-                + " ORDER BY " + ", ".join(f"{expr}{' DESC' if desc else ''}" for expr, _, desc in order)
+        return (f"SELECT {columns or self.columns} FROM {self.source}"
+                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY " + ", ".join(f"{expr}{' DESC' if desc else ''}" for expr, _, desc in order)
                 + f" LIMIT {int(n)}" + (f" OFFSET {int(offset)}" if offset else ""))
 
     def _after(self, row: dict) -> tuple[str, list]:
@@ -69,7 +70,7 @@ class Listing:
             where, params, left = where + extra, params + values, None
         after: tuple[str, list] | None = None
         while left is None or left > 0:
-            n = self.page if left is None else min(self.page, left + 1)    # one more: are there more rows?
+            n = self.page if left is None else (left + 1 if left <= self.page else self.page)  # +1: any more?
             cond, values = ([after[0]], after[1]) if after else ([], [])
             rows = self.ledger.all(self._sql(where + cond, n), tuple(params + values))
             if left is not None and len(rows) > left:
@@ -85,15 +86,8 @@ class Listing:
 
 def iter_events(ledger, task_id: int | None = None, since: str | None = None, limit: int | None = None) -> Listing:
     """Events in id order; with ``limit``, the newest ``limit`` of them (``since``: at or after that time)."""
-    where, params = [], []
-    if task_id is not None:
-        where.append("task_id = ?")
-        params.append(task_id)
-    if since:
-        where.append("ts >= ?")
-        params.append(since)
-    return Listing(ledger, "*", "events", where, params, [("id", "id", False)], limit, tail=True,
-                   convert=_payload)
+    return Listing(ledger, "*", "events", [("task_id = ?", task_id), ("ts >= ?", since)], [("id", "id", False)],
+                   limit, tail=True, convert=_payload)
 
 
 def _payload(row: dict) -> dict:

@@ -27,16 +27,9 @@ def has_pr(ledger: Ledger, task_id: int) -> bool:
 def iter_prs(ledger: Ledger, state: str | None = None, since: str | None = None,
              limit: int | None = None) -> Listing:
     """PRs in task order; with ``limit``, the newest ``limit`` of them (``since``: updated at or after then)."""
-    where, params = [], []
-    if state:
-        where.append("state = ?")
-        params.append(state)
-    if since:
-        where.append("updated_at >= ?")
-        params.append(since)
     return Listing(ledger, "task_id, forge, repo, number, url, head_branch AS head, head_sha, base, state, draft, "
-                           "title, updated_at", "prs", where, params, [("task_id", "task_id", False)], limit,
-                   tail=True, convert=_draft_bool)
+                           "title, updated_at", "prs", [("state = ?", state), ("updated_at >= ?", since)],
+                   [("task_id", "task_id", False)], limit, tail=True, convert=_draft_bool)
 
 
 def _draft_bool(row: dict) -> dict:

@@ -326,15 +326,8 @@ TASK_COLUMNS = ("t.id, t.error_id, t.repo, t.branch, t.state, t.round, t.round_c
 def iter_tasks(ledger: Ledger, state: str | None = None, since: str | None = None,
                limit: int | None = None) -> Listing:
     """Tasks in id order; with ``limit``, the newest ``limit`` of them (``since``: updated at or after then)."""
-    where, params = [], []
-    if state:
-        where.append("t.state = ?")
-        params.append(state)
-    if since:
-        where.append("t.updated_at >= ?")
-        params.append(since)
-    return Listing(ledger, TASK_COLUMNS, "tasks t LEFT JOIN prs p ON p.task_id = t.id", where, params,
-                   [("t.id", "id", False)], limit, tail=True)
+    return Listing(ledger, TASK_COLUMNS, "tasks t LEFT JOIN prs p ON p.task_id = t.id",
+                   [("t.state = ?", state), ("t.updated_at >= ?", since)], [("t.id", "id", False)], limit, tail=True)
 
 
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
