@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -40,13 +41,16 @@ from agent.ledger import Ledger, ledger_path
 REFRESH_S = 5
 STATUS = {200: "200 OK", 202: "202 Accepted", 400: "400 Bad Request", 401: "401 Unauthorized",
           404: "404 Not Found", 405: "405 Method Not Allowed", 413: "413 Payload Too Large",
-          500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+          415: "415 Unsupported Media Type", 429: "429 Too Many Requests", 500: "500 Internal Server Error",
+          503: "503 Service Unavailable"}
+SENTRY_API = re.compile(r"/api/(\d{1,20})/(envelope|store)/?")
 
 
 class Reply(Exception):
-    def __init__(self, code: int, message: str, **extra):
+    def __init__(self, code: int, message: str, headers: list[tuple[str, str]] | None = None, **extra):
         super().__init__(message)
         self.code = code
+        self.headers = headers or []
         self.body = {"error" if code >= 400 else "result": message, **extra}
 
 
@@ -63,6 +67,9 @@ class HookApp:
         self.env = os.environ if env is None else env
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        from agent.intake.dsn import SentryIngest
+
+        self.sentry = SentryIngest(config.serve, self.env)
 
     # ------------------------------------------------------------------ connections
 
@@ -83,13 +90,16 @@ class HookApp:
     def __call__(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/") or "/"
+        extra: list[tuple[str, str]] = []
         try:
             code, ctype, body = self.route(method, path, environ)
         except Reply as r:
             code, ctype, body = _json(r.code, r.body)
+            extra = r.headers
         except AgentError as exc:
             code, ctype, body = _json(503, {"error": str(exc)})
-        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
+                   *extra]
         if code == 405:
             headers.append(("Allow", "POST" if path.startswith("/hooks/") else "GET"))
         start_response(STATUS[code], headers)
@@ -107,6 +117,11 @@ class HookApp:
             if method not in ("GET", "HEAD"):
                 raise Reply(405, f"{path} is read-only; use GET")
             return pages[path]()
+        sentry = SENTRY_API.fullmatch(path)
+        if sentry:
+            if method != "POST":
+                raise Reply(405, f"{path} takes POST (Sentry's ingest protocol)")
+            return self.sentry_api(environ, sentry.group(1), sentry.group(2))
         raise Reply(404, f"no route {path}; see /healthz, /metrics, /, /hooks/events|sentry|alertmanager")
 
     # ------------------------------------------------------------------ hooks: common checks
@@ -221,6 +236,19 @@ class HookApp:
             return _json(200, {"result": "ignored: no firing alerts"})
         return self._store("alertmanager", hashlib.sha256(body).hexdigest(), parsed.events)
 
+    def sentry_api(self, environ, project: str, kind: str) -> tuple[int, str, bytes]:
+        """Sentry's ingest protocol for unmodified SDKs (agent/intake/dsn.py does the checks and parsing)."""
+        from agent.intake.dsn import Refused
+
+        try:
+            delivery = self.sentry.receive(project, kind, environ, self._body)
+        except Refused as r:
+            raise Reply(r.code, str(r), headers=r.headers) from None
+        if not delivery.events:
+            return _json(200, {"id": delivery.event_id})
+        self._store(delivery.hook, delivery.key, delivery.events)   # a replayed event id changes nothing
+        return _json(200, {"id": delivery.event_id})
+
     # ------------------------------------------------------------------ pages
 
     def page_status(self) -> tuple[int, str, bytes]:
@@ -239,7 +267,8 @@ class HookApp:
     def page_metrics(self) -> tuple[int, str, bytes]:
         from agent.ledger.metrics import gather
 
-        return 200, "text/plain; version=0.0.4; charset=utf-8", prometheus(gather(self._ledger(write=False))).encode()
+        text = prometheus(gather(self._ledger(write=False))) + self.sentry.metrics()
+        return 200, "text/plain; version=0.0.4; charset=utf-8", text.encode()
 
     def page_health(self) -> tuple[int, str, bytes]:
         led = self._ledger(write=False)
