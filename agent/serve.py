@@ -66,7 +66,7 @@ class HookApp:
         self.config = config
         self.env = os.environ if env is None else env
         self._local = threading.local()
-        self._write_lock = threading.Lock()
+        self._commits = GroupCommit()
         from agent.intake.dsn import SentryIngest
 
         self.sentry = SentryIngest(config.serve, self.env)
@@ -159,13 +159,7 @@ class HookApp:
             raise Reply(400, f"body is not UTF-8 (byte {exc.start})") from None
 
     def _store(self, hook: str, key: str, events: list) -> tuple[int, str, bytes]:
-        from agent.intake.store import ingest
-        from agent.ledger.hooks import accept
-
-        led = self._ledger(write=True)
-        with self._write_lock:  # threads of this server queue here instead of in SQLite's sleeping busy handler
-            replay, result = accept(led, hook, key, lambda: ingest(led, events, actor="script",
-                                                                    source=f"hook:{hook}", batch=None))
+        replay, result = self._commits.submit(hook, key, events, lambda: self._ledger(write=True))
         if replay:
             return _json(200, {"result": "replay: this delivery was accepted before; nothing changed",
                                "replay": True})
@@ -277,6 +271,77 @@ class HookApp:
         except Exception as exc:  # noqa: BLE001 - any failure to read is unhealthy
             return _json(503, {"ok": False, "error": f"ledger not readable: {type(exc).__name__}"})
         return _json(200, {"ok": True, "ledger": str(led.path)})
+
+
+class _Job:
+    __slots__ = ("hook", "key", "events", "done", "result", "error")
+
+    def __init__(self, hook: str, key: str, events: list):
+        self.hook, self.key, self.events = hook, key, events
+        self.done, self.result, self.error = False, None, None
+
+
+class GroupCommit:
+    """Hook deliveries arriving together share one write transaction and one fsync (group commit).
+
+    The first request to find no writer becomes the writer: it takes every delivery queued so far, stores them in
+    one transaction on its own connection (``ledger.hooks.accept_batch``), and wakes their requests; the others
+    wait meanwhile, so threads queue here, not in SQLite's sleeping busy handler. If the batch fails, each delivery
+    is retried alone, so one bad delivery fails only its own request. A request is answered only after the commit
+    that holds its events."""
+
+    def __init__(self, max_batch: int = 64):
+        self.max_batch = max_batch
+        self._cv = threading.Condition()
+        self._queue: list[_Job] = []
+        self._writing = False
+
+    def submit(self, hook: str, key: str, events: list, ledger: Callable[[], Ledger]) -> tuple[bool, object]:
+        job = _Job(hook, key, events)
+        with self._cv:
+            self._queue.append(job)
+            while not job.done:
+                if self._writing:
+                    self._cv.wait()
+                    continue
+                self._writing = True
+                batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+                self._cv.release()
+                try:
+                    self._write(ledger, batch)
+                finally:
+                    self._cv.acquire()
+                    self._writing = False
+                    self._cv.notify_all()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    @staticmethod
+    def _write(ledger: Callable[[], Ledger], batch: list[_Job]) -> None:
+        from agent.intake.store import ingest
+        from agent.ledger.hooks import accept, accept_batch
+
+        try:
+            led = ledger()
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error, none waits forever
+            for job in batch:
+                job.error, job.done = exc, True
+            return
+
+        def store(job: _Job):
+            return lambda: ingest(led, job.events, actor="script", source=f"hook:{job.hook}", batch=None)
+
+        try:
+            results = accept_batch(led, [(j.hook, j.key, store(j)) for j in batch])
+        except Exception:  # noqa: BLE001 - retried one by one below: one bad delivery must not fail the others
+            results = None
+        for i, job in enumerate(batch):
+            try:
+                job.result = results[i] if results is not None else accept(led, job.hook, job.key, store(job))
+            except Exception as exc:  # noqa: BLE001 - raised again in the request that sent it
+                job.error = exc
+            job.done = True
 
 
 # --------------------------------------------------------------------------- Prometheus text format

@@ -351,3 +351,58 @@ def test_dsn_config_errors_name_the_key(dsn, error):
 
     with pytest.raises(ConfigError, match=error.replace("[", r"\[").replace("]", r"\]")):
         parse_config({"serve": {"dsn": dsn}})
+
+
+def test_group_commit_one_bad_delivery_fails_alone_and_a_key_twice_in_a_batch_is_a_replay(ledger, home,
+                                                                                          monkeypatch):
+    """Concurrent hook deliveries share one transaction (serve.GroupCommit); a fault injected into one delivery's
+    ingest (monkeypatched: nothing else makes a valid event fail inside the transaction) fails that request only."""
+    import threading
+
+    import agent.intake.store as store
+    import agent.ledger.hooks as hooks
+    from agent.intake.formats import Event
+    from agent.ledger import Ledger, ledger_path
+    from agent.serve import GroupCommit
+
+    real_ingest, real_batch, sizes = store.ingest, hooks.accept_batch, []
+
+    def ingest(led, events, **kw):
+        if events and events[0].message == "poison":
+            raise ValueError("injected fault")
+        return real_ingest(led, events, **kw)
+
+    def accept_batch(led, deliveries):
+        sizes.append(len(deliveries))
+        return real_batch(led, deliveries)
+
+    monkeypatch.setattr(store, "ingest", ingest)
+    monkeypatch.setattr(hooks, "accept_batch", accept_batch)
+    commits, local = GroupCommit(), threading.local()
+
+    def conn():
+        if not hasattr(local, "led"):
+            local.led = Ledger.open(ledger_path(home), create=False)
+        return local.led
+
+    jobs = [(f"k{i}", "poison" if i == 3 else f"boom {i}") for i in range(12)] + [("k0", "boom 0")]
+    results: dict[int, object] = {}
+    gate = threading.Barrier(len(jobs))
+
+    def send(i, key, message):
+        gate.wait()
+        try:
+            results[i] = commits.submit("events", key, [Event(message=message, cls="E", service="s")], conn)
+        except ValueError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i, *job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert isinstance(results[3], ValueError)
+    replays = [i for i, r in results.items() if not isinstance(r, Exception) and r[0]]
+    assert len(replays) == 1 and replays[0] in (0, 12)
+    assert ledger.scalar("SELECT count(*) FROM hook_deliveries") == 11
+    assert max(sizes) > 1, sizes       # some requests shared a transaction
