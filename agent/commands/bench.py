@@ -64,7 +64,12 @@ def run_cmd(cases, vendors, repeat, jobs, out):
 @click.option("--cache", type=click.Path(file_okay=False))
 @click.option("--base-config", type=click.Path(exists=True, dir_okay=False))
 def one_cmd(case_file, vendor, folder, cache, base_config):
-    """One run (what `bench run` starts in its own process)."""
+    """One run (what `bench run` starts in its own process); resumes a killed one.
+
+    \b
+    Example:
+      agent bench one cases/widgets-qty.yaml --vendor codex --dir bench-out/runs/widgets-qty/codex/1
+    """
     import yaml
 
     from agent.bench.run import run_one
