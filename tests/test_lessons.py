@@ -49,6 +49,7 @@ OTHER = json.dumps({"service": demo.SERVICE, "environment": "production", "level
                     "stack": 'Traceback (most recent call last):\n  File "/srv/widgets/widgets/pricing.py", '
                              'line 9, in order_total\nTypeError: unsupported operand'}) + "\n"
 THIRD = OTHER.replace("TypeError", "ValueError").replace("order_total", "line_total")
+FOURTH = OTHER.replace("TypeError", "ArithmeticError")
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def next_task(world, events: str, brief: str) -> None:
     run_until_settled(world)
 
 
-def test_attack_a_poisoned_lesson_of_an_unmerged_pr_reaches_no_later_spec(world):
+def test_attack_a_poisoned_lesson_of_an_unmerged_pr_reaches_no_later_spec(world, agent):
     """An implementer fed a prompt-injected error leaves a standing order; its PR is never merged. The next task's
     implementer spec and all three of its reviewer specs must not carry it; it is recorded as refused and the PR
     body says so."""
@@ -111,6 +112,10 @@ def test_attack_a_poisoned_lesson_of_an_unmerged_pr_reaches_no_later_spec(world)
     assert [(r["task_id"], r["state"], r["reason"]) for r in found] == [(1, "refused", "it holds a URL"),
                                                                          (2, "refused", "it holds a URL")]
     assert all(ATTACK.startswith(r["text"]) and "evil.example" in r["text"] for r in found)
+    # even a merge of that PR (the fix itself was fine) never makes a refused lesson remembered
+    assert agent("pr", "mark", "1", "merged").exit_code == 0
+    scan(world, "pr-merged")
+    assert [r["state"] for r in rows(world, "SELECT state FROM lessons ORDER BY id")] == ["refused", "refused"]
 
 
 def test_a_benign_lesson_of_an_unmerged_pr_stays_a_candidate_and_a_closed_pr_discards_it(world, agent):
@@ -135,6 +140,7 @@ def test_a_benign_lesson_of_an_unmerged_pr_stays_a_candidate_and_a_closed_pr_dis
 
 def test_a_merged_prs_lesson_reaches_the_next_implementer_spec_with_its_origin_and_a_forgotten_one_nothing(
         world, agent):
+    edit_config(world, lambda c: c["limits"].update(prs_per_hour=10, open_drafts_per_repo=10))   # four PRs here
     ingest_and_decide(world)
     scan(world, "error-fix")
     run_until_settled(world)
@@ -159,11 +165,16 @@ def test_a_merged_prs_lesson_reaches_the_next_implementer_spec_with_its_origin_a
     for name in ("review-code-round-1", "review-quality-round-1", "review-logic-round-1"):
         assert DEMO_LESSON not in written[name] and "# Lessons" not in written[name], name
 
+    edit_config(world, lambda c: c.update(lessons={"reviewers": True}))   # reviewers too, when configured
+    next_task(world, THIRD, "a third bug")
+    for name in ("review-code-round-1", "review-quality-round-1", "review-logic-round-1"):
+        assert f"- lesson 1 (task 1, PR demo/widgets#1): {DEMO_LESSON}" in specs(world, 3)[name], name
+
     r = agent("lesson", "forget", "1", "--reason", "no longer true", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["state"] == "forgotten", r.output
     assert agent.json("lesson", "show", "1")["events"][-1]["actor"] == "human"
-    next_task(world, THIRD, "a third bug")
-    assert specs(world, 3) and all(DEMO_LESSON not in text for text in specs(world, 3).values())
+    next_task(world, FOURTH, "a fourth bug")
+    assert specs(world, 4) and all(DEMO_LESSON not in text for text in specs(world, 4).values())
 
 
 def test_reviewers_get_lessons_only_when_configured(world):
