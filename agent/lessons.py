@@ -24,7 +24,8 @@ _REFUSALS: tuple[tuple[re.Pattern, str], ...] = (
                 r"source|eval|exec|base64|nc)\b|\$\(|<\(|&&|\|\||;\s*(?:sh|bash|curl|wget|rm|chmod)\b|>\s*/"),
      "it holds a shell pipeline"),
     (re.compile(r"(?i)\b(?:run|execute|exec|eval|invoke|install|download|curl|wget|sudo|chmod|pip3?|npm|npx|"
-                r"apt(?:-get)?|brew|bash|sh|zsh|powershell|pwsh|ssh|scp|netcat)\b"), "it tells a lane to run something"),
+                r"apt(?:-get)?|brew|bash|sh|zsh|powershell|pwsh|ssh|scp|netcat)\b"),
+     "it tells a lane to run something"),
     (re.compile(r"(?i)\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:instructions?|rules?|spec|constraints?)\b"),
      "it tells a lane to ignore its instructions"),
 )

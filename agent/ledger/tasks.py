@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
