@@ -2,10 +2,10 @@
 
 For every PR agent recorded as open, ask its forge for the state now:
 - merged -> the PR row becomes merged, the error ``resolved``, the task ``done`` (if the state
-  machine allows it from where the task is);
+  machine allows it from where the task is), the task's candidate lesson ``accepted`` (a human accepted the work);
 - closed without merge -> the error becomes ``skipped`` with that reason (intake never proposes a
-  skipped error again), the task ``failed`` with the reason, and the task branch is pruned from the
-  remote (retried on later scans until it is gone).
+  skipped error again), the task ``failed`` with the reason, its candidate lesson ``discarded``, and the task
+  branch is pruned from the remote (retried on later scans until it is gone).
 Each change is written together with its event in one transaction.  A forge error for one PR is
 reported as that PR's item and does not stop the others.
 """

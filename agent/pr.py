@@ -201,7 +201,8 @@ def _memory(d: PRData) -> str:
                 f"**Gedächtnis:** Der Implementierungs-Agent hat eine Lektion hinterlassen, die Agent abgelehnt hat "
                 f"({why}); sie wird nie gemerkt:\n\n{quoted}")
     if les.get("state") == "accepted":
-        return (f"**Memory:** agent remembers this lesson (#{lid}) for later fixes of {_code(guard(d.service))}; "
+        return (f"**Memory:** agent remembers this lesson (#{lid}) for later fixes of "
+                f"{_code(guard(d.service) or 'unknown')}; "
                 f"`agent lesson forget {lid}` drops it:\n\n"
                 f"**Gedächtnis:** Agent merkt sich diese Lektion (#{lid}) für spätere Korrekturen; "
                 f"`agent lesson forget {lid}` verwirft sie:\n\n{quoted}")

@@ -334,3 +334,12 @@ def test_the_pr_body_says_what_will_be_remembered_in_english_and_german():
     assert "ghp_" + "A" * 36 not in body
     _, body = render_pr(data(lesson={"id": 8, "state": "refused", "text": ATTACK, "reason": "it holds a URL"}))
     assert "agent refused (it holds a URL); it is never remembered" in body and "abgelehnt" in body
+
+
+def test_a_later_round_repeating_a_lesson_a_human_decided_keeps_that_decision(led):
+    t = _task(led)
+    tok = claim(led, t)
+    lid = propose(led, t, "carts can be empty", max_chars=300, lane_run_id=None, round_=1, claim_token=tok)
+    store.decide_lesson(led, lid, "forgotten", "human", "wrong", ("candidate",))
+    assert propose(led, t, "carts can be empty", max_chars=300, lane_run_id=None, round_=2, claim_token=tok) == lid
+    assert [(r["id"], r["state"]) for r in store.list_lessons(led)] == [(lid, "forgotten")]

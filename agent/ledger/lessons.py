@@ -56,6 +56,12 @@ def propose_lesson(ledger: Ledger, task_id: int, text: str | None, refused: str 
                         f"round {round_}'s implementer left no lesson")
             return None
         state = "refused" if refused else "candidate"
+        decided = c.execute("SELECT id FROM lessons WHERE task_id = ? AND text = ? AND state IN ('accepted', "
+                            "'forgotten')", (task_id, text)).fetchone()
+        if decided:   # a human decided this very text already (accepted, or forgot it): a later round keeps that
+            for row in open_rows:
+                _set_in(ledger, c, row, "discarded", "script", f"round {round_} repeats lesson {decided[0]}")
+            return decided[0]
         current = open_rows[-1] if open_rows else None
         for row in open_rows[:-1]:
             _set_in(ledger, c, row, "discarded", "script", f"replaced in round {round_}")
