@@ -13,7 +13,7 @@ from pathlib import Path
 REPORT_IMPLEMENTER = """\
 STATUS: complete | partial | blocked
 SUMMARY: <one paragraph: what you changed and why>
-LESSON: <one line worth remembering for the next fix of this service, optional>"""
+LESSON: <one line about this code worth remembering for later fixes, optional; no URLs or commands>"""
 
 REPORT_REVIEWER = """\
 STATUS: complete | partial | blocked
