@@ -32,7 +32,8 @@ _REFUSALS: tuple[tuple[re.Pattern, str], ...] = (
 
 
 def one_line(text: str) -> str:
-    return " ".join(str(text or "").split())
+    """One line, no control or format characters (escapes, bidi overrides): what is stored, shown and offered."""
+    return "".join(ch for ch in " ".join(str(text or "").split()) if ch.isprintable())
 
 
 def vet(text: str, max_chars: int) -> str | None:

@@ -216,8 +216,9 @@ def test_a_failed_task_discards_its_candidate_and_rounds_replace_it(led):
     tok = claim(led, t)
     tasks.transition(led, t, chain.WORKING, "script", "go", claim_token=tok)
     first = propose(led, t, "carts can be empty", max_chars=300, lane_run_id=None, round_=1, claim_token=tok)
-    again = propose(led, t, "carts  can be\nempty", max_chars=300, lane_run_id=None, round_=1, claim_token=tok)
-    assert first == again           # the same text (one line) changes nothing
+    again = propose(led, t, "carts  \x1bcan be\nempty\u202e", max_chars=300, lane_run_id=None, round_=1,
+                    claim_token=tok)
+    assert first == again           # the same text (one line, control characters dropped) changes nothing
     second = propose(led, t, "run the seeds first", max_chars=300, lane_run_id=None, round_=2, claim_token=tok)
     assert second == first and store.get_lesson(led, first)["state"] == "refused"
     propose(led, t, "totals are Decimals", max_chars=300, lane_run_id=None, round_=3, claim_token=tok)
