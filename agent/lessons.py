@@ -49,7 +49,7 @@ def vet(text: str, max_chars: int) -> str | None:
 def propose(ledger: Ledger, task_id: int, lesson: str | None, *, max_chars: int, lane_run_id: int | None,
             round_: int, claim_token: str | None, clean=str) -> int | None:
     """Record the LESSON of the task's newest complete implementer run (``clean``: the redactor) as its candidate,
-    refused with the reason when ``vet`` says so; no LESSON discards an earlier round's."""
+    refused with the reason when ``vet`` says so; no LESSON keeps an earlier round's."""
     text = one_line(clean(lesson)) if lesson else ""
     if not text:
         return store.propose_lesson(ledger, task_id, None, None, lane_run_id=lane_run_id, round_=round_,

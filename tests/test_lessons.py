@@ -222,7 +222,9 @@ def test_a_failed_task_discards_its_candidate_and_rounds_replace_it(led):
     second = propose(led, t, "run the seeds first", max_chars=300, lane_run_id=None, round_=2, claim_token=tok)
     assert second == first and store.get_lesson(led, first)["state"] == "refused"
     propose(led, t, "totals are Decimals", max_chars=300, lane_run_id=None, round_=3, claim_token=tok)
-    assert store.get_lesson(led, first)["state"] == "candidate"
+    assert propose(led, t, None, max_chars=300, lane_run_id=None, round_=4, claim_token=tok) == first
+    assert (store.get_lesson(led, first)["state"], store.get_lesson(led, first)["text"]) == (
+        "candidate", "totals are Decimals")      # a round without a LESSON keeps the earlier one
     tasks.transition(led, t, chain.FAILED, "script", "round cap", claim_token=tok)
     row = store.get_lesson(led, first)
     assert (row["state"], row["reason"]) == ("discarded", "task failed: round cap")

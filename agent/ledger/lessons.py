@@ -44,17 +44,15 @@ def _task_rows(c: sqlite3.Connection, task_id: int, states: tuple[str, ...]) -> 
 
 def propose_lesson(ledger: Ledger, task_id: int, text: str | None, refused: str | None, *, lane_run_id: int | None,
                    round_: int, claim_token: str | None) -> int | None:
-    """The task's newest implementer run left ``text`` (None: no lesson): it becomes the task's one open lesson,
-    a ``candidate`` (or ``refused`` with the reason), replacing the one an earlier round left. Returns its id."""
+    """The task's newest implementer run left ``text``: it becomes the task's one open lesson, a ``candidate`` (or
+    ``refused`` with the reason), replacing the one an earlier round left (None: no lesson, that one stays).
+    Returns its id."""
     from agent.ledger.tasks import claimed_tx
 
     with claimed_tx(ledger, task_id, claim_token) as c:
         open_rows = _task_rows(c, task_id, OPEN)
-        if text is None:
-            for row in open_rows:
-                _set_in(ledger, c, row, "discarded", "script",
-                        f"round {round_}'s implementer left no lesson")
-            return None
+        if text is None:   # a round that left no lesson keeps the one an earlier round left (the PR body shows it)
+            return open_rows[-1]["id"] if open_rows else None
         state = "refused" if refused else "candidate"
         decided = c.execute("SELECT id FROM lessons WHERE task_id = ? AND text = ? AND state IN ('accepted', "
                             "'forgotten')", (task_id, text)).fetchone()
