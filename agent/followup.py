@@ -63,6 +63,14 @@ def _prune_task_ref(ledger: Ledger, row: dict, config) -> str:
     return ""
 
 
+def _remembered(ledger: Ledger, task_id: int) -> str:
+    """``; lesson N accepted`` when the merge made the task's lesson one later specs carry."""
+    from agent.ledger.lessons import task_lesson
+
+    lesson = task_lesson(ledger, task_id)
+    return f"; lesson {lesson['id']} accepted" if lesson and lesson["state"] == "accepted" else ""
+
+
 def owe_pr_text(ledger: Ledger, task_id: int, reason: str, claim_token: str | None = None) -> None:
     """Remember that a task's PR text update failed for now (it is retried by `watch pr-merged`); the fixer
     passes its claim token (a worker that lost the task records nothing)."""
@@ -147,7 +155,7 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
                 new = _apply(ledger, row, pr)
                 item.update(state=pr.state, changed=new is not None)
                 if new == "merged":
-                    item["pruned_ref"] = _prune_task_ref(ledger, row, config)
+                    item["pruned_ref"] = _prune_task_ref(ledger, row, config) + _remembered(ledger, row["task_id"])
             if item["state"] == "closed":
                 note = _prune(ledger, row, config, prune)
                 item["pruned"] = note

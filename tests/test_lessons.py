@@ -134,7 +134,8 @@ def test_a_merged_prs_lesson_reaches_the_next_implementer_spec_with_its_origin_a
     scan(world, "error-fix")
     run_until_settled(world)
     assert agent("pr", "mark", "1", "merged").exit_code == 0
-    scan(world, "pr-merged")
+    assert "task 1: demo/widgets#1 merged; hidden ref pruned; lesson 1 accepted" in [
+        i["line"] for i in scan(world, "pr-merged")]
     [lesson] = agent.json("lesson", "list")
     assert (lesson["id"], lesson["state"], lesson["origin"], lesson["text"]) == (
         1, "accepted", "task 1, PR demo/widgets#1", DEMO_LESSON)
