@@ -102,23 +102,20 @@ def show_lesson(ledger: Ledger, lesson_id: int) -> dict:
 
 def forget(ledger: Ledger, lesson_id: int, reason: str | None = None) -> dict:
     """A human: this lesson never reaches a spec again (whatever its state)."""
-    row, changed = store.decide_lesson(ledger, lesson_id, "forgotten", "human", reason or "forgotten by a human",
-                                       allowed_from=("candidate", "accepted", "refused", "discarded"))
+    _row, changed = store.decide_lesson(ledger, lesson_id, "forgotten", "human", reason or "forgotten by a human",
+                                        allowed_from=("candidate", "accepted", "refused", "discarded"))
     return {**_shown(store.get_lesson(ledger, lesson_id)), "changed": changed}
 
 
 def accept(ledger: Ledger, lesson_id: int, reason: str | None = None) -> dict:
     """A human: this lesson may steer later lanes. A refused lesson stays refused (it held a URL, a pipeline or
     a command): write such guidance into the repository instead."""
-    try:
-        row, changed = store.decide_lesson(ledger, lesson_id, "accepted", "human", reason or "accepted by a human",
-                                           allowed_from=("candidate", "discarded", "forgotten"))
-    except AgentError as exc:
-        if "is refused" in str(exc):
-            found = store.get_lesson(ledger, lesson_id) or {}
-            raise AgentError(f"lesson {lesson_id} was refused ({found.get('reason')}); a lane never gets it: put "
-                             "such guidance in the repository (README, .agent/config.yaml) instead") from None
-        raise
+    found = store.get_lesson(ledger, lesson_id)
+    if found is not None and found["state"] == "refused":
+        raise AgentError(f"lesson {lesson_id} was refused ({found['reason']}); a lane never gets it: put such "
+                         "guidance in the repository (README, .agent/config.yaml) instead")
+    _row, changed = store.decide_lesson(ledger, lesson_id, "accepted", "human", reason or "accepted by a human",
+                                        allowed_from=("candidate", "discarded", "forgotten"))
     return {**_shown(store.get_lesson(ledger, lesson_id)), "changed": changed}
 
 

@@ -77,9 +77,7 @@ def lesson_forget(lesson_id, reason, as_json):
     """
     from agent.lessons import forget
 
-    data = forget(get_app().ledger, lesson_id, reason)
-    emit(data, as_json, lambda d: click.echo(f"lesson {lesson_id} forgotten" if d["changed"]
-                                             else f"lesson {lesson_id} was forgotten already"))
+    _decide(forget, lesson_id, reason, as_json, lambda d: f"lesson {lesson_id} forgotten")
 
 
 @lesson.command("accept")
@@ -95,7 +93,11 @@ def lesson_accept(lesson_id, reason, as_json):
     """
     from agent.lessons import accept
 
-    data = accept(get_app().ledger, lesson_id, reason)
-    emit(data, as_json, lambda d: click.echo(f"lesson {lesson_id} accepted: later specs of "
-                                             f"{d['service'] or 'its service'} carry it" if d["changed"]
-                                             else f"lesson {lesson_id} was accepted already"))
+    _decide(accept, lesson_id, reason, as_json,
+            lambda d: f"lesson {lesson_id} accepted: later specs of {d['service'] or 'its service'} carry it")
+
+
+def _decide(decide, lesson_id: int, reason: str | None, as_json: bool, said) -> None:
+    data = decide(get_app().ledger, lesson_id, reason)
+    emit(data, as_json,
+         lambda d: click.echo(said(d) if d["changed"] else f"lesson {lesson_id} was {d['state']} already"))
