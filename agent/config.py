@@ -165,11 +165,30 @@ class NotifyChannel:
 
 
 @dataclass(frozen=True)
+class LessonsConfig:
+    reviewers: bool = False        # reviewer specs carry accepted lessons too (default: implementers only)
+    per_service: int = 5           # accepted lessons a spec carries for one service or error, newest first
+    max_chars: int = 300           # a longer LESSON is refused
+
+
+@dataclass(frozen=True)
+class DsnProject:
+    """``serve.dsn`` entry: a Sentry project id that unmodified SDKs send to, with its key and where errors go."""
+    project: str                  # the number at the end of the DSN
+    key_env: str                  # environment variable holding the DSN's public key
+    service: str                  # the service the project's errors belong to (config maps it to a repo)
+    repo: str | None = None       # a configured repo key, when the service alone does not name one
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     events_secret_env: str = "AGENT_HOOK_SECRET"      # HMAC-SHA256 of the body, X-Agent-Signature: sha256=<hex>
     sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
     alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
     max_body_bytes: int = 1048576
+    dsn: tuple[DsnProject, ...] = ()                  # Sentry ingest (/api/<project>/envelope/ and /store/)
+    max_events_per_minute: int = 600                  # Sentry ingest: over it, 429 with Retry-After
+    url: str | None = None                            # where SDKs reach `agent serve` (doctor prints DSNs with it)
 
 
 @dataclass(frozen=True)
@@ -191,6 +210,7 @@ class Config:
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
+    lessons: LessonsConfig = LessonsConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
@@ -309,7 +329,8 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
+                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
+                               "lessons"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -447,7 +468,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
                   review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
-                  serve=_serve(v, top.get("serve")),
+                  serve=_serve(v, top.get("serve"), repos),
+                  lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
 
 
@@ -523,7 +545,7 @@ def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
     return tuple(channels)
 
 
-def _serve(v: _V, raw: Any) -> ServeConfig:
+def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
     d = v.mapping(raw, "serve", tuple(ServeConfig.__dataclass_fields__))
     dflt = ServeConfig()
     return ServeConfig(
@@ -531,8 +553,45 @@ def _serve(v: _V, raw: Any) -> ServeConfig:
         sentry_secret_env=v.string(d.get("sentry_secret_env", dflt.sentry_secret_env), "serve.sentry_secret_env"),
         alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
                                         "serve.alertmanager_token_env"),
-        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1))
+        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1),
+        dsn=_dsn_projects(v, d.get("dsn"), repos),
+        max_events_per_minute=v.integer(d.get("max_events_per_minute", dflt.max_events_per_minute),
+                                        "serve.max_events_per_minute", 1),
+        url=None if d.get("url") is None else _api_url(v, d["url"], "serve.url"))
 
+
+def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
+    """``serve.dsn: [{project: 42, key_env: NAME, service: S, repo: KEY}]``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        v.fail("serve.dsn", "a list of {project, key_env, service, repo}", raw)
+    out: list[DsnProject] = []
+    for i, item in enumerate(raw):
+        p = f"serve.dsn[{i}]"
+        d = v.mapping(item, p, tuple(DsnProject.__dataclass_fields__))
+        project = d.get("project")
+        if isinstance(project, int) and not isinstance(project, bool) and project > 0:
+            project = str(project)
+        if not isinstance(project, str) or not project.isdigit() or len(project) > 20:
+            v.fail(f"{p}.project", "a positive integer (the number at the end of the DSN)", project)
+        if any(x.project == project for x in out):
+            raise ConfigError(f"{v.filename}: {p}.project: project {project} is listed twice; give each one entry")
+        repo = v.opt_string(d.get("repo"), f"{p}.repo")
+        if repo is not None and repo not in repos:
+            v.fail(f"{p}.repo", f"one of the repos configured under repos: ({', '.join(repos) or 'none'})", repo)
+        out.append(DsnProject(project=project, key_env=v.string(d.get("key_env"), f"{p}.key_env"),
+                              service=v.string(d.get("service"), f"{p}.service"), repo=repo))
+    return tuple(out)
+
+
+def _lessons(v: _V, raw: Any) -> LessonsConfig:
+    d = v.mapping(raw, "lessons", tuple(LessonsConfig.__dataclass_fields__))
+    dflt = LessonsConfig()
+    return LessonsConfig(
+        reviewers=v.boolean(d.get("reviewers", dflt.reviewers), "lessons.reviewers"),
+        per_service=v.integer(d.get("per_service", dflt.per_service), "lessons.per_service", 0, 50),
+        max_chars=v.integer(d.get("max_chars", dflt.max_chars), "lessons.max_chars", 20, 2000))
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -664,6 +723,11 @@ DEFAULT_CONFIG = """\
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
 
+# lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
+#   reviewers: false           # reviewer specs carry lessons too
+#   per_service: 5             # accepted lessons per spec (same service or error), newest first
+#   max_chars: 300             # a longer LESSON is refused, like one holding a URL or a command
+
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
@@ -687,4 +751,8 @@ DEFAULT_CONFIG = """\
 #   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
 #   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
 #   max_body_bytes: 1048576
+#   url: http://agent.internal:8080          # where SDKs reach it; `agent doctor` prints each project's DSN
+#   dsn:                                      # a Sentry DSN for unmodified SDKs: /api/<project>/envelope/ and /store/
+#     - {project: 1, key_env: AGENT_DSN_KEY, service: widgets-api}   # DSN http://<key>@host:port/1
+#   max_events_per_minute: 600                # over it: 429 with Retry-After, SDKs back off
 """
