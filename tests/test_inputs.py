@@ -362,7 +362,7 @@ def test_6_bench_ingest_measures_the_cli_path_beside_the_in_process_one(tmp_path
     assert "kept" in text, "the in-process section is left as it was"
     section = text.split("<!-- intake-cli:begin", 1)[1]
     for needed in ("error ingest FILE` (a fresh process", "**CLI median ", "events per CPU second; **peak RSS ",
-                   "**CLI / in-process = ", "| 20 | ", "| 300 | ", "default limit, 300 / 20 errors: **time "):
+                   "**CLI / in-process = ", "| 20 | ", "| 300 | ", "default limit, 300 / 20 errors: **time ", "x CPU; peak RSS "):
         assert needed in section, (needed, section)
 
 
