@@ -212,12 +212,26 @@ def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | 
             result.add_rejected(parsed.rejected)
             ingest(ledger, parsed.events, actor=actor, source=source or f"ingest:{chosen}", result=result)
             return result, chosen
-        lines = text.split("\n")
-        for start in range(0, len(lines), chunk_lines):
-            parsed = parse("\n".join(lines[start:start + chunk_lines]), "jsonl", line_base=start + 1, **kw)
+        for start, chunk in _line_chunks(text, chunk_lines):
+            parsed = parse(chunk, "jsonl", line_base=start + 1, **kw)
             result.add_rejected(parsed.rejected)
             ingest(ledger, parsed.events, actor=actor, source=source or "ingest:jsonl", result=result, batch=None)
     return result, chosen
+
+
+def _line_chunks(text: str, size: int) -> Iterator[tuple[int, str]]:
+    """(index of the first line, text of ``size`` lines) pieces of ``text``, cut where its line ends are (no list
+    of every line: a 100 MB input is not held twice)."""
+    pos, first, n = 0, 0, len(text)
+    while pos < n:
+        end = pos
+        for _ in range(size):
+            end = text.find("\n", end) + 1
+            if end == 0:
+                end = n
+                break
+        yield first, text[pos:end]
+        pos, first = end, first + size
 
 
 @contextlib.contextmanager
