@@ -27,10 +27,12 @@ from typing import Callable
 from agent import AgentError, chain
 from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path
+from agent.text import one_line
 
 STOP_COMMAND = "/agent stop"
 BODY_MAX = 4000           # stored per item (redacted)
 SPEC_ITEMS_MAX = 30       # findings from PR feedback put in one spec
+OWN_MARK_KEY = "own-mark" # the ledger secret that signs the agent's own marks
 
 
 def _redact(text: str) -> str:
@@ -40,8 +42,7 @@ def _redact(text: str) -> str:
 
 
 def _one_line(text: str, limit: int = 200) -> str:
-    s = " ".join((text or "").split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    return one_line(text, limit)
 
 
 # ---------------------------------------------------------------------------------------------- deciding
@@ -55,9 +56,32 @@ def stop_reason(body: str) -> str | None:
     return None
 
 
-def decide(item, may_steer: Callable[[str], bool]) -> tuple[str, str | None]:
-    """``(decision, reason)`` for one ``Feedback``: own | ignored | stop | taken."""
-    if item.own_key is not None:
+def own_checker(login: str | None, secret: str) -> Callable[[object], str | None]:
+    """Whether a ``Feedback`` is the agent's own: by its author (the forge's ``own_login``) first, else by an own
+    mark signed with the ledger's secret. Returns the reply key it answers ('' for an own comment without one), or
+    None: not the agent's (an outsider's copy of a mark is just a comment from an outsider)."""
+    from agent.forge import verified_key
+
+    def own(item) -> str | None:
+        marked = item.own_key
+        if login and (item.author or "").lower() == login.lower():
+            return verified_key(marked, secret) or marked or ""
+        return verified_key(marked, secret)
+
+    return own
+
+
+def _own_for(ledger: Ledger, forge) -> Callable[[object], str | None]:
+    from agent.forge import own_login
+    from agent.ledger.keys import ledger_key
+
+    return own_checker(own_login(forge), ledger_key(ledger, OWN_MARK_KEY))
+
+
+def decide(item, may_steer: Callable[[str], bool], own: Callable[[object], str | None] | None = None
+           ) -> tuple[str, str | None]:
+    """``(decision, reason)`` for one ``Feedback``: own | ignored | stop | taken (``own``: see ``own_checker``)."""
+    if own is not None and own(item) is not None:
         return "own", "the agent's own comment"
     if not may_steer(item.author):
         return "ignored", f"{item.author} has no write access and is not in review.allowed_users"
@@ -165,7 +189,8 @@ def read_feedback(ledger: Ledger, forge, config, task_id: int, token: str | None
     crashpoint("feedback.read")  # fault injection (tests): read from the forge, nothing recorded yet
     known = ledger.feedback_keys(task_id)
     may_steer = allowed_checker(forge, config.review.allowed_users)
-    decided = [(item, *decide(item, may_steer)) for item in page.items if item.key not in known]
+    own = _own_for(ledger, forge)
+    decided = [(item, *decide(item, may_steer, own)) for item in page.items if item.key not in known]
     if not decided:
         if page.cursor != watch["cursor"]:
             with claimed_tx(ledger, task_id, token) as c:
@@ -260,6 +285,7 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
 def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) -> str:
     """What the round changed for which comment, the new head, the check (plain data, redacted)."""
     from agent.pr import _code as code
+    from agent.text import fence
 
     rnd = int(reply["round"])
     if reply["kind"] == "cap":
@@ -269,7 +295,7 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     lines = [f"Round {rnd} addressed this feedback:"]
     for r in items:
         if r["kind"] == "ci":
-            lines.append(f"- CI {code(_one_line(r['author'], 80))} ({_one_line(r['state'], 30)})")
+            lines.append(f"- CI {code(_one_line(r['author'], 80))} ({code(_one_line(r['state'], 30))})")
         else:
             kind = {"review": "review", "inline": "review comment", "comment": "comment"}[r["kind"]]
             where = f" on {code(_one_line(r['path'], 120))}" + (f" line {r['line']}" if r["line"] else "") \
@@ -279,9 +305,10 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     from agent.ledger.tasks import latest_check
 
     summaries = implementer_summaries_since(ledger, task["id"], rnd)
-    if summaries:
-        lines += ["", "What changed:"]
-        lines += [f"- round {s['round']}: {_one_line(_redact(s['summary'] or ''), 400)}" for s in summaries]
+    if summaries:   # the lane's words: only inside a fence (no mentions, images, HTML or links rendered)
+        lines += ["", "What changed, as the implementer lane reported it:", "",
+                  fence("\n".join(f"round {s['round']}: {_one_line(_redact(s['summary'] or ''), 400)}"
+                                   for s in summaries))]
     fr = next((r for r in ledger.feedback_rounds(task["id"]) if r["round"] == rnd), None)
     if fr and fr["base_head"] and repo_path is not None and task["head_sha"]:
         try:
@@ -314,11 +341,17 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
                                        and task["pushed_sha"] == task["head_sha"])]
     if not due:
         return []
+    from agent.forge import signed_key
+    from agent.ledger.keys import ledger_key
+
     number = int(pr["number"])
+    own = _own_for(ledger, forge)
     posted = {}
     for item in forge.feedback(number, None).items:  # replies posted just before a kill carry their key
-        if item.own_key:
-            posted[item.own_key] = item.id
+        key = own(item)
+        if key:
+            posted[key] = item.id
+    secret = ledger_key(ledger, OWN_MARK_KEY)
     lines = []
     for r in due:
         found = r["key"] in posted
@@ -326,7 +359,7 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
             reply_id = posted[r["key"]]
         else:
             text = reply_text(ledger, task, r, Path(task["worktree"]) if task["worktree"] else None)
-            reply_id = forge.reply(number, text, r["key"])
+            reply_id = forge.reply(number, text, signed_key(r["key"], secret))
             crashpoint("feedback.replied")  # fault injection (tests): posted, not recorded yet
         if ledger.record_reply(task_id, r["key"], reply_id, task["head_sha"], found):
             what = f"round {r['round']}" if r["kind"] == "round" else "a human must take over"

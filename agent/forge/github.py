@@ -210,6 +210,12 @@ class GithubForge(HostedForge):
         return (data.get("permission") in ("admin", "write")
                 or data.get("role_name") in ("admin", "maintain", "write"))
 
+    def own_login(self) -> str | None:
+        """The token user's login (GET /user, once per forge object)."""
+        if getattr(self, "_own_login", None) is None:
+            self._own_login = str(self.user().get("login") or "") or None
+        return self._own_login
+
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
         resp = self._request("POST", f"{self._pulls()}/issues/{int(number)}/comments",

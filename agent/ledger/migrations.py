@@ -356,3 +356,11 @@ def m010_lane_budget_reservations(db) -> None:
     db["lane_runs"].add_column("reserved_usd", float)
     db["lane_runs"].create_index(["started_at"])
     db["lane_runs"].create_index(["role", "vendor"])
+
+
+@migration
+def m013_ledger_keys(db) -> None:
+    """Secrets that belong to one ledger (shared by every runner on it), made on first use: ``own-mark`` keys the
+    hidden mark on the agent's own PR comments, so nobody without the ledger can sign as the agent."""
+    db["ledger_keys"].create({"name": str, "value": str, "created_at": str}, pk="name",
+                             not_null={"value", "created_at"})
