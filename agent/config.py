@@ -80,6 +80,7 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+    max_per_scan: int = 10        # decider lanes one scan runs at most (each under the daily budget)
 
 
 @dataclass(frozen=True)
@@ -377,11 +378,12 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
 
-    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
+    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
     decide = DecideConfig(
         auto=v.boolean(dd.get("auto", False), "decide.auto"),
         min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
         max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
+        max_per_scan=v.integer(dd.get("max_per_scan", DecideConfig.max_per_scan), "decide.max_per_scan", 1),
     )
 
     gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
@@ -679,7 +681,7 @@ DEFAULT_CONFIG = """\
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
 
-# decide: {auto: false, min_count: 3, max_age_days: 14}
+# decide: {auto: false, min_count: 3, max_age_days: 14, max_per_scan: 10}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
