@@ -194,11 +194,11 @@ class Config:
     serve: ServeConfig = ServeConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
-    def repo_for_service(self, service: str | None) -> RepoConfig | None:
-        for repo in self.repos.values():
-            if service and service in repo.services:
-                return repo
-        return None
+    def repo_for_service(self, service: str | None, hint: str | None = None) -> RepoConfig | None:
+        """The repository whose ``services`` lists ``service``: only config maps a service to a repository. An
+        event's own ``repo`` field (a Sentry tag, a JSONL field) is a ``hint`` that only picks among those."""
+        serving = [repo for repo in self.repos.values() if service and service in repo.services]
+        return next((r for r in serving if r.name == hint), serving[0] if serving else None)
 
     def lane(self, role: str, repo: "RepoSettings | None" = None) -> LaneConfig | None:
         if repo is not None and role in repo.lanes:

@@ -3,8 +3,8 @@
 ``decide()`` is the one write path for a conclusion, human or lane, and validates it:
 - one conclusion per error (the unique index backs this up);
 - a resolved error is not decided (a recurrence opens a new error row);
-- ``fix`` needs a non-empty brief and a repository: the one whose ``services`` list the error's
-  service, else the error's own ``repo`` if that repo is configured;
+- ``fix`` needs a non-empty brief and a repository: one whose ``services`` list the error's service (the
+  error's own ``repo`` field only picks among those: event text never routes a service config does not map);
 - ``fix`` is refused while an open draft PR exists for an error with the same fingerprint;
 - ``skip`` needs a non-empty reason.
 Error state: ``fix`` moves the error to ``fixing`` at once (it is decided and no longer a
@@ -36,10 +36,8 @@ class DecideRefused(AgentError):
 
 
 def repo_for_error(config: Config, error: dict) -> RepoConfig | None:
-    repo = config.repo_for_service(error.get("service"))
-    if repo is None and error.get("repo") and error["repo"] in config.repos:
-        repo = config.repos[error["repo"]]
-    return repo
+    """Config's repository for the error's service; the error's ``repo`` field only picks among those."""
+    return config.repo_for_service(error.get("service"), hint=error.get("repo"))
 
 
 def decide(ledger: Ledger, config: Config, error_id: str, kind: str, brief: str | None = None,

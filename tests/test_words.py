@@ -285,3 +285,45 @@ def test_the_decider_runs_under_the_daily_budget_and_max_per_scan(tmp_path):
         assert spec.count("\n## How to decide") == 1
     finally:
         app.close()
+
+
+# --------------------------------------------------------------------------- 6. only config picks the repository
+
+
+def test_event_fields_never_route_an_error_to_a_repository_config_does_not_map(tmp_path, monkeypatch):
+    from agent.decide import DecideRefused, decide, repo_for_error
+    from agent.intake.sources import scan
+    from intake_payloads import sentry_api_event
+    from intake_support import LocalServer, make_app
+    from test_intake_sources import FakeSentry
+
+    sentry = FakeSentry("tok")
+    event = sentry_api_event("a" * 32, "2024-05-01T10:00:00Z")
+    event["tags"] += [{"key": "service", "value": "payments"}, {"key": "repo", "value": "acme/payments"}]
+    sentry.events = [event]
+    monkeypatch.setenv("SENTRY_TOKEN", "tok")
+    with LocalServer(sentry) as srv:
+        app = make_app(tmp_path / "home", {
+            "repos": {"acme/widgets": {"url": "/x/w.git", "services": ["widgets-api"]},
+                      "acme/payments": {"url": "/x/p.git", "services": ["payments"]}},
+            "sources": [{"kind": "sentry", "url": srv.url, "org": "acme", "project": "widgets",
+                         "token_env": "SENTRY_TOKEN", "service": "widgets-api"}]})
+        try:
+            (item,) = scan(app)
+            assert item["ok"], item
+            row = app.ledger.one("SELECT * FROM errors")
+            assert row["service"] == "widgets-api"            # the source's configured service, not the tag
+            assert repo_for_error(app.config, row).name == "acme/widgets"
+            # a JSONL `repo` field names a configured repository for a service no config maps: no route
+            line = json.dumps({"service": "billing", "class": "KeyError", "message": "x", "repo": "acme/payments"})
+            result, _ = ingest_text(app.ledger, line + "\n", "jsonl")
+            eid = result.error_ids[0]
+            with pytest.raises(DecideRefused, match="no repository is configured for service 'billing'"):
+                decide(app.ledger, app.config, eid, "fix", brief="do it")
+            # a hint only picks among the repositories config maps the service to
+            cfg = parse_config({"repos": {"a/one": {"url": "/x", "services": ["s"]},
+                                          "a/two": {"url": "/y", "services": ["s"]}}})
+            assert repo_for_error(cfg, {"service": "s", "repo": "a/two"}).name == "a/two"
+            assert repo_for_error(cfg, {"service": "s", "repo": "evil/x"}).name == "a/one"
+        finally:
+            app.close()
