@@ -37,6 +37,7 @@ class RepoConfig:
     check: str | None = None
     branch_prefix: str = "agent/fix-"
     blocked_paths: tuple[str, ...] = (".github/", ".agent/")
+    allow_bidi: bool = False       # a round whose change adds bidi control characters is rejected unless true
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,12 @@ class DecideConfig:
     min_count: int = 3
     max_age_days: int = 14
     max_per_scan: int = 10        # decider lanes one scan runs at most (each under the daily budget)
+
+
+@dataclass(frozen=True)
+class FeedbackConfig:
+    ci_wait: int = 3600                       # seconds a pushed head may have no CI result before that is reported
+    ci_apps: tuple[str, ...] = ("github-actions",)   # GitHub Apps whose check runs count as the PR's CI
 
 
 @dataclass(frozen=True)
@@ -187,6 +194,7 @@ class Config:
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
@@ -310,12 +318,13 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
+                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger", "feedback"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
-        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
+                               "allow_bidi"))
         nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
         if (not isinstance(name, str) or not all(name.split("/"))
                 or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
@@ -330,6 +339,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             check=v.opt_string(d.get("check"), f"{p}.check"),
             branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
             blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
+            allow_bidi=v.boolean(d.get("allow_bidi", False), f"{p}.allow_bidi"),
         )
 
     lanes = _lanes(v, top.get("lanes"), "lanes")
@@ -377,6 +387,10 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
+    fd = v.mapping(top.get("feedback"), "feedback", ("ci_wait", "ci_apps"))
+    feedback = FeedbackConfig(
+        ci_wait=v.integer(fd.get("ci_wait", FeedbackConfig.ci_wait), "feedback.ci_wait", 1),
+        ci_apps=v.strings(fd["ci_apps"], "feedback.ci_apps") if "ci_apps" in fd else FeedbackConfig.ci_apps)
 
     dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
     decide = DecideConfig(
@@ -447,7 +461,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
@@ -675,6 +689,9 @@ DEFAULT_CONFIG = """\
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
+# feedback:
+#   ci_wait: 3600                 # seconds a pushed PR head may have no CI result before that is reported
+#   ci_apps: [github-actions]     # GitHub Apps whose check runs count as the PR's CI (others are ignored)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in

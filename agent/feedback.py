@@ -33,6 +33,7 @@ STOP_COMMAND = "/agent stop"
 BODY_MAX = 4000           # stored per item (redacted)
 SPEC_ITEMS_MAX = 30       # findings from PR feedback put in one spec
 OWN_MARK_KEY = "own-mark" # the ledger secret that signs the agent's own marks
+CI_TEXT_MAX = 2000        # a CI result's text kept for the spec (fenced there)
 
 
 def _redact(text: str) -> str:
@@ -232,6 +233,33 @@ def _ci_rows(results) -> list[dict]:
             for r in results]
 
 
+def _no_ci(ledger: Ledger, task_id: int, token: str | None, sha: str, watch: dict, wait_s: int) -> list[str]:
+    """No CI result for the pushed head: wait ``feedback.ci_wait`` from its push, then say so once (state
+    ``missing``): a CI that never ran (a skip directive, no CI configured) is news, not "nothing to do"."""
+    import time
+    from datetime import datetime, timezone
+
+    from agent.tasks import claimed_tx
+
+    if watch["ci_sha"] == sha and watch["ci_state"] == "missing":
+        return []
+    pushed = [e for e in ledger.events(task_id=task_id) if e["kind"] == "branch.pushed"
+              and e["payload"].get("sha") == sha]
+    if not pushed:
+        return []
+    at = datetime.strptime(pushed[-1]["ts"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    waited = time.time() - at
+    if waited < wait_s:
+        return []
+    with claimed_tx(ledger, task_id, token) as c:
+        ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state="missing", ci_results="[]")
+        ledger.event(c, "pr.ci_missing", "script", {"head": sha, "waited_s": int(waited)}, task_id=task_id)
+    number = int(ledger.pr_row(task_id)["number"])
+    return [f"task {task_id}: PR #{number} has no CI result for {sha[:12]} {int(waited)}s after the push "
+            f"(feedback.ci_wait={wait_s}s): its CI did not run (a skip directive? no CI for the repository?); "
+            "a result that comes later is still read"]
+
+
 def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> tuple[list[str], bool]:
     """The PR's CI for the task's pushed head. Returns (lines, refresh_pr_body)."""
     import json
@@ -245,9 +273,10 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
     watch = ledger.pr_watch(task_id)
     if watch["ci_sha"] == sha and watch["ci_state"] in ("success", "failure", "neutral"):
         return [], False  # acted on already
-    results = forge.ci_results(sha)
+    apps = set(config.feedback.ci_apps)   # a check run counts only from a configured CI app (anyone may add one)
+    results = [r for r in forge.ci_results(sha) if r.kind != "check_run" or r.app is None or r.app in apps]
     if not results:
-        return [], False  # no CI reports for this head (yet, or none configured)
+        return _no_ci(ledger, task_id, token, sha, watch, config.feedback.ci_wait), False
     states = {r.state for r in results}
     state = "pending" if "pending" in states else "failure" if "failure" in states else \
         "success" if "success" in states else "neutral"
@@ -258,9 +287,9 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
         if task["state"] != chain.DONE or task["pushed_sha"] != sha:
             return [], False
         if state == "failure":
-            rows = [{"key": f"ci:{sha[:12]}:{r.kind}:{r.name}"[:200], "kind": "ci", "author": r.name,
-                     "path": None, "line": None, "state": r.conclusion or r.state, "url": r.url,
-                     "body": _redact(r.summary)[:BODY_MAX], "decision": "taken", "reason": None,
+            rows = [{"key": f"ci:{sha[:12]}:{r.kind}:{r.name}"[:200], "kind": "ci", "author": one_line(r.name, 120),
+                     "path": None, "line": None, "state": one_line(r.conclusion or r.state, 40), "url": r.url,
+                     "body": _redact(r.summary)[:CI_TEXT_MAX], "decision": "taken", "reason": None,
                      "round": task["round"]} for r in results if r.state == "failure"]
             _record_items(ledger, c, task_id, number, rows)
             ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state=state, ci_results=json.dumps(_ci_rows(results)))

@@ -296,6 +296,15 @@ def step_committed(ctx: Ctx) -> None:
                       f"The previous round made blocked changes ({shown}); never touch these paths, never add "
                       "symlinks that point outside the repository and never add submodules.")
         return
+    bidi = [] if repo_cfg.allow_bidi else _bidi_in_change(g)
+    if bidi:
+        g("reset", "-q", "--hard", "HEAD")
+        g("clean", "-fdq")
+        shown = ", ".join(f"{path} ({', '.join(chars)})" for path, chars in bidi[:10])
+        reject_round(ctx, f"added bidi control characters in {shown}",
+                     f"The previous round added invisible bidirectional control characters ({shown}); they make "
+                     "code read differently than it runs. Never write them; use plain text or escapes.")
+        return
     error = _error(ctx) or {}
     # the agent's own words only: the lane's SUMMARY goes to the PR's fenced sections, never into history
     message = commit_message(ctx.task_id, t["round"], error.get("class"), error.get("service"), t["error_id"])
@@ -313,6 +322,27 @@ def step_committed(ctx: Ctx) -> None:
     _record_commit(ctx, sha, parent, message)
     crashpoint("commit.recorded")
     close_step(ctx, "committed", f"commit {sha[:12]}: {subject}")
+
+
+def _bidi_in_change(g) -> list[tuple[str, list[str]]]:
+    """``(path, [U+XXXX, ...])`` for every staged file whose added lines (or new name) hold bidi controls."""
+    from agent.text import bidi_controls
+
+    found: dict[str, set[str]] = {}
+    path = None
+    diff = g("-c", "core.quotePath=false", "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
+             "-U0", "--no-renames", "--text")
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].removeprefix("b/")
+            chars = bidi_controls(path)
+        elif line.startswith("+") and path is not None:
+            chars = bidi_controls(line[1:])
+        else:
+            continue
+        if chars:
+            found.setdefault(path, set()).update(chars)
+    return [(p, sorted(c)) for p, c in sorted(found.items())]
 
 
 def step_local_check_pass(ctx: Ctx) -> None:

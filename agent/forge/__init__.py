@@ -163,6 +163,7 @@ class CIResult:
     summary: str                   # description / output title + summary (untrusted text)
     url: str | None                # details URL
     head_sha: str
+    app: str | None = None         # a check run's GitHub App (slug); None where the forge names none
 
     def to_dict(self) -> dict:
         return asdict(self)

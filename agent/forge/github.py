@@ -246,7 +246,7 @@ class GithubForge(HostedForge):
                                     state=ci_state(run.get("status"), run.get("conclusion")),
                                     conclusion=run.get("conclusion") or run.get("status") or "",
                                     summary=summary, url=run.get("details_url") or run.get("html_url"),
-                                    head_sha=sha))
+                                    head_sha=sha, app=str((run.get("app") or {}).get("slug") or "")))
             url, params = resp.links.get("next", {}).get("url"), None
             if not url:
                 break
