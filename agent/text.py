@@ -81,12 +81,13 @@ def forge_safe(text: str | None) -> str:
     keywords lose their reference (``Fixes #1`` -> ``Fixes issue 1``), CI-skip directives are bracket-free, @mentions
     lose their ``@``, trailer lines lose their colon."""
     s = _CLOSING.sub(lambda m: f"{m.group(1)} (ref) ", str(text or ""))
-    s = re.sub(r"(?<![\w&])#(?=\d)", "no. ", s)
+    s = re.sub(r"(?<!&)#(?=\d)", " no. ", s)
     s = _SKIP_CI.sub(lambda m: "(" + re.sub(r"[\[\]*]", "", m.group(0)).strip() + ")", s)
     s = _MENTION.sub("", s)
     return _TRAILER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)} -", s)
 
 
 def ident(text: str | None, limit: int = 80) -> str:
-    """A name (exception class, service) for a template: letters, digits and ``_.:$/-`` only, one word."""
-    return re.sub(r"[^A-Za-z0-9_.:$/-]+", "", one_line(text).replace(" ", "-"))[:limit].strip("-.:/")
+    """A name (exception class, service) for a template: its first word, letters, digits and ``_.:$/-`` only."""
+    first = (one_line(text).split() or [""])[0]
+    return re.sub(r"[^A-Za-z0-9_.:$/-]+", "", first)[:limit].strip("-.:/")

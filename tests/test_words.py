@@ -449,3 +449,19 @@ def test_check_runs_count_only_from_configured_ci_apps_and_a_head_without_ci_is_
         assert row["author"] == "github-actions/tests" and len(row["body"]) <= 2000
     finally:
         led.close()
+
+
+def test_forge_safe_defuses_what_a_forge_would_act_on():
+    from agent.pr import commit_message, render_pr
+    from agent.text import forge_safe
+
+    evil = "Fixes #12, closes org/other#3 [skip ci] [ci skip] cc @team\nSigned-off-by: M <m@x.test>"
+    safe = forge_safe(evil)
+    for bad in ("#12", "#3", "[skip ci]", "[ci skip]", "@team", "Signed-off-by:"):
+        assert bad not in safe, (bad, safe)
+    title, _ = render_pr(dict(task_id=7, error_id="ab" * 8, fingerprint="f", service="api @ops #9", head_sha="c" * 40,
+                              brief="b", error_class="Fixes #1 [skip ci]", title=None))
+    assert "#" not in title and "@" not in title and "[" not in title and title.startswith("fix(api")
+    msg = commit_message(7, 2, "KeyError\nSigned-off-by: x", "api [skip ci]", "ab" * 8)
+    assert msg.splitlines()[0].startswith("fix(api") and "(agent task 7, round 2)" in msg.splitlines()[0]
+    assert "Signed-off-by" not in msg and "[skip ci]" not in msg
