@@ -386,7 +386,13 @@ def test_bidi_controls_in_a_lanes_change_reject_the_round_unless_the_repository_
         assert led.scalar("SELECT count(*) FROM commits") == 0
     finally:
         led.close()
-    # a repository that allows them (e.g. right-to-left text in its strings) takes the same change
+
+
+def test_a_repository_that_allows_bidi_takes_the_same_change(tmp_path, monkeypatch):
+    """E.g. right-to-left text in its strings: ``repos.X.allow_bidi: true``."""
+    from agent import demo
+    from test_fixer import edit_config, ledger, run_with_implementer
+
     world2 = demo.setup(tmp_path / "w2")
     monkeypatch.setenv("AGENT_HOME", str(world2["home"]))
     edit_config(world2, lambda cfg: cfg["repos"][demo.REPO].update({"allow_bidi": True}))
