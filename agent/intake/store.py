@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from agent.intake.fingerprint import fingerprint, signature
-from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Frame, Rejected, cap, valid_text
+from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
 from agent.intake.redact import redact
 from agent.ledger import Ledger, now
+from agent.text import one_line
 # the error rows, their occurrences and the source cursors are written by the errors aggregate's record operations
 from agent.ledger.errors import (error_detail, get_cursor, list_errors, new_error_id,  # noqa: F401
                                  record_occurrences, set_cursor)
@@ -89,29 +90,30 @@ def _clean_short(text: str) -> str:
     return redact(valid_text(text))
 
 
-def _clean_frame(f: Frame) -> Frame:
-    """A frame with every name cleaned (the names of one frame recur across events: cleaned once, cached)."""
-    names = (f.file, f.function, f.module)
-    if all(type(x) is str and len(x) <= 256 for x in names):
-        file, function, module = _clean_names(names)
-    else:
-        file, function, module = (clean(x, MAX_NAME) for x in names)
-    return Frame(file=file, function=function, lineno=f.lineno if isinstance(f.lineno, int) else None,
-                 module=module, in_app=f.in_app)
+def clean_name(value: object, limit: int) -> str:
+    """A name (service, environment, class, a frame's parts, repo, level, release) as clean text on one line
+    without controls: names reach titles, email headers, specs and commit templates. Names recur from event to
+    event, so a short one is cleaned once (cached)."""
+    if type(value) is str and len(value) <= 256:
+        return _short_name(value)
+    return one_line(clean(value, limit))
 
 
 @functools.lru_cache(maxsize=16384)
-def _clean_names(names: tuple[str, str, str]) -> tuple[str, str, str]:
-    return tuple(_clean_short(x) for x in names)  # type: ignore[return-value]
+def _short_name(text: str) -> str:
+    return one_line(_clean_short(text))
 
 
 def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     """Cap, clean and redact every field of an event, then fingerprint the redacted values."""
-    service = clean((ev.service or "").strip(), MAX_SHORT) or "unknown"
-    environment = clean((ev.environment or "").strip(), MAX_SHORT) or "unknown"
-    cls = clean(ev.cls, MAX_NAME)
+    service = clean_name(ev.service, MAX_SHORT) or "unknown"
+    environment = clean_name(ev.environment, MAX_SHORT) or "unknown"
+    cls = clean_name(ev.cls, MAX_NAME)
     message = cap(clean(ev.message, PRE_MESSAGE), MAX_MESSAGE)
-    frames = [_clean_frame(f) for f in ev.frames[-MAX_FRAMES_STORED:]]
+    frames = [type(f)(file=clean_name(f.file, MAX_NAME), function=clean_name(f.function, MAX_NAME),
+                      lineno=f.lineno if isinstance(f.lineno, int) else None,
+                      module=clean_name(f.module, MAX_NAME), in_app=f.in_app)
+              for f in ev.frames[-MAX_FRAMES_STORED:]]
     causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
     sig = signature(frames, causes, message)
     group_cls = cls
@@ -125,8 +127,8 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     return Prepared(
         fingerprint=fingerprint(service, group_cls, sig, environment), service=service, environment=environment,
         cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
-        repo=clean(ev.repo, MAX_SHORT) or None, level=clean(ev.level or "error", MAX_SHORT),
-        release=clean(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),
+        repo=clean_name(ev.repo, MAX_SHORT) or None, level=clean_name(ev.level or "error", MAX_SHORT),
+        release=clean_name(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),
         raw_excerpt=valid_text(cap(ev.excerpt or message, PRE_EXCERPT)))
 
 

@@ -379,6 +379,14 @@ def m011_lessons_need_a_human(db) -> None:
 
 
 @migration
+def m013_ledger_keys(db) -> None:
+    """Secrets that belong to one ledger (shared by every runner on it), made on first use: ``own-mark`` keys the
+    hidden mark on the agent's own PR comments, so nobody without the ledger can sign as the agent."""
+    db["ledger_keys"].create({"name": str, "value": str, "created_at": str}, pk="name",
+                             not_null={"value", "created_at"})
+
+
+@migration
 def m015_errors_last_seen(db) -> None:
     """`agent error list` reads the most recently seen errors first, a page at a time: an index on ``last_seen``
     makes that a range read whatever the number of errors (``(state, last_seen)`` serves ``--state``)."""
