@@ -63,18 +63,15 @@ def _describe(data: bytes, offset: int) -> str:
     return data[offset:offset + 4].hex(" ")
 
 
-def decode(data: bytes, name: str, strict: bool = True, offset: int = 0, codec: str | None = None,
-           error: type[AgentError] = InputError) -> Decoded:
-    """Decode the bytes of a file (``offset``: where ``data`` starts in it; ``codec``: one sniffed before, for a
-    piece read from the middle). ``strict`` raises ``error`` at the first invalid byte, naming its offset."""
-    bom = 0
-    if codec is None:
-        codec, bom = sniff_bom(data) if offset == 0 else ("utf-8", 0)
+def decode(data: bytes, name: str, strict: bool = True, error: type[AgentError] = InputError) -> Decoded:
+    """Decode the bytes of a whole file. ``strict`` raises ``error`` at the first invalid byte, naming its
+    offset; otherwise invalid bytes become U+FFFD (counted, the first one's offset kept)."""
+    codec, bom = sniff_bom(data)
     body = memoryview(data)[bom:] if bom else data
     try:
         return Decoded(str(body, codec), codec, bom)
     except UnicodeDecodeError as exc:
-        at = offset + bom + exc.start
+        at = bom + exc.start
         if strict:
             raise error(f"{name}: not valid {codec.upper()} at byte {at} ({_describe(data, bom + exc.start)}); "
                         f"{FIX}") from None
