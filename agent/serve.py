@@ -38,6 +38,7 @@ from agent.config import Config
 from agent.ledger import Ledger, ledger_path
 
 REFRESH_S = 5
+IDLE_POLL_S = 1   # seconds the idle server loop sleeps in poll(); waitress takes whole seconds
 STATUS = {200: "200 OK", 202: "202 Accepted", 400: "400 Bad Request", 401: "401 Unauthorized",
           404: "404 Not Found", 405: "405 Method Not Allowed", 413: "413 Payload Too Large",
           500: "500 Internal Server Error", 503: "503 Service Unavailable"}
@@ -303,13 +304,20 @@ class Server:
     """waitress on host:port in this process; ``start()`` returns once the socket listens."""
 
     def __init__(self, app: HookApp, host: str = "127.0.0.1", port: int = 8080, threads: int = 8):
+        import logging
+
         from waitress.server import create_server
 
         self.app = app
+        # waitress warns "Task queue depth is N" whenever a request waits for a free thread: under a burst of
+        # hooks that is one log line per request, and the wait is already visible as latency in /metrics.
+        logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+        # asyncore_loop_timeout is an int in waitress's adjustments: 0.25 became 0 and the loop polled without
+        # sleeping (a whole core while idle). One second is how long an idle loop sleeps; a request wakes it.
         self.server = create_server(app, host=host, port=port, threads=threads, ident="agent",
                                     max_request_body_size=app.config.serve.max_body_bytes,
                                     clear_untrusted_proxy_headers=True, expose_tracebacks=False,
-                                    asyncore_use_poll=True, asyncore_loop_timeout=0.25)
+                                    asyncore_use_poll=True, asyncore_loop_timeout=IDLE_POLL_S)
         self.host, self.port = self.server.effective_host, self.server.effective_port
         self._thread: threading.Thread | None = None
 

@@ -318,3 +318,21 @@ def test_the_systemd_example_runs_the_server_in_the_daemon():
     assert argv[1] == "daemon" and "--serve" in argv
     ctx = daemon.make_context("daemon", argv[2:])  # the options exist and parse
     assert ctx.params["with_serve"] is True and ctx.params["host"] == "127.0.0.1" and ctx.params["port"] == 8080
+
+
+# --------------------------------------------------------------------------- idle
+
+
+def test_idle_server_sleeps_in_poll_instead_of_spinning(srv):
+    """The server loop's poll() used a timeout of int(0.25) = 0 ms: about 12,000 wake-ups a second while idle.
+    Counted here by the listening socket's readable() check, which poll runs once per loop pass."""
+    listener = srv.server
+    passes = []
+    real = listener.readable
+    listener.readable = lambda: passes.append(1) or real()
+    try:
+        time.sleep(1.5)
+    finally:
+        listener.readable = real
+    assert len(passes) <= 5, f"{len(passes)} loop passes in 1.5 s while idle"
+    assert call(srv.url, "/healthz")[0] == 200  # a request still wakes it at once
