@@ -15,7 +15,8 @@ from typing import Callable
 
 
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
-               echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
+               echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None,
+               public: bool = False) -> int:
     from agent import AgentError
     from agent.fence import beat
     from agent.ledger.leases import claim_lease_s
@@ -24,7 +25,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
 
     app.require_home()
     ticks = 0
-    server = _start_server(app, serve, echo) if serve else None
+    server = _start_server(app, serve, echo, public) if serve else None
     try:
         with graceful_stop(echo, who="daemon"):
             while not STOP.is_set():
@@ -66,11 +67,14 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
     return ticks
 
 
-def _start_server(app, where: tuple[str, int], echo: Callable[[str], None]):
+def _start_server(app, where: tuple[str, int], echo: Callable[[str], None], public: bool = False):
     """`agent daemon --serve`: the server on a thread of this process (notifications go out every daemon pass)."""
-    from agent.serve import HookApp, Server
+    from agent.serve import HookApp, Server, check_exposure
 
+    warning = check_exposure(where[0], app.config, public)
     app.ledger  # noqa: B018 - creates or migrates the ledger before the server threads open theirs
     server = Server(HookApp(app.home, app.config), *where).start()
+    if warning:
+        echo(warning)
     echo(f"daemon: serving on {server.url}")
     return server

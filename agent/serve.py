@@ -41,18 +41,50 @@ REFRESH_S = 5
 IDLE_POLL_S = 1   # seconds the idle server loop sleeps in poll(); waitress takes whole seconds
 STATUS = {200: "200 OK", 202: "202 Accepted", 400: "400 Bad Request", 401: "401 Unauthorized",
           404: "404 Not Found", 405: "405 Method Not Allowed", 413: "413 Payload Too Large",
-          500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+          415: "415 Unsupported Media Type", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+# agent_hook_requests_total{hook,outcome}: the outcome of a refusal, by its status code
+OUTCOMES = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "method", 413: "too_large",
+            415: "content_type", 500: "error", 503: "disabled"}
+HOOKS = ("events", "sentry", "alertmanager")
+JSON_TYPES = ("application/json",)
+NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/json")
 
 
 class Reply(Exception):
-    def __init__(self, code: int, message: str, **extra):
+    def __init__(self, code: int, message: str, outcome: str | None = None, headers: tuple = (), **extra):
         super().__init__(message)
         self.code = code
+        self.outcome = outcome or OUTCOMES.get(code, str(code))
+        self.headers = list(headers)
         self.body = {"error" if code >= 400 else "result": message, **extra}
 
 
 def _json(code: int, doc: dict) -> tuple[int, str, bytes]:
     return code, "application/json", (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, config: Config, public: bool) -> str | None:
+    """Refuse (AgentError) to serve the page and /metrics without a read token on an address other machines reach,
+    unless ``public``; then return the one-line warning to print. None when nothing needs saying."""
+    if is_loopback(host) or config.serve.read_token_env:
+        return None
+    if not public:
+        raise AgentError(f"refusing to listen on {host} without a read token: anyone who reaches it would read the "
+                         "status page and /metrics; set serve.read_token_env (a bearer token), bind 127.0.0.1, or "
+                         "pass --public")
+    return (f"serve: WARNING: listening on {host} with no read token (--public): the status page and /metrics are "
+            "open to anyone who reaches this address")
 
 
 class HookApp:
@@ -64,6 +96,21 @@ class HookApp:
         self.env = os.environ if env is None else env
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+        self._count_lock = threading.Lock()
+
+    def count(self, path: str, outcome: str) -> None:
+        """One hook request's outcome, for agent_hook_requests_total (this process's, since it started)."""
+        hook = path[len("/hooks/"):] if path.startswith("/hooks/") else None
+        if hook is None:
+            return
+        hook = hook if hook in HOOKS else "other"
+        with self._count_lock:
+            self._counts[(hook, outcome)] = self._counts.get((hook, outcome), 0) + 1
+
+    def hook_counts(self) -> dict[tuple[str, str], int]:
+        with self._count_lock:
+            return dict(self._counts)
 
     # ------------------------------------------------------------------ connections
 
@@ -84,13 +131,18 @@ class HookApp:
     def __call__(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/") or "/"
+        extra: list = []
         try:
             code, ctype, body = self.route(method, path, environ)
+            outcome = getattr(self._local, "outcome", "accepted")
         except Reply as r:
-            code, ctype, body = _json(r.code, r.body)
+            (code, ctype, body), outcome, extra = _json(r.code, r.body), r.outcome, r.headers
         except AgentError as exc:
-            code, ctype, body = _json(503, {"error": str(exc)})
-        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+            (code, ctype, body), outcome = _json(503, {"error": str(exc)}), "unavailable"
+        self._local.outcome = "accepted"
+        self.count(path, outcome)
+        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
+                   ("X-Content-Type-Options", "nosniff"), *extra]
         if code == 405:
             headers.append(("Allow", "POST" if path.startswith("/hooks/") else "GET"))
         start_response(STATUS[code], headers)
@@ -107,8 +159,35 @@ class HookApp:
         if path in pages:
             if method not in ("GET", "HEAD"):
                 raise Reply(405, f"{path} is read-only; use GET")
+            if path != "/healthz":
+                self._read_auth(environ)
             return pages[path]()
         raise Reply(404, f"no route {path}; see /healthz, /metrics, /, /hooks/events|sentry|alertmanager")
+
+    def _read_auth(self, environ) -> None:
+        """``serve.read_token_env``: the page and /metrics need ``Authorization: Bearer <token>`` (or HTTP Basic
+        with the token as password, so a browser can ask for it)."""
+        import base64
+
+        var = self.config.serve.read_token_env
+        if not var:
+            return
+        token = self.env.get(var)
+        if not token:
+            raise Reply(503, f"read access disabled: environment variable {var} (serve.read_token_env) is not set "
+                             "where agent serve runs; set it and restart")
+        given = environ.get("HTTP_AUTHORIZATION") or ""
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                value = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+            except (ValueError, UnicodeDecodeError):
+                value = ""
+        elif scheme.lower() != "bearer":
+            value = ""
+        if not (value and hmac.compare_digest(value.strip().encode(), token.encode())):
+            raise Reply(401, f"Authorization: Bearer <token> missing or wrong (the token in {var})",
+                        headers=(("WWW-Authenticate", 'Bearer realm="agent", Basic realm="agent"'),))
 
     # ------------------------------------------------------------------ hooks: common checks
 
@@ -133,6 +212,26 @@ class HookApp:
         return body
 
     @staticmethod
+    def _content_type(environ, allowed: tuple[str, ...]) -> None:
+        given = (environ.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
+        if given not in allowed:
+            raise Reply(415, f"Content-Type {given or '(none)'} is not accepted here; send {allowed[0]}"
+                             f"{' (or ' + ', '.join(allowed[1:]) + ')' if len(allowed) > 1 else ''}; nothing stored")
+
+    def _fresh(self, header: str, value: str | None) -> None:
+        """A delivery's timestamp (Unix seconds) within ``serve.replay_window`` of now, else 401 ``stale``."""
+        window = self.config.serve.replay_window
+        try:
+            ts = float((value or "").strip())
+        except ValueError:
+            raise Reply(401, f"{header} missing or not Unix seconds; nothing stored", outcome="stale") from None
+        off = time.time() - ts
+        if abs(off) > window:
+            raise Reply(401, f"{header} is {int(abs(off))} s {'old' if off > 0 else 'in the future'}, outside the "
+                             f"{window} s window (serve.replay_window): a replayed or delayed delivery; nothing "
+                             "stored", outcome="stale")
+
+    @staticmethod
     def _hmac_ok(secret: str, body: bytes, given: str | None, prefix: str = "") -> bool:
         want = prefix + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
         return bool(given) and hmac.compare_digest(want.encode(), given.strip().lower().encode())
@@ -153,6 +252,7 @@ class HookApp:
             replay, result = accept(led, hook, key, lambda: ingest(led, events, actor="script",
                                                                     source=f"hook:{hook}", batch=None))
         if replay:
+            self._local.outcome = "replay"
             return _json(200, {"result": "replay: this delivery was accepted before; nothing changed",
                                "replay": True})
         return _json(202, {"result": "accepted", "replay": False, "new": result.new,
@@ -172,14 +272,22 @@ class HookApp:
 
         secret = self._secret(self.config.serve.events_secret_env, "events_secret_env")
         body = self._body(environ)
-        if not self._hmac_ok(secret, body, environ.get("HTTP_X_AGENT_SIGNATURE"), "sha256="):
-            raise Reply(401, "X-Agent-Signature missing or wrong: send sha256=<hex HMAC-SHA256 of the body>; "
-                             "nothing stored")
+        stamp = environ.get("HTTP_X_AGENT_TIMESTAMP")
+        signed = body if stamp is None else stamp.strip().encode() + b"." + body
+        if not self._hmac_ok(secret, signed, environ.get("HTTP_X_AGENT_SIGNATURE"), "sha256="):
+            raise Reply(401, "X-Agent-Signature missing or wrong: send sha256=<hex HMAC-SHA256 of the body> (with "
+                             "X-Agent-Timestamp: of TIMESTAMP.BODY); nothing stored")
+        if stamp is None and self.config.serve.require_timestamp:
+            raise Reply(401, "X-Agent-Timestamp required (serve.require_timestamp): send Unix seconds and sign "
+                             "TIMESTAMP.BODY; nothing stored", outcome="stale")
+        if stamp is not None:
+            self._fresh("X-Agent-Timestamp", stamp)
+        self._content_type(environ, NDJSON_TYPES)
         parsed = parse(self._text(body), "jsonl")
         self._first_rejection(parsed)
         if not parsed.events:
             raise Reply(400, "no events in the body; send one JSON object per line")
-        return self._store("events", hashlib.sha256(body).hexdigest(), parsed.events)
+        return self._store("events", hashlib.sha256(signed).hexdigest(), parsed.events)
 
     def hook_sentry(self, environ) -> tuple[int, str, bytes]:
         from agent.intake.formats import parse
@@ -189,6 +297,8 @@ class HookApp:
         if not self._hmac_ok(secret, body, environ.get("HTTP_SENTRY_HOOK_SIGNATURE")):
             raise Reply(401, "Sentry-Hook-Signature missing or wrong (HMAC-SHA256 of the body with the "
                              "integration's client secret); nothing stored")
+        self._fresh("Sentry-Hook-Timestamp", environ.get("HTTP_SENTRY_HOOK_TIMESTAMP"))
+        self._content_type(environ, JSON_TYPES)
         text = self._text(body)
         try:
             json.loads(text)
@@ -196,13 +306,16 @@ class HookApp:
             raise Reply(400, f"body is not JSON ({exc.args[0].split(':')[0]}); nothing stored") from None
         resource = environ.get("HTTP_SENTRY_HOOK_RESOURCE") or ""
         if resource and resource not in ("event_alert", "error"):
+            self._local.outcome = "ignored"
             return _json(200, {"result": f"ignored: resource {resource} carries no error event"})
         parsed = parse(text, "sentry")
         self._first_rejection(parsed)
         if not parsed.events:
+            self._local.outcome = "ignored"
             return _json(200, {"result": "ignored: no error event in the payload"})
-        key = environ.get("HTTP_REQUEST_ID") or hashlib.sha256(body).hexdigest()
-        return self._store("sentry", key, parsed.events)
+        # the key comes from what the signature covers: Request-ID is not signed, so a captured delivery re-sent
+        # with a new id would otherwise count its error again (and feed the auto-decide threshold)
+        return self._store("sentry", "body:" + hashlib.sha256(body).hexdigest(), parsed.events)
 
     def hook_alertmanager(self, environ) -> tuple[int, str, bytes]:
         from agent.intake.alertmanager import parse_alertmanager
@@ -212,6 +325,7 @@ class HookApp:
         given = environ.get("HTTP_AUTHORIZATION") or ""
         if not (given[:7].lower() == "bearer " and hmac.compare_digest(given[7:].strip().encode(), token.encode())):
             raise Reply(401, "Authorization: Bearer <token> missing or wrong; nothing stored")
+        self._content_type(environ, JSON_TYPES)
         try:
             doc = json.loads(self._text(body))
         except ValueError as exc:
@@ -219,6 +333,7 @@ class HookApp:
         parsed = parse_alertmanager(doc)
         self._first_rejection(parsed)
         if not parsed.events:
+            self._local.outcome = "ignored"
             return _json(200, {"result": "ignored: no firing alerts"})
         return self._store("alertmanager", hashlib.sha256(body).hexdigest(), parsed.events)
 
@@ -240,15 +355,17 @@ class HookApp:
     def page_metrics(self) -> tuple[int, str, bytes]:
         from agent.ledger.metrics import gather
 
-        return 200, "text/plain; version=0.0.4; charset=utf-8", prometheus(gather(self._ledger(write=False))).encode()
+        m = gather(self._ledger(write=False))
+        m["hook_requests"] = [{"hook": h, "outcome": o, "n": n} for (h, o), n in sorted(self.hook_counts().items())]
+        return 200, "text/plain; version=0.0.4; charset=utf-8", prometheus(m).encode()
 
     def page_health(self) -> tuple[int, str, bytes]:
-        led = self._ledger(write=False)
+        """``{"ok": true}`` or 503 ``{"ok": false}``: nothing else (no path, no error text) to whoever asks."""
         try:
-            led.migrations()   # reads the ledger: any failure to read is unhealthy
-        except Exception as exc:  # noqa: BLE001 - any failure to read is unhealthy
-            return _json(503, {"ok": False, "error": f"ledger not readable: {type(exc).__name__}"})
-        return _json(200, {"ok": True, "ledger": str(led.path)})
+            self._ledger(write=False).migrations()   # reads the ledger: any failure to read is unhealthy
+        except Exception:  # noqa: BLE001 - any failure to read is unhealthy
+            return _json(503, {"ok": False})
+        return _json(200, {"ok": True})
 
 
 # --------------------------------------------------------------------------- Prometheus text format
@@ -262,12 +379,16 @@ def prometheus(m: dict) -> str:
     """Prometheus text exposition format 0.0.4."""
     out: list[str] = []
 
-    def family(name: str, kind: str, help_: str, samples: Iterable[tuple[dict, float]]) -> None:
+    def family(name: str, kind: str, help_: str, samples: Iterable[tuple[dict, float]], suffix: str = "") -> None:
+        """One family; for a summary, ``samples`` carry the suffix of each line (``_sum``, ``_count``) as
+        ``labels["__suffix__"]``."""
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
+            labels = dict(labels)
+            line = name + labels.pop("__suffix__", suffix)
             lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            out.append(f"{name}{{{lab}}} {float(value):g}" if lab else f"{name} {float(value):g}")
+            out.append(f"{line}{{{lab}}} {float(value):g}" if lab else f"{line} {float(value):g}")
 
     from agent.status import ERROR_STATES, PR_STATES, TASK_STATES
 
@@ -280,10 +401,10 @@ def prometheus(m: dict) -> str:
     family("agent_prs", "gauge", "Pull requests by state.", by_state(m["prs"], PR_STATES))
     family("agent_lane_runs_total", "counter", "Lane runs by vendor, role and outcome.",
            [({"vendor": r["vendor"], "role": r["role"], "status": r["status"]}, r["n"]) for r in m["lane_runs"]])
-    family("agent_lane_run_duration_seconds_sum", "counter", "Total wall time of finished lane runs.",
-           [({"vendor": r["vendor"], "role": r["role"]}, r["seconds"]) for r in m["lane_durations"]])
-    family("agent_lane_run_duration_seconds_count", "counter", "Finished lane runs with a duration.",
-           [({"vendor": r["vendor"], "role": r["role"]}, r["n"]) for r in m["lane_durations"]])
+    family("agent_lane_run_duration_seconds", "summary", "Wall time of finished lane runs.",
+           [sample for r in m["lane_durations"]
+            for sample in (({"__suffix__": "_sum", "vendor": r["vendor"], "role": r["role"]}, r["seconds"]),
+                           ({"__suffix__": "_count", "vendor": r["vendor"], "role": r["role"]}, r["n"]))])
     family("agent_cost_usd_total", "counter", "Money spent on lanes, USD.",
            [({"vendor": r["vendor"], "role": r["role"]}, r["usd"]) for r in m["cost"]])
     family("agent_notify_deliveries", "gauge", "Notification deliveries by channel and state.",
@@ -294,10 +415,45 @@ def prometheus(m: dict) -> str:
            [({"hook": r["hook"]}, r["deliveries"]) for r in m["hooks"]])
     family("agent_hook_events_total", "counter", "Events received through webhooks, by hook.",
            [({"hook": r["hook"]}, r["events"]) for r in m["hooks"]])
+    family("agent_hook_requests_total", "counter", "Webhook requests by hook and outcome (accepted, replay, "
+           "ignored, unauthorized, stale, invalid, too_large, content_type, disabled, ...), since this server "
+           "started.", [({"hook": r["hook"], "outcome": r["outcome"]}, r["n"]) for r in m.get("hook_requests", [])])
+    import platform
+
+    from agent import __version__
+
+    family("agent_build_info", "gauge", "The agent version and Python serving these metrics.",
+           [({"version": __version__, "python": platform.python_version()}, 1)])
     return "\n".join(out) + "\n"
 
 
 # --------------------------------------------------------------------------- running it
+
+
+def _json_channel(app: "HookApp"):
+    """waitress's channel with its own refusals (413 over the size limit, 400 for a bad Content-Length or a
+    malformed request line, 500) answered as JSON like every other refusal, and counted per hook."""
+    from waitress.channel import HTTPChannel
+    from waitress.task import ErrorTask
+
+    class JsonErrorTask(ErrorTask):
+        def execute(self):
+            e = self.request.error
+            code = int(e.code)
+            detail = (f"body over the limit of {app.config.serve.max_body_bytes} bytes (serve.max_body_bytes); "
+                      "nothing stored") if code == 413 else " ".join(str(e.body).split())
+            body = (json.dumps({"error": f"{e.reason}: {detail}"}, sort_keys=True) + "\n").encode()
+            app.count(getattr(self.request, "path", "") or "", OUTCOMES.get(code, str(code)))
+            self.status = f"{code} {e.reason}"
+            self.response_headers.extend([("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+            self.set_close_on_finish()
+            self.content_length = len(body)
+            self.write(body)
+
+    class JsonChannel(HTTPChannel):
+        error_task_class = JsonErrorTask
+
+    return JsonChannel
 
 
 class Server:
@@ -314,10 +470,20 @@ class Server:
         logging.getLogger("waitress.queue").setLevel(logging.ERROR)
         # asyncore_loop_timeout is an int in waitress's adjustments: 0.25 became 0 and the loop polled without
         # sleeping (a whole core while idle). One second is how long an idle loop sleeps; a request wakes it.
-        self.server = create_server(app, host=host, port=port, threads=threads, ident="agent",
-                                    max_request_body_size=app.config.serve.max_body_bytes,
-                                    clear_untrusted_proxy_headers=True, expose_tracebacks=False,
-                                    asyncore_use_poll=True, asyncore_loop_timeout=IDLE_POLL_S)
+        try:
+            self.server = create_server(app, host=host, port=port, threads=threads, ident="agent",
+                                        max_request_body_size=app.config.serve.max_body_bytes + 1,
+                                        clear_untrusted_proxy_headers=True, expose_tracebacks=False,
+                                        asyncore_use_poll=True, asyncore_loop_timeout=IDLE_POLL_S)
+        except OSError as exc:
+            import errno
+
+            what = {errno.EADDRINUSE: "the address is already in use (another agent serve?); stop it or pick "
+                                      "another --port",
+                    errno.EACCES: "permission denied (ports below 1024 need privileges); pick --port 8080 or "
+                                  "higher"}.get(exc.errno, exc.strerror or str(exc))
+            raise AgentError(f"cannot listen on {host}:{port}: {what}") from None
+        self.server.channel_class = _json_channel(app)
         self.host, self.port = self.server.effective_host, self.server.effective_port
         self._thread: threading.Thread | None = None
 
@@ -363,14 +529,17 @@ def delivery_loop(home: Path, config: Config, stop: threading.Event, every: floa
     return t
 
 
-def run_serve(app, host: str, port: int, echo: Callable[[str], None] = print) -> None:
+def run_serve(app, host: str, port: int, echo: Callable[[str], None] = print, public: bool = False) -> None:
     """`agent serve`: the server and the delivery thread until SIGTERM/SIGINT (``agent.shutdown``'s handling)."""
     from agent.shutdown import STOP, graceful_stop
 
     app.require_home()
-    app.ledger  # noqa: B018 - creates or migrates the ledger before the threads open theirs
     config = app.config
+    warning = check_exposure(host, config, public)
+    app.ledger  # noqa: B018 - creates or migrates the ledger before the threads open theirs
     server = Server(HookApp(app.home, config), host, port)
+    if warning:
+        echo(warning)
     stop = threading.Event()
     with graceful_stop(echo, who="serve"):
         server.start()

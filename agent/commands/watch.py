@@ -88,7 +88,9 @@ def watch_all(jobs, as_json):
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --serve: address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="With --serve: TCP port.")
-def daemon(interval, jobs, max_ticks, with_serve, host, port):
+@click.option("--public", is_flag=True, help="With --serve: allow a non-loopback --host without "
+                                             "serve.read_token_env (prints a warning).")
+def daemon(interval, jobs, max_ticks, with_serve, host, port, public):
     """Loop `agent watch all` until SIGTERM/SIGINT.
 
     The first signal stops new work and lets the running step finish; a second one kills running lanes.
@@ -101,4 +103,4 @@ def daemon(interval, jobs, max_ticks, with_serve, host, port):
     from agent.daemon import run_daemon
 
     run_daemon(get_app(), interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo,
-               serve=(host, port) if with_serve else None)
+               serve=(host, port) if with_serve else None, public=public)
