@@ -493,3 +493,56 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(home):
     out = (r.stderr + r.stdout).strip()
     assert r.returncode != 0 and "Traceback" not in out and "\n" not in out, out
     assert f"127.0.0.1:{port}" in out and "already in use" in out
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def test_sentry_replay_with_a_new_request_id_or_an_old_timestamp_changes_nothing(srv, ledger):
+    doc = {"action": "triggered", "installation": {"uuid": "i-1"},
+           "data": {"event": sentry_python_event(), "triggered_rule": "page me"}}
+    assert _sentry(srv.url, doc, request_id="req-1")[0] == 202
+    assert counts(ledger)[1:] == (1, 1)
+    # the same signed body again with a fresh (unsigned) Request-ID: a replay, the count does not rise
+    code, out, _ = _sentry(srv.url, doc, request_id="req-2")
+    assert code == 200 and json.loads(out)["replay"] is True
+    # a captured delivery sent later: its timestamp is outside the window
+    code, out, _ = _sentry(srv.url, {**doc, "action": "resolved"}, stamp=int(time.time()) - 3600)
+    assert code == 401 and "Sentry-Hook-Timestamp" in json.loads(out)["error"]
+    code, out, _ = _sentry(srv.url, {**doc, "action": "resolved"}, stamp="soon")
+    assert code == 401
+    assert counts(ledger)[1:] == (1, 1)
+
+
+def _stamped(url, body: bytes, stamp, key=EVENTS_KEY):
+    signature = sig(key, f"{stamp}.".encode() + body)
+    return call(url, "/hooks/events", body, {"X-Agent-Signature": signature, "X-Agent-Timestamp": str(stamp),
+                                             "Content-Type": "application/x-ndjson"})
+
+
+def test_events_signed_timestamp_window_and_requirement(ledger, home):
+    body = (line() + "\n").encode()
+    s = start(home, require_timestamp=True, replay_window=60)
+    try:
+        code, out, _ = post_events(s.url, body)  # no timestamp: refused when required
+        assert code == 401 and "X-Agent-Timestamp" in json.loads(out)["error"]
+        now = int(time.time())
+        assert _stamped(s.url, body, now)[0] == 202
+        assert _stamped(s.url, body, now)[0] == 200  # the same delivery again: a replay
+        assert _stamped(s.url, body, now + 1)[0] == 202  # the same error reported again later: counted
+        code, out, _ = _stamped(s.url, body, now - 600)  # outside the window
+        assert code == 401 and "60 s" in json.loads(out)["error"]
+        # the timestamp is signed: moving a captured delivery's timestamp breaks its signature
+        signature = sig(EVENTS_KEY, f"{now - 600}.".encode() + body)
+        code, _, _ = call(s.url, "/hooks/events", body, {"X-Agent-Signature": signature, "X-Agent-Timestamp":
+                                                         str(now), "Content-Type": "application/x-ndjson"})
+        assert code == 401
+        assert counts(ledger) == (1, 2, 2)
+    finally:
+        s.close()
+    s = start(home)  # not required: an unstamped delivery still works, a stamped one is still checked
+    try:
+        assert post_events(s.url, (line(n=5) + "\n").encode())[0] == 202
+        assert _stamped(s.url, body, int(time.time()) - 3600)[0] == 401
+    finally:
+        s.close()
