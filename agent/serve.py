@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,21 @@ STATUS = {200: "200 OK", 202: "202 Accepted", 400: "400 Bad Request", 401: "401 
 OUTCOMES = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "method", 413: "too_large",
             415: "content_type", 500: "error", 503: "disabled"}
 HOOKS = ("events", "sentry", "alertmanager")
+# The page's one script: every REFRESH_S seconds it fetches /status.json and replaces the summary sections that
+# changed, keeping <details> a person opened open (no reload: scroll position and the finished list stay).
+LIVE_JS = ("(function(){var last={};function tick(){fetch('status.json',{cache:'no-store',credentials:'same-origin'})"
+           ".then(function(r){if(!r.ok)throw new Error('HTTP '+r.status);return r.json();}).then(function(d){"
+           "Object.keys(d.sections).forEach(function(id){var el=document.getElementById(id);"
+           "if(!el||last[id]===d.sections[id])return;var open=[];"
+           "el.querySelectorAll('details[open]').forEach(function(x){open.push(x.id);});"
+           "var tmp=document.createElement('div');tmp.innerHTML=d.sections[id];el.replaceWith(tmp.firstChild);"
+           "last[id]=d.sections[id];open.forEach(function(i){var x=document.getElementById(i);if(x)x.open=true;});});"
+           "document.getElementById('live-at').textContent=d.generated;}).catch(function(e){"
+           "document.getElementById('live-at').textContent='update failed: '+e.message;});}"
+           f"setInterval(tick,{REFRESH_S * 1000});}})();")
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; connect-src 'self'; base-uri 'none'; "
+       "form-action 'none'; frame-ancestors 'none'; script-src 'sha256-"
+       + __import__("base64").b64encode(hashlib.sha256(LIVE_JS.encode()).digest()).decode() + "'")
 JSON_TYPES = ("application/json",)
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/json")
 
@@ -61,6 +77,17 @@ class Reply(Exception):
 
 def _json(code: int, doc: dict) -> tuple[int, str, bytes]:
     return code, "application/json", (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+def _query_int(environ, name: str) -> int | None:
+    from urllib.parse import parse_qs
+
+    values = parse_qs(environ.get("QUERY_STRING") or "").get(name) or []
+    if not values:
+        return None
+    if not values[0].isdigit() or len(values[0]) > 12:
+        raise Reply(400, f"?{name}= takes a task id")
+    return int(values[0])
 
 
 def is_loopback(host: str) -> bool:
@@ -143,6 +170,8 @@ class HookApp:
         self.count(path, outcome)
         headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
                    ("X-Content-Type-Options", "nosniff"), *extra]
+        if ctype.startswith("text/html"):
+            headers += [("Content-Security-Policy", CSP), ("Referrer-Policy", "no-referrer")]
         if code == 405:
             headers.append(("Allow", "POST" if path.startswith("/hooks/") else "GET"))
         start_response(STATUS[code], headers)
@@ -151,18 +180,20 @@ class HookApp:
     def route(self, method: str, path: str, environ) -> tuple[int, str, bytes]:
         hooks = {"/hooks/events": self.hook_events, "/hooks/sentry": self.hook_sentry,
                  "/hooks/alertmanager": self.hook_alertmanager}
-        pages = {"/": self.page_status, "/metrics": self.page_metrics, "/healthz": self.page_health}
+        pages = {"/": lambda: self.page_status(environ), "/status.json": lambda: self.page_status_json(environ),
+                 "/metrics": self.page_metrics, "/healthz": self.page_health}
+        task = re.fullmatch(r"/tasks/([0-9]{1,12})", path)
         if path in hooks:
             if method != "POST":
                 raise Reply(405, f"{path} takes POST")
             return hooks[path](environ)
-        if path in pages:
+        if path in pages or task:
             if method not in ("GET", "HEAD"):
                 raise Reply(405, f"{path} is read-only; use GET")
             if path != "/healthz":
                 self._read_auth(environ)
-            return pages[path]()
-        raise Reply(404, f"no route {path}; see /healthz, /metrics, /, /hooks/events|sentry|alertmanager")
+            return self.page_task(int(task.group(1))) if task else pages[path]()
+        raise Reply(404, f"no route {path}; see /healthz, /metrics, /, /tasks/N, /hooks/events|sentry|alertmanager")
 
     def _read_auth(self, environ) -> None:
         """``serve.read_token_env``: the page and /metrics need ``Authorization: Bearer <token>`` (or HTTP Basic
@@ -339,17 +370,40 @@ class HookApp:
 
     # ------------------------------------------------------------------ pages
 
-    def page_status(self) -> tuple[int, str, bytes]:
-        from agent.status import gather, render_html
+    def _gather(self, led):
+        from agent.status import gather
+
+        return gather(led, config=self.config)
+
+    def page_status(self, environ) -> tuple[int, str, bytes]:
+        from agent.status import FINISHED_PAGE, render_html
 
         led = self._ledger(write=False)
-        page = render_html(led, gather(led))
-        live = (f"<meta http-equiv='refresh' content='{REFRESH_S}'>"
-                f"<meta name='generator' content='agent serve'>")
-        page = page.replace("<meta charset='utf-8'>", "<meta charset='utf-8'>" + live, 1)
-        page = page.replace("<h1>agent status</h1>",
-                            f"<h1>agent status</h1><p id='live'>live: refreshes every {REFRESH_S} s · read-only · "
-                            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC</p>", 1)
+        before = _query_int(environ, "before")
+        data = self._gather(led)
+        finished = led.finished_tasks(FINISHED_PAGE + 1, before)
+        older = f"?before={finished[FINISHED_PAGE - 1]['id']}" if len(finished) > FINISHED_PAGE else None
+        live = (f"<p id='live'>live: updates every {REFRESH_S} s without reloading · read-only · "
+                f"<span id='live-at'>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC</span></p>")
+        page = render_html(led, data, href=lambda i: f"tasks/{i}", older=older, live=live,
+                           head=f"<meta name='generator' content='agent serve'><script>{LIVE_JS}</script>",
+                           finished=finished[:FINISHED_PAGE])
+        return 200, "text/html; charset=utf-8", page.encode()
+
+    def page_status_json(self, environ) -> tuple[int, str, bytes]:
+        """What an open page fetches every few seconds: the summary's sections as HTML fragments by id."""
+        from agent.status import summary_sections
+
+        data = self._gather(self._ledger(write=False))
+        return _json(200, {"generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                           "sections": summary_sections(data, href=lambda i: f"tasks/{i}")})
+
+    def page_task(self, task_id: int) -> tuple[int, str, bytes]:
+        from agent.status import render_task_page
+
+        page = render_task_page(self._ledger(write=False), task_id, back="../")
+        if page is None:
+            raise Reply(404, f"no task {task_id}")
         return 200, "text/html; charset=utf-8", page.encode()
 
     def page_metrics(self) -> tuple[int, str, bytes]:

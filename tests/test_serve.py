@@ -219,8 +219,9 @@ def test_status_page_metrics_and_health(srv, ledger):
     code, page, headers = call(srv.url, "/")
     html = page.decode()
     assert code == 200 and headers["Content-Type"].startswith("text/html")
-    assert "http-equiv='refresh'" in html and "agent task reset 1 --reason &#x27;what you fixed&#x27;" in html
-    assert "Fix &lt;KeyError&gt; in checkout" in html and "<script" not in html
+    assert "http-equiv='refresh'" not in html and "agent task reset 1 --reason &#x27;what you fixed&#x27;" in html
+    assert "Fix &lt;KeyError&gt; in checkout" in html and html.count("<script") == 1  # only the live updater
+    assert "script-src 'sha256-" in headers["Content-Security-Policy"]
     assert call(srv.url, "/", b"x", method="POST")[0] == 405
     code, text, headers = call(srv.url, "/metrics")
     text = text.decode()
