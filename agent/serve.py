@@ -49,7 +49,8 @@ OUTCOMES = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "method"
 HOOKS = ("events", "sentry", "alertmanager")
 # The page's one script: every REFRESH_S seconds it fetches /status.json and replaces the summary sections that
 # changed, keeping <details> a person opened open (no reload: scroll position and the finished list stay).
-LIVE_JS = ("(function(){var last={};function tick(){fetch('status.json',{cache:'no-store',credentials:'same-origin'})"
+def live_js(every_ms: int) -> str:
+    return ("(function(){var last={};function tick(){fetch('status.json',{cache:'no-store',credentials:'same-origin'})"
            ".then(function(r){if(!r.ok)throw new Error('HTTP '+r.status);return r.json();}).then(function(d){"
            "Object.keys(d.sections).forEach(function(id){var el=document.getElementById(id);"
            "if(!el||last[id]===d.sections[id])return;var open=[];"
@@ -58,10 +59,16 @@ LIVE_JS = ("(function(){var last={};function tick(){fetch('status.json',{cache:'
            "last[id]=d.sections[id];open.forEach(function(i){var x=document.getElementById(i);if(x)x.open=true;});});"
            "document.getElementById('live-at').textContent=d.generated;}).catch(function(e){"
            "document.getElementById('live-at').textContent='update failed: '+e.message;});}"
-           f"setInterval(tick,{REFRESH_S * 1000});}})();")
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; connect-src 'self'; base-uri 'none'; "
-       "form-action 'none'; frame-ancestors 'none'; script-src 'sha256-"
-       + __import__("base64").b64encode(hashlib.sha256(LIVE_JS.encode()).digest()).decode() + "'")
+            f"setInterval(tick,{int(every_ms)});}})();")
+
+
+def csp(script: str) -> str:
+    """The page's Content-Security-Policy: nothing from elsewhere, and only this one inline script."""
+    import base64
+
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    return ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; connect-src 'self'; base-uri 'none'; "
+            f"form-action 'none'; frame-ancestors 'none'; script-src 'sha256-{digest}'")
 JSON_TYPES = ("application/json",)
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/json")
 
@@ -125,6 +132,11 @@ class HookApp:
         self._write_lock = threading.Lock()
         self._counts: dict[tuple[str, str], int] = {}
         self._count_lock = threading.Lock()
+        self.refresh_s = REFRESH_S   # how often an open page fetches /status.json
+
+    @property
+    def script(self) -> str:
+        return live_js(int(self.refresh_s * 1000))
 
     def count(self, path: str, outcome: str) -> None:
         """One hook request's outcome, for agent_hook_requests_total (this process's, since it started)."""
@@ -171,7 +183,7 @@ class HookApp:
         headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
                    ("X-Content-Type-Options", "nosniff"), *extra]
         if ctype.startswith("text/html"):
-            headers += [("Content-Security-Policy", CSP), ("Referrer-Policy", "no-referrer")]
+            headers += [("Content-Security-Policy", csp(self.script)), ("Referrer-Policy", "no-referrer")]
         if code == 405:
             headers.append(("Allow", "POST" if path.startswith("/hooks/") else "GET"))
         start_response(STATUS[code], headers)
@@ -383,10 +395,10 @@ class HookApp:
         data = self._gather(led)
         finished = led.finished_tasks(FINISHED_PAGE + 1, before)
         older = f"?before={finished[FINISHED_PAGE - 1]['id']}" if len(finished) > FINISHED_PAGE else None
-        live = (f"<p id='live'>live: updates every {REFRESH_S} s without reloading · read-only · "
+        live = (f"<p id='live'>live: updates every {self.refresh_s:g} s without reloading · read-only · "
                 f"<span id='live-at'>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC</span></p>")
         page = render_html(led, data, href=lambda i: f"tasks/{i}", older=older, live=live,
-                           head=f"<meta name='generator' content='agent serve'><script>{LIVE_JS}</script>",
+                           head=f"<meta name='generator' content='agent serve'><script>{self.script}</script>",
                            finished=finished[:FINISHED_PAGE])
         return 200, "text/html; charset=utf-8", page.encode()
 

@@ -297,7 +297,7 @@ table{border-collapse:collapse;margin:.3rem 0;width:100%}td,th{border:1px solid 
 th{background:#f5f5f5}.blocked{background:#fff4e5}.failed,.stuck{background:#fdecea}.done{background:#eaf7ee}
 code{background:#f3f3f3;padding:0 .25rem}details{margin:.4rem 0}summary{cursor:pointer;font-weight:600}
 .ev td:first-child{white-space:nowrap;color:#666}.kind{color:#888;font-size:.85em}.muted{color:#777}
-#live{color:#666;margin:.2rem 0}.counts td,.counts th{width:auto}table.counts{width:auto}
+#live{color:#666;margin:.2rem 0}td:first-child{white-space:nowrap}.counts td,.counts th{width:auto}table.counts{width:auto}
 """
 
 

@@ -158,3 +158,36 @@ def test_task_pages_and_status_json_need_the_read_token(ledger, home):
             assert get(s.url, path, {"Authorization": "Bearer tok"})[0] == 200
     finally:
         s.close()
+
+
+@pytest.mark.slow
+def test_live_updates_patch_the_page_in_chromium_and_keep_what_a_person_opened(ledger, home):
+    """Real headless Chromium (scripts/ci-chromium) runs the page's script: a task blocked after the page loaded
+    appears in "Needs a human" without a reload, and the Failed list a person opened stays open."""
+    from cdp import Browser, chromium
+
+    if chromium() is None:
+        pytest.skip("chromium not installed: run scripts/ci-chromium (needs root and Debian's registry)")
+    first = _working(ledger, "failed before the page loaded")
+    transition(ledger, first, chain.FAILED, "script", "round cap reached")
+    app = HookApp(home, parse_config({}), {})
+    app.refresh_s = 0.5  # the page's own timer, shortened for the test
+    server = Server(app, "127.0.0.1", 0).start()
+    browser = Browser()
+    try:
+        browser.open(server.url + "/")
+        assert browser.eval("document.querySelectorAll('#blocked tr.blocked').length") == 0
+        browser.eval("window.__loaded_once = 1; document.getElementById('d-failed').open = true; 1")
+        later = _working(ledger, "blocked after the page loaded")
+        transition(ledger, later, chain.BLOCKED, "script", "lane reviewer (claude): not logged in")
+        second = _working(ledger, "failed after the page loaded")
+        transition(ledger, second, chain.FAILED, "script", "round cap reached again")
+        browser.wait_for("document.querySelectorAll('#blocked tr.blocked').length === 1", timeout=30)
+        browser.wait_for("document.querySelectorAll('#failed tr.failed').length === 2", timeout=30)
+        assert browser.eval("window.__loaded_once") == 1  # the same document: not reloaded
+        assert browser.eval("document.getElementById('d-failed').open") is True
+        assert "not logged in" in browser.eval("document.getElementById('blocked').textContent")
+        assert "update failed" not in browser.eval("document.getElementById('live').textContent")
+    finally:
+        browser.close()
+        server.close()
