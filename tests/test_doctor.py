@@ -340,3 +340,11 @@ def test_gitlab_and_gitea_credentials_access_and_remote(tmp_path, forge):
         bad = refused[f"forge acme/widgets ({forge})"]
         assert not bad.ok and "token was refused (401)" in bad.detail and "stale" not in bad.detail
         sim.assert_clean()
+
+
+def test_doctor_on_a_home_with_no_repo_and_no_lane_is_not_healthy(agent):
+    assert agent("init").exit_code == 0
+    out = agent("doctor")
+    last = out.stdout.rstrip().splitlines()[-1]
+    assert "healthy" not in last and last.startswith("not set up yet: no repo and no lane role"), out.stdout
+    assert "WARN  config:" in out.stdout and "add `repos:` and `lanes:`" in out.stdout
