@@ -32,6 +32,17 @@ def one_line(text: str | None, limit: int | None = None) -> str:
     return flat if limit is None or len(flat) <= limit else flat[:limit - 3].rstrip() + "..."
 
 
+def error_headline(cls: str | None, message: str | None) -> str:
+    """``KeyError: 'qty'``: the class, then the message, without the class twice when the message already starts
+    with it (as a Python exception's text does)."""
+    cls, message = (cls or "").strip(), (message or "").strip()
+    if not cls:
+        return message or "-"
+    if message == cls or message.startswith(cls + ":"):
+        return message
+    return f"{cls}: {message}" if message else cls
+
+
 FINISHED_PAGE = 50     # finished tasks per page; older ones by link
 FAILED_SHOWN = 50      # newest failed tasks in the summary
 DECISIONS_SHOWN = 20   # newest open errors listed under "waiting for a decision"
@@ -270,7 +281,7 @@ def render_text(data: dict) -> str:
         lines.append(f"\nwaiting for a decision ({n} open error{'s' if n != 1 else ''}{more}):")
         for e in data["undecided"]:
             seen = f", last {ago(e['last_seen_age_s'])} ago" if e.get("last_seen_age_s") is not None else ""
-            lines.append(f"  {e['id']} {e['service']} {e['class'] or ''}: {one_line(e['message'], 160)} "
+            lines.append(f"  {e['id']} {e['service']} {one_line(error_headline(e['class'], e['message']), 160)} "
                          f"(seen {e['count']}x{seen})")
     if data.get("runners"):
         stale = sum(1 for r in data["runners"] if not runner_live(r))
@@ -347,14 +358,14 @@ def summary_sections(data: dict, href=lambda i: f"#task-{i}", now: float | None 
                                "<table id='review'><tr><th>task</th><th>PR</th><th>opened</th><th>title</th>"
                                f"<th>link</th></tr>{rows}</table>")
     n_open = data["errors"].get("open", 0)
-    rows = "".join(f"<tr><td><code>{e(x['id'])}</code></td><td>{e(x['service'])}</td><td>{e(x['class'] or '')}</td>"
-                   f"<td>{e(one_line(x['message'], 200))}</td><td>{x['count']}</td>"
+    rows = "".join(f"<tr><td><code>{e(x['id'])}</code></td><td>{e(x['service'])}</td>"
+                   f"<td>{e(one_line(error_headline(x['class'], x['message']), 200))}</td><td>{x['count']}</td>"
                    f"<td>{ago(x['last_seen_age_s']) + ' ago' if x.get('last_seen_age_s') is not None else ''}</td></tr>"
                    for x in data["undecided"])
     more = (f"<p class=muted>newest {len(data['undecided'])} of {n_open}; all: <code>agent error list --state open"
             "</code></p>" if n_open > len(data["undecided"]) else "")
     out["s-decide"] = _section("s-decide", "Waiting for a decision", n_open,
-                               "<table id='decide'><tr><th>error</th><th>service</th><th>class</th><th>message</th>"
+                               "<table id='decide'><tr><th>id</th><th>service</th><th>error</th>"
                                f"<th>seen</th><th>last</th></tr>{rows}</table>{more}"
                                "<p class=muted>decide: <code>agent error decide ID --fix --brief TEXT</code> or "
                                "<code>--skip --reason TEXT</code></p>")
