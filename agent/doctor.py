@@ -366,7 +366,9 @@ def check_remote(repo) -> Check:
     res, out, err = _run(["git", "ls-remote", "--heads", repo.url, repo.base], LS_REMOTE_TIMEOUT, env=env)
     fix = f"check repos.{repo.name}.url in config.yaml and access to it: `git ls-remote {repo.url}`"
     if res.status != "ok":
-        why = "timed out" if res.timed_out else _last_line(err) or res.error or f"exit {res.exit_code}"
+        from agent.workspace import git_error_line
+
+        why = "timed out" if res.timed_out else git_error_line(err) or res.error or f"exit {res.exit_code}"
         return Check(label, False, f"git ls-remote {repo.url}: {why}", fix)
     if not out.strip():
         return Check(label, False, f"{repo.url}: reachable, but has no branch {repo.base!r}",

@@ -132,6 +132,17 @@ def git_env(push: bool = False, config=None) -> dict[str, str]:
     return env
 
 
+_GIT_PROBLEM = re.compile(r"^(remote:\s*)?(fatal|error)\s*:", re.I)
+
+
+def git_error_line(stderr: str, limit: int = 300) -> str:
+    """The line of git's stderr that says what went wrong: the first ``fatal:``/``error:`` line, not the last one
+    (after a failed fetch that is the end of git's advice: "...and the repository exists.")."""
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    found = next((ln for ln in lines if _GIT_PROBLEM.match(ln)), lines[-1] if lines else "")
+    return found[:limit]
+
+
 def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = None,
         work_tree: Path | str | None = None, network: bool = False, push: bool = False,
         timeout: float = GIT_TIMEOUT, input: bytes | None = None, check: bool = True) -> str:
@@ -154,8 +165,7 @@ def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = 
     res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push), timeout=timeout,
                        input=input)
     if check and res.exit_code != 0:
-        lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-        what = "timed out" if res.timed_out else (lines[-1] if lines else f"exit {res.exit_code}")
+        what = "timed out" if res.timed_out else (git_error_line(res.stderr) or f"exit {res.exit_code}")
         raise GitError(f"git {args[0] if args else ''}: {what}", res.stderr, res.exit_code)
     return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
 
