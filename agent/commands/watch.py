@@ -15,15 +15,14 @@ def _print(items):
 
 def run_scans(names: list[str], jobs: int, as_json: bool) -> None:
     """Run scans in order and print them; SIGINT/SIGTERM stop like the daemon (agent.shutdown), then exit 128+N."""
-    from agent.shutdown import STOP, graceful_stop
-
     from agent.fence import beat
+    from agent.shutdown import STOP, grace_of, graceful_stop
 
     app = get_app()
     app.require_home()
     beat(app.ledger, app.home)  # this runner is alive (`agent runners`)
     items: list[dict] = []
-    with graceful_stop(lambda line: click.echo(line, err=True)) as stopping:
+    with graceful_stop(lambda line: click.echo(line, err=True), grace=grace_of(app)) as stopping:
         for name in names:
             if STOP.is_set():
                 break
