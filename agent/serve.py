@@ -2,22 +2,26 @@
 
 Routes (everything else is 404, other methods 405):
 - ``POST /hooks/events``: JSON lines as `agent error ingest` reads them; ``X-Agent-Signature: sha256=<hex>``,
-  the HMAC-SHA256 of the body with the key in ``serve.events_secret_env`` (default ``AGENT_HOOK_SECRET``);
+  the HMAC-SHA256 of the body (with ``X-Agent-Timestamp: <unix seconds>``: of ``TIMESTAMP.BODY``) with the key in
+  ``serve.events_secret_env`` (default ``AGENT_HOOK_SECRET``);
 - ``POST /hooks/sentry``: Sentry integration webhooks; ``Sentry-Hook-Signature`` = HMAC-SHA256 hex of the body
-  with the integration's client secret (``serve.sentry_secret_env``); resources without an error event
-  (installation, issue, comment, metric alerts) are answered 200 and ignored;
+  with the integration's client secret (``serve.sentry_secret_env``), ``Sentry-Hook-Timestamp`` within
+  ``serve.replay_window``; resources without an error event are answered 200 and ignored;
 - ``POST /hooks/alertmanager``: Alertmanager webhook version 4; ``Authorization: Bearer <token>``
   (``serve.alertmanager_token_env``);
-- ``GET /`` the status page (agent/status.py's renderer, refreshing itself every 5 s), ``GET /metrics``,
-  ``GET /healthz``.
+- ``POST /api/<project>/envelope/`` and ``/store/``: Sentry's ingest protocol for SDKs (agent/intake/dsn.py);
+- ``GET /`` the status page (agent/status.py's renderer; its script patches the summary from ``GET /status.json``),
+  ``GET /tasks/N`` a task's timeline, ``GET /metrics`` (these need ``serve.read_token_env``'s token when set),
+  ``GET /healthz`` (``{"ok": true|false}`` only).
 
 A hook request is checked in this order, and nothing is stored unless it passes all of them: the secret is
 configured (else 503 naming the variable), the body fits ``serve.max_body_bytes`` (413), the signature or token
-matches (401), the body parses and every event is valid (400 with one line naming the first problem). Then the
-events take `agent error ingest`'s path (``formats.parse`` / ``store.ingest``: redaction, fingerprint, dedupe),
-in one transaction with the delivery's key (``hook_deliveries``), on a connection with ``synchronous=FULL``: the
-202 is sent only after that commit is on disk. A delivery whose key was accepted before (the sender's delivery
-id, else the body's SHA-256) is answered 200 ``replay`` and changes nothing.
+matches (401), its timestamp is fresh (401), the content type is JSON/NDJSON (415), the body parses and every event
+is valid (400 with one line naming the first problem). Every refusal is a JSON body (waitress's own too) and every
+hook request is counted by outcome. Then the events take `agent error ingest`'s path (``formats.parse`` /
+``store.ingest``: redaction, fingerprint, dedupe), in one transaction with the delivery's key (``hook_deliveries``),
+on a connection with ``synchronous=FULL``: the 202 is sent only after that commit is on disk. A delivery whose key
+(from signed content only) was accepted before is answered 200 ``replay`` and changes nothing.
 
 GET handlers read through a connection with ``PRAGMA query_only``: the page and metrics cannot write.
 """
@@ -42,10 +46,12 @@ REFRESH_S = 5
 IDLE_POLL_S = 1   # seconds the idle server loop sleeps in poll(); waitress takes whole seconds
 STATUS = {200: "200 OK", 202: "202 Accepted", 400: "400 Bad Request", 401: "401 Unauthorized",
           404: "404 Not Found", 405: "405 Method Not Allowed", 413: "413 Payload Too Large",
-          415: "415 Unsupported Media Type", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+          415: "415 Unsupported Media Type", 429: "429 Too Many Requests", 500: "500 Internal Server Error",
+          503: "503 Service Unavailable"}
+SENTRY_API = re.compile(r"/api/(\d{1,20})/(envelope|store)/?")
 # agent_hook_requests_total{hook,outcome}: the outcome of a refusal, by its status code
 OUTCOMES = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "method", 413: "too_large",
-            415: "content_type", 500: "error", 503: "disabled"}
+            415: "content_type", 429: "rate_limited", 500: "error", 503: "disabled"}
 HOOKS = ("events", "sentry", "alertmanager")
 # The page's one script: every REFRESH_S seconds it fetches /status.json and replaces the summary sections that
 # changed, keeping <details> a person opened open (no reload: scroll position and the finished list stay).
@@ -74,11 +80,12 @@ NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-json
 
 
 class Reply(Exception):
-    def __init__(self, code: int, message: str, outcome: str | None = None, headers: tuple = (), **extra):
+    def __init__(self, code: int, message: str, outcome: str | None = None,
+                 headers: list[tuple[str, str]] | tuple = (), **extra):
         super().__init__(message)
         self.code = code
         self.outcome = outcome or OUTCOMES.get(code, str(code))
-        self.headers = list(headers)
+        self.headers = list(headers or ())
         self.body = {"error" if code >= 400 else "result": message, **extra}
 
 
@@ -129,7 +136,10 @@ class HookApp:
         self.config = config
         self.env = os.environ if env is None else env
         self._local = threading.local()
-        self._write_lock = threading.Lock()
+        self._commits = GroupCommit()
+        from agent.intake.dsn import SentryIngest
+
+        self.sentry = SentryIngest(config.serve, self.env)
         self._counts: dict[tuple[str, str], int] = {}
         self._count_lock = threading.Lock()
         self.refresh_s = REFRESH_S   # how often an open page fetches /status.json
@@ -205,6 +215,11 @@ class HookApp:
             if path != "/healthz":
                 self._read_auth(environ)
             return self.page_task(int(task.group(1))) if task else pages[path]()
+        sentry = SENTRY_API.fullmatch(path)
+        if sentry:
+            if method != "POST":
+                raise Reply(405, f"{path} takes POST (Sentry's ingest protocol)")
+            return self.sentry_api(environ, sentry.group(1), sentry.group(2))
         raise Reply(404, f"no route {path}; see /healthz, /metrics, /, /tasks/N, /hooks/events|sentry|alertmanager")
 
     def _read_auth(self, environ) -> None:
@@ -287,13 +302,7 @@ class HookApp:
             raise Reply(400, f"body is not UTF-8 (byte {exc.start})") from None
 
     def _store(self, hook: str, key: str, events: list) -> tuple[int, str, bytes]:
-        from agent.intake.store import ingest
-        from agent.ledger.hooks import accept
-
-        led = self._ledger(write=True)
-        with self._write_lock:  # threads of this server queue here instead of in SQLite's sleeping busy handler
-            replay, result = accept(led, hook, key, lambda: ingest(led, events, actor="script",
-                                                                    source=f"hook:{hook}", batch=None))
+        replay, result = self._commits.submit(hook, key, events, lambda: self._ledger(write=True))
         if replay:
             self._local.outcome = "replay"
             return _json(200, {"result": "replay: this delivery was accepted before; nothing changed",
@@ -380,6 +389,19 @@ class HookApp:
             return _json(200, {"result": "ignored: no firing alerts"})
         return self._store("alertmanager", hashlib.sha256(body).hexdigest(), parsed.events)
 
+    def sentry_api(self, environ, project: str, kind: str) -> tuple[int, str, bytes]:
+        """Sentry's ingest protocol for unmodified SDKs (agent/intake/dsn.py does the checks and parsing)."""
+        from agent.intake.dsn import Refused
+
+        try:
+            delivery = self.sentry.receive(project, kind, environ, self._body)
+        except Refused as r:
+            raise Reply(r.code, str(r), headers=r.headers) from None
+        if not delivery.events:
+            return _json(200, {"id": delivery.event_id})
+        self._store(delivery.hook, delivery.key, delivery.events)   # a replayed event id changes nothing
+        return _json(200, {"id": delivery.event_id})
+
     # ------------------------------------------------------------------ pages
 
     def _gather(self, led):
@@ -423,7 +445,8 @@ class HookApp:
 
         m = gather(self._ledger(write=False))
         m["hook_requests"] = [{"hook": h, "outcome": o, "n": n} for (h, o), n in sorted(self.hook_counts().items())]
-        return 200, "text/plain; version=0.0.4; charset=utf-8", prometheus(m).encode()
+        text = prometheus(m) + self.sentry.metrics()
+        return 200, "text/plain; version=0.0.4; charset=utf-8", text.encode()
 
     def page_health(self) -> tuple[int, str, bytes]:
         """``{"ok": true}`` or 503 ``{"ok": false}``: nothing else (no path, no error text) to whoever asks."""
@@ -432,6 +455,77 @@ class HookApp:
         except Exception:  # noqa: BLE001 - any failure to read is unhealthy
             return _json(503, {"ok": False})
         return _json(200, {"ok": True})
+
+
+class _Job:
+    __slots__ = ("hook", "key", "events", "done", "result", "error")
+
+    def __init__(self, hook: str, key: str, events: list):
+        self.hook, self.key, self.events = hook, key, events
+        self.done, self.result, self.error = False, None, None
+
+
+class GroupCommit:
+    """Hook deliveries arriving together share one write transaction and one fsync (group commit).
+
+    The first request to find no writer becomes the writer: it takes every delivery queued so far, stores them in
+    one transaction on its own connection (``ledger.hooks.accept_batch``), and wakes their requests; the others
+    wait meanwhile, so threads queue here, not in SQLite's sleeping busy handler. If the batch fails, each delivery
+    is retried alone, so one bad delivery fails only its own request. A request is answered only after the commit
+    that holds its events."""
+
+    def __init__(self, max_batch: int = 64):
+        self.max_batch = max_batch
+        self._cv = threading.Condition()
+        self._queue: list[_Job] = []
+        self._writing = False
+
+    def submit(self, hook: str, key: str, events: list, ledger: Callable[[], Ledger]) -> tuple[bool, object]:
+        job = _Job(hook, key, events)
+        with self._cv:
+            self._queue.append(job)
+            while not job.done:
+                if self._writing:
+                    self._cv.wait()
+                    continue
+                self._writing = True
+                batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+                self._cv.release()
+                try:
+                    self._write(ledger, batch)
+                finally:
+                    self._cv.acquire()
+                    self._writing = False
+                    self._cv.notify_all()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    @staticmethod
+    def _write(ledger: Callable[[], Ledger], batch: list[_Job]) -> None:
+        from agent.intake.store import ingest
+        from agent.ledger.hooks import accept, accept_batch
+
+        try:
+            led = ledger()
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error, none waits forever
+            for job in batch:
+                job.error, job.done = exc, True
+            return
+
+        def store(job: _Job):
+            return lambda: ingest(led, job.events, actor="script", source=f"hook:{job.hook}", batch=None)
+
+        try:
+            results = accept_batch(led, [(j.hook, j.key, store(j)) for j in batch])
+        except Exception:  # noqa: BLE001 - retried one by one below: one bad delivery must not fail the others
+            results = None
+        for i, job in enumerate(batch):
+            try:
+                job.result = results[i] if results is not None else accept(led, job.hook, job.key, store(job))
+            except Exception as exc:  # noqa: BLE001 - raised again in the request that sent it
+                job.error = exc
+            job.done = True
 
 
 # --------------------------------------------------------------------------- Prometheus text format

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import html
-import json
 import shlex
 
+from agent.intake.formats import error_headline
 from agent.ledger import Ledger
 from agent.workspace import disk_use, human_bytes
 
@@ -30,17 +30,6 @@ def one_line(text: str | None, limit: int | None = None) -> str:
     """A reason or title on one line (a multi-line lane excerpt never breaks a row), cut to ``limit``."""
     flat = " ".join((text or "").split())
     return flat if limit is None or len(flat) <= limit else flat[:limit - 3].rstrip() + "..."
-
-
-def error_headline(cls: str | None, message: str | None) -> str:
-    """``KeyError: 'qty'``: the class, then the message, without the class twice when the message already starts
-    with it (as a Python exception's text does)."""
-    cls, message = (cls or "").strip(), (message or "").strip()
-    if not cls:
-        return message or "-"
-    if message == cls or message.startswith(cls + ":"):
-        return message
-    return f"{cls}: {message}" if message else cls
 
 
 FINISHED_PAGE = 50     # finished tasks per page; older ones by link

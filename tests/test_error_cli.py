@@ -97,7 +97,7 @@ def test_watch_errors_and_error_decide_scans_are_registered(tmp_path):
 
 
 def test_error_list_and_show_name_the_class_once(agent, tmp_path):
-    from agent.status import error_headline
+    from agent.intake.formats import error_headline
 
     assert agent("init").exit_code == 0
     src = tmp_path / "e.jsonl"

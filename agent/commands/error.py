@@ -66,7 +66,7 @@ def error_list(state, as_json):
       agent error list --state open --json
     """
     from agent.intake.store import list_errors
-    from agent.status import error_headline
+    from agent.intake.formats import error_headline
 
     rows = list_errors(get_app().ledger, state)
 
@@ -92,7 +92,7 @@ def error_show(error_id, as_json):
     """
     from agent.intake.store import error_detail
     from agent.ledger.errors import resolve_error
-    from agent.status import error_headline
+    from agent.intake.formats import error_headline
 
     app = get_app()
     e = error_detail(app.ledger, resolve_error(app.ledger, error_id)["id"])

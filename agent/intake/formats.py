@@ -63,6 +63,7 @@ class Event:
     platform: str | None = None
     excerpt: str = ""
     line: int = 1
+    grouping: list[str] | None = None                 # the SDK's own `fingerprint` values, when not the default
 
 
 @dataclass
@@ -750,6 +751,18 @@ def _exc_class(value: dict, platform: str | None) -> str:
     return typ
 
 
+DEFAULT_GROUPING = "{{ default }}"
+
+
+def _grouping(raw: Any) -> list[str] | None:
+    """An event's ``fingerprint`` (Sentry's custom grouping) when it says more than ``{{ default }}``."""
+    values = [_str(v, MAX_NAME) for v in _list(raw)[:MAX_TAGS] if isinstance(v, (str, int, float))]
+    values = [v for v in values if v is not None]
+    if not values or all(v.replace(" ", "") == DEFAULT_GROUPING.replace(" ", "") for v in values):
+        return None
+    return values
+
+
 def event_from_sentry(obj: dict) -> Event:
     """A Sentry event as SDKs send it (store/envelope payload), as webhooks wrap it, or as the web API
     returns it (``entries``, camelCase frames, tags as key/value objects).  A field of the wrong type is
@@ -805,7 +818,8 @@ def event_from_sentry(obj: dict) -> Event:
         environment=_str(d.get("environment")) or tags.get("environment"),
         level=(_str(d.get("level")) or tags.get("level") or "error").lower(),
         timestamp=iso_ts(d.get("timestamp") or d.get("dateCreated") or d.get("datetime") or d.get("received")),
-        repo=tags.get("repo"), release=_str(release) or tags.get("release"), platform=platform)
+        repo=tags.get("repo"), release=_str(release) or tags.get("release"), platform=platform,
+        grouping=_grouping(d.get("fingerprint")))
     ev.excerpt = _excerpt(ev, extra=[f"culprit: {_str(d['culprit'], MAX_NAME)}" if d.get("culprit") else "",
                                      f"transaction: {_str(d['transaction'], MAX_NAME)}" if d.get("transaction")
                                      else "",
@@ -813,8 +827,19 @@ def event_from_sentry(obj: dict) -> Event:
     return ev
 
 
+def error_headline(cls: str | None, message: str | None) -> str:
+    """``KeyError: 'qty'``: the class, then the message, without the class twice when the message already starts
+    with it (as a Python exception's text does)."""
+    cls, message = (cls or "").strip(), (message or "").strip()
+    if not cls:
+        return message or "-"
+    if message == cls or message.startswith(cls + ":"):
+        return message
+    return f"{cls}: {message}" if message else cls
+
+
 def _excerpt(ev: Event, extra: Iterable[str] = ()) -> str:
-    lines = [cap(f"{ev.cls}: {ev.message}" if ev.cls else ev.message, MAX_EXCERPT // 2)]
+    lines = [cap(error_headline(ev.cls, ev.message) if ev.cls else ev.message, MAX_EXCERPT // 2)]
     for f in ev.frames[-30:]:
         where = f"{f.file or f.module}" + (f":{f.lineno}" if f.lineno is not None else "")
         lines.append(f"  at {where} in {f.function}")
