@@ -74,6 +74,7 @@ class Limits:
     workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
     feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
+    shutdown_grace: int = 10           # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,9 @@ class ServeConfig:
     sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
     alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
     max_body_bytes: int = 1048576
+    read_token_env: str | None = None                 # Authorization: Bearer <token> for /, /tasks/*, /metrics
+    require_timestamp: bool = False                   # /hooks/events must carry a signed X-Agent-Timestamp
+    replay_window: int = 300                          # seconds a signed hook timestamp may be off from now
     dsn: tuple[DsnProject, ...] = ()                  # Sentry ingest (/api/<project>/envelope/ and /store/)
     max_events_per_minute: int = 600                  # Sentry ingest: over it, 429 with Retry-After
     url: str | None = None                            # where SDKs reach `agent serve` (doctor prints DSNs with it)
@@ -405,6 +409,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                      "limits.workspace_failures", 1),
         feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
+        shutdown_grace=v.integer(ld.get("shutdown_grace", dflt.shutdown_grace), "limits.shutdown_grace", 0),
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
@@ -570,6 +575,9 @@ def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
         alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
                                         "serve.alertmanager_token_env"),
         max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1),
+        read_token_env=v.opt_string(d.get("read_token_env"), "serve.read_token_env"),
+        require_timestamp=v.boolean(d.get("require_timestamp", dflt.require_timestamp), "serve.require_timestamp"),
+        replay_window=v.integer(d.get("replay_window", dflt.replay_window), "serve.replay_window", 1),
         dsn=_dsn_projects(v, d.get("dsn"), repos),
         max_events_per_minute=v.integer(d.get("max_events_per_minute", dflt.max_events_per_minute),
                                         "serve.max_events_per_minute", 1),
@@ -745,6 +753,7 @@ DEFAULT_CONFIG = """\
 #   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
 #   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+#   shutdown_grace: 10               # seconds the first Ctrl-C/SIGTERM lets running lanes finish (then stopped)
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
@@ -785,6 +794,10 @@ DEFAULT_CONFIG = """\
 #   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
 #   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
 #   max_body_bytes: 1048576
+#   read_token_env: AGENT_READ_TOKEN          # Authorization: Bearer <token> for /, /tasks/N, /metrics (unset:
+#                                             # loopback only, unless `--public`)
+#   require_timestamp: false                  # /hooks/events must send a signed X-Agent-Timestamp
+#   replay_window: 300                        # seconds a hook's timestamp may differ from now (Sentry, events)
 #   url: http://agent.internal:8080          # where SDKs reach it; `agent doctor` prints each project's DSN
 #   dsn:                                      # a Sentry DSN for unmodified SDKs: /api/<project>/envelope/ and /store/
 #     - {project: 1, key_env: AGENT_DSN_KEY, service: widgets-api}   # DSN http://<key>@host:port/1
