@@ -367,7 +367,7 @@ def hidden_socket_dirs(config, environ=None) -> list[Path]:
     sock = env.get("SSH_AUTH_SOCK") or ""
     if sock.startswith("/"):
         cands.append(Path(sock).parent)
-    for d in (_pg_socket_dir(env.get("AGENT_LEDGER_URL") or getattr(config, "ledger_url", None)),
+    for d in (_pg_socket_dir(env.get("AGENT_LEDGER_URL")), _pg_socket_dir(getattr(config, "ledger_url", None)),
               Path(env["PGHOST"]) if env.get("PGHOST", "").startswith("/") else None):
         if d is not None:
             cands.append(d)
@@ -389,6 +389,7 @@ class Net:
     socket: Path | None = None
     socat: str | None = None
     proxy: EgressProxy | None = None
+    forwards: list[tuple[str, int]] = field(default_factory=list)    # loopback (host, port) named in config
     _dir: Path | None = None
 
     def bwrap_args(self) -> list[str]:
@@ -405,7 +406,7 @@ class Net:
     def argv(self, argv: list[str]) -> list[str]:
         if self.socket is None:
             return list(argv)
-        return ["/bin/sh", "-c", bridge_script(self.socat), "agent-lane", *argv]
+        return ["/bin/sh", "-c", bridge_script(self.socat, self.forwards), "agent-lane", *argv]
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in env.items() if k.lower() not in ("no_proxy", "all_proxy")}
@@ -435,18 +436,30 @@ class Net:
         self.close()
 
 
-def bridge_script(socat: str) -> str:
-    """sh: start socat on the lane's 127.0.0.1:PROXY_PORT (to the bound proxy socket), wait until it listens (read
-    from /proc/net/tcp with shell builtins, no sleep), then exec the lane's argv."""
-    want = f"0100007F:{PROXY_PORT:04X}"
-    return (f"{socat} TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
-            "</dev/null >/dev/null 2>&1 &\n"
-            "n=0; up=\n"
-            'while [ -z "$up" ] && [ $n -lt 20000 ]; do\n'
-            "  n=$((n+1))\n"
-            f'  while read -r _ a _ s _; do [ "$a" = {want} ] && [ "$s" = 0A ] && up=1 && break; done < /proc/net/tcp\n'
-            "done\n"
-            'exec "$@"\n')
+def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
+    """sh: start socat on the lane's 127.0.0.1:PROXY_PORT (to the bound proxy socket) and, for each loopback
+    ``(host, port)`` the config names, on the lane's own 127.0.0.1:port through the proxy to that host's port (a
+    CLI that ignores the proxy variables reaches a local model server that way, still only through the
+    allowlist); wait until all listen (/proc/net/tcp read with shell builtins, no sleep), then exec the argv."""
+    lines = [f"{socat} TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
+             "</dev/null >/dev/null 2>&1 &"]
+    ports = [PROXY_PORT]
+    for host, port in forwards:
+        if port in ports:
+            continue
+        ports.append(port)
+        lines.append(f"{socat} TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
+                     f"PROXY:127.0.0.1:{host}:{port},proxyport={PROXY_PORT} </dev/null >/dev/null 2>&1 &")
+    want = " ".join(f"0100007F:{p:04X}" for p in ports)
+    return "\n".join(lines + [
+        f'want=" {want} "; n=0',
+        "while [ $n -lt 20000 ]; do",
+        "  n=$((n+1)); got=0",
+        '  while read -r _ a _ s _; do [ "$s" = 0A ] && case "$want" in *" $a "*) got=$((got+1));; esac; '
+        "done < /proc/net/tcp",
+        f"  [ $got -ge {len(ports)} ] && break",
+        "done",
+        'exec "$@"', ""])
 
 
 def require(config) -> str | None:
@@ -470,8 +483,11 @@ def lane_network(config, vendor: str | None, *, environ=None) -> Net:
     net._dir = Path(tempfile.mkdtemp(prefix="agent-egress-"))
     net.socket = net._dir / "proxy.sock"
     net.socat = socat
+    allow = allowlist(config, vendor)
+    net.forwards = [(r.host, r.port) for r in allow.rules
+                    if r.named and r.port and (r.host == "localhost" or (_ip(r.host) and _ip(r.host).is_loopback))]
     try:
-        net.proxy = EgressProxy(allowlist(config, vendor), net.socket)
+        net.proxy = EgressProxy(allow, net.socket)
     except OSError:
         net.close()
         raise
