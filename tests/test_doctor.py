@@ -340,3 +340,15 @@ def test_gitlab_and_gitea_credentials_access_and_remote(tmp_path, forge):
         bad = refused[f"forge acme/widgets ({forge})"]
         assert not bad.ok and "token was refused (401)" in bad.detail and "stale" not in bad.detail
         sim.assert_clean()
+
+
+def test_doctor_warns_on_host_network(demo_home):
+    """Issue 23: `sandbox.network: host` is allowed only explicitly and doctor says what it opens; the default
+    (proxy) is a plain ok; `network: none` is ok and says what it means."""
+    assert by_name(doctor(demo_home))["network"]["warn"] is False
+    edit_config(demo_home, lambda d: d.update(sandbox={"network": "host"}))
+    check = by_name(doctor(demo_home))["network"]
+    assert check["ok"] and check["warn"] and "loopback" in check["detail"] and "network: host" in check["fix"]
+    edit_config(demo_home, lambda d: d.update(sandbox={"network": "none"}))
+    check = by_name(doctor(demo_home))["network"]
+    assert check["ok"] and not check["warn"] and "no network" in check["detail"]

@@ -315,3 +315,28 @@ def test_allowlist_rules():
         assert "sandbox" in str(err.value) or "hosts" in str(err.value)
     assert parse_config({"sandbox": "none"}).sandbox == "none"                     # the old form still works
     assert parse_config({"sandbox": {"mode": "none", "network": "host"}}).sandbox_network == "host"
+
+
+@needs_sandbox
+def test_a_repository_check_has_no_network_and_no_host_sockets(tmp_path, home):
+    """The check runs test code a lane committed: it gets its own network namespace with no proxy (it needs no model)
+    and no /run, so a planted test cannot read `agent serve`, a loopback database or the ssh-agent either."""
+    from agent.config import parse_config
+    from agent.lanes.sandbox import check_argv
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        repo = _repo(tmp_path)
+        probe = (f"{sys.executable} -c \"import urllib.request as u, os; print(sorted(os.listdir('/run'))); "
+                 f"print(u.build_opener(u.ProxyHandler({{}})).open('http://127.0.0.1:{srv.server_address[1]}/', "
+                 "timeout=3).read())\"")
+        for network, reached in (("proxy", False), ("host", True)):
+            argv, env = check_argv(parse_config({"sandbox": {"network": network}}), home, repo, probe,
+                                   tmp_path / f"scratch-{network}")
+            r = subprocess.run(argv, env=env, cwd=repo, capture_output=True, text=True, timeout=60)
+            assert ("allowed-model-server" in r.stdout) is reached, (network, r.stdout, r.stderr[-500:])
+            assert r.stdout.startswith("[]"), r.stdout              # /run is empty in every mode
+    finally:
+        srv.shutdown()
+        srv.server_close()
