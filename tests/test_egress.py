@@ -340,3 +340,68 @@ def test_a_repository_check_has_no_network_and_no_host_sockets(tmp_path, home):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def _ask(sock_path: Path, raw: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(sock_path))
+        s.sendall(raw)
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+
+
+def test_the_proxy_itself(tmp_path):
+    """The egress proxy on its unix socket, spoken to as the lane's bridge does: plain HTTP to an allowed host is
+    forwarded in origin form without the Proxy-* headers; CONNECT to an allowed host is a tunnel; an unlisted host,
+    or the allowed host on another port, is 403 and recorded; a request that is not a proxy request is 400; more
+    connections at once than MAX_CONNECTIONS get 503 (the agent's threads stay bounded)."""
+    seen = []
+
+    class Echo(_Hello):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Proxy-Authorization")))
+            super().do_GET()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    proxy = egress.EgressProxy(egress.Allowlist([egress.HostRule.parse(f"127.0.0.1:{port}")]), tmp_path / "p.sock")
+    held = []
+    try:
+        got = _ask(proxy.path, f"GET http://127.0.0.1:{port}/x?y=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                   "Proxy-Authorization: Basic eDp5\r\n\r\n".encode())
+        assert got.startswith(b"HTTP/1.0 200") and got.endswith(b"allowed-model-server"), got
+        assert seen == [("/x?y=1", None)]
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(proxy.path))
+            s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200 Connection established")
+            s.sendall(b"GET /tunnel HTTP/1.0\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+            assert reply.endswith(b"allowed-model-server"), reply
+        assert seen[-1][0] == "/tunnel"
+        for raw in (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", f"CONNECT 127.0.0.1:{port + 1} HTTP/1.1\r\n\r\n"
+                    .encode(), b"GET http://10.0.0.1/ HTTP/1.1\r\n\r\n"):
+            assert _ask(proxy.path, raw).startswith(b"HTTP/1.1 403"), raw
+        assert proxy.refused == ["example.com:443", f"127.0.0.1:{port + 1}", "10.0.0.1:80"]
+        assert _ask(proxy.path, b"GET /relative HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")
+        for _ in range(egress.MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(proxy.path))
+            held.append(s)
+        assert _ask(proxy.path, b"").startswith(b"HTTP/1.1 503")
+    finally:
+        for s in held:
+            s.close()
+        proxy.close()
+        srv.shutdown()
+        srv.server_close()
+    assert not proxy.path.exists()

@@ -51,6 +51,7 @@ VENDOR_HOSTS: dict[str, tuple[str, ...]] = {
 }
 HEAD_MAX = 65536
 IO_TIMEOUT = 30.0
+MAX_CONNECTIONS = 64                   # open at once per lane: more are refused (503), the agent keeps its threads
 
 
 class EgressUnavailable(AgentError):
@@ -232,6 +233,7 @@ class EgressProxy:
         self.refused: list[str] = []
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(str(self.path))
         os.chmod(self.path, 0o600)               # only the agent's user (which the lane's uid maps to)
@@ -245,6 +247,16 @@ class EgressProxy:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                _reply(conn, 503, "Service Unavailable", "agent egress proxy: too many connections")
+                try:
+                    conn.shutdown(socket.SHUT_WR)
+                    conn.setblocking(False)
+                    conn.recv(HEAD_MAX)           # what already came: closing on unread data would reset the reply
+                except OSError:
+                    pass
+                conn.close()
+                continue
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _track(self, s: socket.socket, add: bool) -> None:
@@ -299,6 +311,7 @@ class EgressProxy:
                         s.close()
                     except OSError:
                         pass
+            self._slots.release()
 
     @staticmethod
     def _connect(addrs: list) -> socket.socket | None:

@@ -394,7 +394,17 @@ class _Run:
         remaining = self.deadline - time.time()
         env = lane_env(self.vendor_env, inv.env, deny=self.deny)
         argv = list(inv.argv)
-        net = self.network() if self.bwrap is not None else None       # agent.lanes.egress: closed below
+        try:
+            net = self.network() if self.bwrap is not None else None   # agent.lanes.egress: closed below
+        except OSError as exc:                                          # no room for its socket, say
+            for suffix in (".stdout", ".stderr"):
+                base.with_suffix(suffix).write_bytes(b"")
+            res = proc.ProcResult(exit_code=127, timed_out=False, missing=True, duration_s=0.0, pid=None,
+                                  stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                                  truncated=False, error=f"the lane's egress proxy could not start: {exc}")
+            out = TurnOutput(message="")
+            self.add_turn(res, out)
+            return res, out
         if self.bwrap is not None:
             argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv, env), env, net)
 
