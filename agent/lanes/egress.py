@@ -350,10 +350,9 @@ class EgressProxy:
 
 
 def socat_path() -> str | None:
-    for cand in (shutil.which("socat"), "/usr/bin/socat"):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
+    from agent.lanes.sandbox import system_binary
+
+    return system_binary("socat")
 
 
 def _pg_socket_dir(url: str | None) -> Path | None:

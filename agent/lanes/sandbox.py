@@ -47,11 +47,16 @@ class SandboxUnavailable(AgentError):
     pass
 
 
-def bwrap_path() -> str | None:
-    for cand in (shutil.which("bwrap"), "/usr/bin/bwrap"):
+def system_binary(name: str) -> str | None:
+    """A system tool on PATH or in /usr/bin (bwrap, socat), or None."""
+    for cand in (shutil.which(name), f"/usr/bin/{name}"):
         if cand and os.access(cand, os.X_OK):
             return cand
     return None
+
+
+def bwrap_path() -> str | None:
+    return system_binary("bwrap")
 
 
 def mode(config) -> str:
@@ -418,8 +423,10 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
         add(dest, ["--ro-bind", str(src), str(dest)])
     for p in plan.empty:
         add(p, ["--tmpfs", str(p), "--remount-ro", str(p)])
+    bound = {plan.cwd, *plan.rw, *plan.ro}
     for dest, op in (net.mounts() if net is not None else []):
-        add(dest, op)
+        if not (op[0] == "--tmpfs" and dest in bound):     # a socket dir that is the lane's own worktree stays
+            add(dest, op)
     env = dict(env) if net is None else net.env(env)
     tmpdir = env.get("TMPDIR") or "/tmp"
     if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:
