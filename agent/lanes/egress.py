@@ -448,29 +448,32 @@ class Net:
         self.close()
 
 
+READY_FIFO = "/tmp/.agent-egress-ready"     # in the lane's private /tmp
+
+
 def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
     """sh: start socat on the lane's 127.0.0.1:PROXY_PORT (to the bound proxy socket) and, for each loopback
     ``(host, port)`` the config names, on the lane's own 127.0.0.1:port through the proxy to that host's port (a
     CLI that ignores the proxy variables reaches a local model server that way, still only through the
-    allowlist); wait until all listen (/proc/net/tcp read with shell builtins, no sleep), then exec the argv."""
-    lines = [f"{socat} TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
-             "</dev/null >/dev/null 2>&1 &"]
+    allowlist); block until each has logged "listening on" (its notices go to a fifo; ``cat`` drains the rest),
+    then exec the lane's argv.  A socat that fails ends its log, so the lane starts anyway and finds no proxy."""
+    lines = [f"mkfifo {READY_FIFO} || exec \"$@\"",
+             f"{socat} -d -d TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
+             f"</dev/null >/dev/null 2>{READY_FIFO} &"]
     ports = [PROXY_PORT]
     for host, port in forwards:
         if port in ports:
             continue
         ports.append(port)
-        lines.append(f"{socat} TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
-                     f"PROXY:127.0.0.1:{host}:{port},proxyport={PROXY_PORT} </dev/null >/dev/null 2>&1 &")
-    want = " ".join(f"0100007F:{p:04X}" for p in ports)
+        lines.append(f"{socat} -d -d TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
+                     f"PROXY:127.0.0.1:{host}:{port},proxyport={PROXY_PORT} </dev/null >/dev/null 2>{READY_FIFO} &")
     return "\n".join(lines + [
-        f'want=" {want} "; n=0',
-        "while [ $n -lt 20000 ]; do",
-        "  n=$((n+1)); got=0",
-        '  while read -r _ a _ s _; do [ "$s" = 0A ] && case "$want" in *" $a "*) got=$((got+1));; esac; '
-        "done < /proc/net/tcp",
-        f"  [ $got -ge {len(ports)} ] && break",
-        "done",
+        f"exec 3<{READY_FIFO}",
+        "n=0",
+        f'while [ $n -lt {len(ports)} ] && read -r line <&3; do case "$line" in *" listening on "*) n=$((n+1));; '
+        "esac; done",
+        "cat <&3 >/dev/null &",
+        "exec 3<&-",
         'exec "$@"', ""])
 
 
