@@ -421,8 +421,10 @@ class Net:
         return ["/bin/sh", "-c", bridge_script(self.socat, self.forwards), "agent-lane", *argv]
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in env.items() if k.lower() not in ("no_proxy", "all_proxy")}
+        env = dict(env)
         if self.socket is not None:
+            # everything goes to the proxy: an exception list would only lead to connections that fail
+            env = {k: v for k, v in env.items() if k.lower() not in ("no_proxy", "all_proxy")}
             url = f"http://127.0.0.1:{PROXY_PORT}"
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env[k] = url
