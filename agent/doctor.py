@@ -215,9 +215,10 @@ def check_config(config_path: Path, required: bool):
                  f"role(s), {len(config.sources)} source(s)"), config
 
 
-def check_network(config) -> Check:
-    """`sandbox.network: proxy` (default) needs socat; `host` is allowed but warned; `none` says what it means."""
-    from agent.lanes.egress import INSTALL_FIX, mode, socat_path
+def check_network(config, environ=None) -> Check:
+    """`sandbox.network: proxy` (default) needs socat, and a base URL a vendor is given must be on its allowlist;
+    `host` is allowed but warned; `none` says what it means."""
+    from agent.lanes.egress import INSTALL_FIX, mode, socat_path, unlisted_base_urls
     from agent.lanes.sandbox import mode as sandbox_mode
 
     net = mode(config)
@@ -235,6 +236,12 @@ def check_network(config) -> Check:
     if found is None:
         return Check("network", False, "sandbox.network: proxy, but socat is not installed: every lane refuses to "
                      "start", INSTALL_FIX)
+    unlisted = unlisted_base_urls(config, lane_vendors(config), os.environ if environ is None else environ)
+    if unlisted:
+        vendor, var, hostport = unlisted[0]
+        return Check("network", False, f"vendors.{vendor}: {var} points at {hostport}, which is not on its "
+                     "allowlist: the egress proxy refuses it and its lanes cannot reach their model",
+                     f'add "{hostport}" to vendors.{vendor}.hosts in config.yaml')
     return Check("network", True, "sandbox.network: proxy: lanes reach only their vendor's model hosts, "
                  "vendors.X.hosts and sandbox.allow_hosts, through the agent's egress proxy")
 
@@ -539,7 +546,7 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
     checks.append(cfg_check)
     if config is not None:
         checks.append(check_sandbox(config))
-        checks.append(check_network(config))
+        checks.append(check_network(config, environ))
         checks += check_lane_secrets(config)
         checks += check_roles(config)
         for vendor, roles in lane_vendors(config).items():

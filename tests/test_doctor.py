@@ -352,3 +352,18 @@ def test_doctor_warns_on_host_network(demo_home):
     edit_config(demo_home, lambda d: d.update(sandbox={"network": "none"}))
     check = by_name(doctor(demo_home))["network"]
     assert check["ok"] and not check["warn"] and "no network" in check["detail"]
+
+
+def test_doctor_names_a_base_url_the_egress_proxy_would_refuse(demo_home):
+    """A vendor given a base URL (a *_BASE_URL variable in vendors.X.env) that its allowlist does not hold: its
+    lanes could not reach their model through the proxy, so doctor says which entry to add."""
+    def vendor(d, hosts):
+        d["vendors"]["demo-implementer"]["env"] = ["ANTHROPIC_BASE_URL"]
+        d["vendors"]["demo-implementer"]["hosts"] = hosts
+    environ = {**os.environ, "ANTHROPIC_BASE_URL": "http://127.0.0.1:8089"}
+    edit_config(demo_home, lambda d: vendor(d, []))
+    check = by_name(doctor(demo_home, environ=environ))["network"]
+    assert not check["ok"] and "127.0.0.1:8089" in check["detail"], check
+    assert check["fix"] == 'add "127.0.0.1:8089" to vendors.demo-implementer.hosts in config.yaml'
+    edit_config(demo_home, lambda d: vendor(d, ["127.0.0.1:8089"]))
+    assert by_name(doctor(demo_home, environ=environ))["network"]["ok"]

@@ -34,7 +34,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent import AgentError
 
-MODES = ("proxy", "none", "host")
 PROXY_PORT = 3128                      # the bridge's port on the lane's own loopback
 SOCKET_IN_LANE = "/run/agent-egress/proxy.sock"
 INSTALL_FIX = ("install socat (`apt-get install socat`, or scripts/ci-bwrap), or set `sandbox: {network: none}` "
@@ -150,6 +149,28 @@ def allowlist(config, vendor: str | None) -> Allowlist:
     for h in [*(getattr(vc, "hosts", ()) or ()), *(getattr(config, "sandbox_allow_hosts", ()) or ())]:
         rules.append(HostRule.parse(h))
     return Allowlist(rules)
+
+
+def unlisted_base_urls(config, vendors, environ) -> list[tuple[str, str, str]]:
+    """(vendor, variable, HOST:PORT) for each base URL a vendor's lanes are given (a ``*_BASE_URL``/``*_API_BASE``
+    variable ``vendors.X.env`` passes) that its allowlist would refuse: doctor says so before a lane fails."""
+    out = []
+    for vendor in vendors:
+        vc = (getattr(config, "vendors", {}) or {}).get(vendor)
+        allow = allowlist(config, vendor)
+        for var in getattr(vc, "env", ()) or ():
+            value = environ.get(var, "")
+            if not var.endswith(("_BASE_URL", "_API_BASE")) or "://" not in value:
+                continue
+            parts = urlsplit(value)
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+            except ValueError:
+                continue
+            host = (parts.hostname or "").lower()
+            if host and not any(r.matches(host, port) for r in allow.rules):
+                out.append((vendor, var, f"{host}:{port}"))
+    return out
 
 
 # --------------------------------------------------------------------------- the proxy
@@ -501,8 +522,8 @@ def lane_network(config, vendor: str | None, *, environ=None) -> Net:
     net.socket = net._dir / "proxy.sock"
     net.socat = socat
     allow = allowlist(config, vendor)
-    net.forwards = [(r.host, r.port) for r in allow.rules
-                    if r.named and r.port and (r.host == "localhost" or (_ip(r.host) and _ip(r.host).is_loopback))]
+    net.forwards = [(r.host, r.port) for r in allow.rules       # IPv4 loopback only: socat's PROXY syntax
+                    if r.named and r.port and (r.host == "localhost" or r.host.startswith("127.") and _ip(r.host))]
     try:
         net.proxy = EgressProxy(allow, net.socket)
     except OSError:
