@@ -9,11 +9,13 @@
   its built-in vendor's model API hosts (``VENDOR_HOSTS``), ``vendors.X.hosts`` and ``sandbox.allow_hosts``.
   A built-in host that resolves to a loopback, private or link-local address is refused (a poisoned resolver
   cannot turn it into a way to the LAN); an address, ``localhost`` or a name the config lists is the operator's
-  word (that is how the scripted model server on 127.0.0.1 is reached in tests).
+  word (that is how the scripted model server on 127.0.0.1 is reached in tests).  A loopback ``HOST:PORT`` the
+  config names is also forwarded from the lane's own 127.0.0.1:PORT through the proxy (``bridge_script``), for
+  CLIs that ignore the proxy variables (grok).
 - ``none``: its own network namespace and no proxy (no network at all).
 - ``host``: the host's network (explicitly only; doctor warns).
 
-Whatever the mode, the lane never sees ``/run`` and ``/var/run`` (the PostgreSQL socket, ``/run/user/UID`` with
+Whatever the mode (under bwrap), the lane never sees ``/run`` and ``/var/run`` (the PostgreSQL socket, ``/run/user/UID`` with
 the ssh-agent and D-Bus sockets), the directory of ``$SSH_AUTH_SOCK`` and the socket directory of a configured
 PostgreSQL ledger (``hidden_socket_dirs``).  Repository checks run lane-written code: they get a network
 namespace with no proxy unless ``sandbox.network`` is ``host``.
@@ -518,7 +520,8 @@ def lane_network(config, vendor: str | None, *, environ=None) -> Net:
     socat = require(config)
     if socat is None:
         return net
-    net._dir = Path(tempfile.mkdtemp(prefix="agent-egress-"))
+    # a short path (a unix socket's is at most 107 bytes; a long TMPDIR would not do), private to the agent's user
+    net._dir = Path(tempfile.mkdtemp(prefix="agent-egress-", dir="/tmp" if os.access("/tmp", os.W_OK) else None))
     net.socket = net._dir / "proxy.sock"
     net.socat = socat
     allow = allowlist(config, vendor)
