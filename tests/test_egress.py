@@ -231,15 +231,16 @@ def test_a_lane_reaches_no_host_socket_loopback_or_lan_service(world, tmp_path, 
     through the proxy."""
     targets, pg = world
     control = _attack(tmp_path, home, ledger, targets, "none")
-    for name in ["pg0", "pg1", "ssh", "serve", "loopback", "abstract"] + (["lan"] if targets["lan"] else []):
+    pgs = [f"pg{i}" for i in range(len(targets["pg_dirs"]))]    # /run/... when this user may write there, /var/tmp
+    for name in pgs + ["ssh", "serve", "loopback", "abstract"] + (["lan"] if targets["lan"] else []):
         assert control[name].startswith("done"), (name, control)
     assert _pwned(pg), control
     with psycopg_admin(pg) as c:
         c.execute("DROP TABLE pwned_by_lane")
 
     got = _attack(tmp_path, home, ledger, targets, "bwrap")
-    for name in ["pg0", "pg1", "ssh", "serve", "serve_via_proxy", "loopback", "abstract", "connect_loopback",
-                 "connect_elsewhere"] + (["lan"] if targets["lan"] else []):
+    for name in pgs + ["ssh", "serve", "serve_via_proxy", "loopback", "abstract", "connect_loopback",
+                       "connect_elsewhere"] + (["lan"] if targets["lan"] else []):
         assert not got[name].startswith("done"), (name, got)
     assert not _pwned(pg), got
     assert "403" in got["serve_via_proxy"] and "403" in got["connect_loopback"], got
@@ -405,3 +406,22 @@ def test_the_proxy_itself(tmp_path):
         srv.shutdown()
         srv.server_close()
     assert not proxy.path.exists()
+
+
+def test_the_socket_dirs_a_lane_never_sees(tmp_path):
+    """/run (and /var/run, which leads there), the ssh-agent's dir, the socket dir of a PostgreSQL ledger however
+    its URL names it (?host=, a %2F host, PGHOST); never a system dir itself (a socket directly in /tmp is behind
+    the lane's private /tmp already), and a dir inside another hidden one only once."""
+    from agent.config import parse_config
+
+    dirs = {k: tmp_path / k for k in ("ssh", "pg-query", "pg-host", "pg-env")}
+    for d in dirs.values():
+        d.mkdir()
+    environ = {"SSH_AUTH_SOCK": str(dirs["ssh"] / "agent.1"), "PGHOST": str(dirs["pg-env"]),
+               "AGENT_LEDGER_URL": "postgresql://u@" + str(dirs["pg-host"]).replace("/", "%2F") + "/agent"}
+    config = parse_config({"ledger": {"url": f"postgresql://u@/agent?host={dirs['pg-query']}"}})
+    got = egress.hidden_socket_dirs(config, environ)
+    assert Path("/run").resolve() in got and Path("/var/run") not in got
+    assert set(dirs.values()) <= set(got), got
+    assert egress.hidden_socket_dirs(parse_config({}), {"SSH_AUTH_SOCK": "/tmp/agent.1", "PGHOST": "/var"}) == \
+        [Path("/run").resolve()]
