@@ -68,6 +68,10 @@ if targets.get("lan"):
 def abstract():
     s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect("\0" + targets["abstract"]); return "connected"
 attempt("abstract", abstract)
+def unix(path):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect(path); return "connected"
+for i, path in enumerate(targets["stray"]):
+    attempt(f"stray{i}", lambda path=path: unix(path))
 def connect_via_proxy(host_port):
     p = os.environ.get("HTTPS_PROXY", "")
     if not p:
@@ -175,9 +179,21 @@ def world(tmp_path, monkeypatch, home, ledger):
     threading.Thread(target=allowed.serve_forever, daemon=True).start()
     stops.append(lambda: (allowed.shutdown(), allowed.server_close()))
 
+    # sockets services leave outside /run: one directly in /var/tmp, one in a /var/lib service dir (MySQL's place)
+    lib = Path(tempfile.mkdtemp(prefix="agent-test-", dir="/var/lib" if os.access("/var/lib", os.W_OK) else "/var/tmp"))
+    lib.chmod(0o755)
+    stops.append(lambda: shutil.rmtree(lib, ignore_errors=True))
+    stray = [Path(f"/var/tmp/agent-test-{os.getpid()}-{id(lib)}.sock"), lib / "mysqld.sock"]
+    for path in stray:
+        u = socket.socket(socket.AF_UNIX)
+        u.bind(str(path))
+        os.chmod(path, 0o777)
+        u.listen(16)
+        stops.append(lambda u=u, path=path: (u.close(), path.unlink(missing_ok=True)))
+
     targets = {"pg_dirs": [str(d) for d in made], "pg_port": pg.port, "ssh": str(sock), "serve": serve.url,
                "tcp_port": tcp.getsockname()[1], "lan": _lan_ip(), "abstract": abstract_name,
-               "allowed": f"http://127.0.0.1:{allowed.server_address[1]}"}
+               "allowed": f"http://127.0.0.1:{allowed.server_address[1]}", "stray": [str(p) for p in stray]}
     try:
         yield targets, pg
     finally:
@@ -225,21 +241,22 @@ def _pwned(pg) -> bool:
 def test_a_lane_reaches_no_host_socket_loopback_or_lan_service(world, tmp_path, home, ledger):
     """Issue 23 case 3, each attack as the old main allowed it: the control run (no sandbox) reaches the PostgreSQL
     ledger through its sockets (in /run and in the dir the ledger URL names) and writes a table, lists the
-    ssh-agent's key, reads `agent serve`'s page, connects to loopback, LAN and abstract-socket services.  In the
+    ssh-agent's key, connects to sockets other services left in /var/tmp and /var/lib, reads `agent serve`'s page, connects to loopback, LAN and abstract-socket services.  In the
     sandbox (default `sandbox.network: proxy`) every one fails, the proxy refuses CONNECT to loopback and to an
     unlisted host (and the runner records what it refused), and the one host the vendor's config names is reached
     through the proxy."""
     targets, pg = world
     control = _attack(tmp_path, home, ledger, targets, "none")
     pgs = [f"pg{i}" for i in range(len(targets["pg_dirs"]))]    # /run/... when this user may write there, /var/tmp
-    for name in pgs + ["ssh", "serve", "loopback", "abstract"] + (["lan"] if targets["lan"] else []):
+    strays = [f"stray{i}" for i in range(len(targets["stray"]))]
+    for name in pgs + strays + ["ssh", "serve", "loopback", "abstract"] + (["lan"] if targets["lan"] else []):
         assert control[name].startswith("done"), (name, control)
     assert _pwned(pg), control
     with psycopg_admin(pg) as c:
         c.execute("DROP TABLE pwned_by_lane")
 
     got = _attack(tmp_path, home, ledger, targets, "bwrap")
-    for name in pgs + ["ssh", "serve", "serve_via_proxy", "loopback", "abstract", "connect_loopback",
+    for name in pgs + strays + ["ssh", "serve", "serve_via_proxy", "loopback", "abstract", "connect_loopback",
                        "connect_elsewhere"] + (["lan"] if targets["lan"] else []):
         assert not got[name].startswith("done"), (name, got)
     assert not _pwned(pg), got

@@ -17,7 +17,8 @@
 
 Whatever the mode (under bwrap), the lane never sees ``/run`` and ``/var/run`` (the PostgreSQL socket, ``/run/user/UID`` with
 the ssh-agent and D-Bus sockets), the directory of ``$SSH_AUTH_SOCK`` and the socket directory of a configured
-PostgreSQL ledger (``hidden_socket_dirs``).  Repository checks run lane-written code: they get a network
+PostgreSQL ledger (``hidden_socket_dirs``), and sockets other services left in ``/var/tmp``, ``/var/lib`` and
+``/var/spool`` are blanked (``host_sockets``).  Repository checks run lane-written code: they get a network
 namespace with no proxy unless ``sandbox.network`` is ``host``.
 """
 
@@ -415,12 +416,46 @@ def hidden_socket_dirs(config, environ=None) -> list[Path]:
     return out
 
 
+# Shared places outside /run where services leave unix sockets (a MySQL socket in /var/lib/mysql, an ssh-agent or
+# a tool's socket in /var/tmp): scanned this many levels down when a lane starts, each socket found blanked.
+SOCKET_SCAN = (("/var/tmp", 2), ("/var/lib", 2), ("/var/spool", 2))
+
+
+def host_sockets(hidden: list[Path], scan=SOCKET_SCAN) -> list[Path]:
+    """Unix socket files in ``scan``'s directories (not inside ``hidden``), to bind ``/dev/null`` over: a socket
+    stays connectable through a read-only mount, a device node in its place cannot be connected to."""
+    import stat
+
+    out: list[Path] = []
+
+    def walk(d: str, depth: int) -> None:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            return
+        for e in entries:
+            try:                        # the entry's type from the directory itself: a stat only for the odd ones
+                if e.is_dir(follow_symlinks=False):
+                    if depth > 1:
+                        walk(e.path, depth - 1)
+                elif not e.is_file(follow_symlinks=False) and not e.is_symlink() and \
+                        stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode):
+                    out.append(Path(e.path))
+            except OSError:
+                continue
+
+    for root, depth in scan:
+        walk(root, depth)
+    return [p for p in out if not any(h == p.parent or h in p.parents for h in hidden)]
+
+
 @dataclass
 class Net:
     """What ``sandbox.wrap`` adds for the network: ``--unshare-net``, the hidden socket dirs and, in proxy mode,
     the proxy's socket and the bridge in front of the lane's argv."""
     mode: str
     hide: list[Path] = field(default_factory=list)
+    blank: list[Path] = field(default_factory=list)        # host socket files: /dev/null bound over each
     socket: Path | None = None
     socat: str | None = None
     proxy: EgressProxy | None = None
@@ -434,6 +469,7 @@ class Net:
         """(destination, bwrap option) pairs, sorted with the plan's mounts by depth: an empty tmpfs over each
         hidden socket dir, then the proxy's socket bound in."""
         out = [(p, ["--tmpfs", str(p)]) for p in self.hide]
+        out += [(p, ["--ro-bind", "/dev/null", str(p)]) for p in self.blank]
         if self.socket is not None:
             out.append((Path(SOCKET_IN_LANE), ["--ro-bind", str(self.socket), SOCKET_IN_LANE]))
         return out
@@ -516,7 +552,7 @@ def require(config) -> str | None:
 def lane_network(config, vendor: str | None, *, environ=None) -> Net:
     """Start what one sandboxed lane turn's network needs (close it when the turn ends)."""
     m = mode(config)
-    net = Net(mode=m, hide=hidden_socket_dirs(config, environ))
+    net = _hiding(m, config, environ)
     socat = require(config)
     if socat is None:
         return net
@@ -538,4 +574,9 @@ def lane_network(config, vendor: str | None, *, environ=None) -> Net:
 def check_network(config, environ=None) -> Net:
     """A repository check's network: none (its own namespace, no proxy) unless ``sandbox.network: host``."""
     m = "host" if mode(config) == "host" else "none"
-    return Net(mode=m, hide=hidden_socket_dirs(config, environ))
+    return _hiding(m, config, environ)
+
+
+def _hiding(m: str, config, environ) -> Net:
+    hide = hidden_socket_dirs(config, environ)
+    return Net(mode=m, hide=hide, blank=host_sockets(hide))
