@@ -47,7 +47,7 @@ VENDOR_HOSTS: dict[str, tuple[str, ...]] = {
     "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
     "claude": ("api.anthropic.com", "console.anthropic.com"),
     "aider": ("api.openai.com", "api.anthropic.com"),
-    "opencode": ("api.openai.com", "api.anthropic.com", "opencode.ai"),
+    "opencode": ("api.openai.com", "api.anthropic.com", "opencode.ai", "models.dev"),
     "gemini": ("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"),
     "grok": ("api.x.ai",),
 }
