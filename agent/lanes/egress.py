@@ -472,6 +472,7 @@ class Net:
         out += [(p, ["--ro-bind", "/dev/null", str(p)]) for p in self.blank]
         if self.socket is not None:
             out.append((Path(SOCKET_IN_LANE), ["--ro-bind", str(self.socket), SOCKET_IN_LANE]))
+            out.append((Path(READY_FIFO), ["--ro-bind", str(self.socket.parent / "ready"), READY_FIFO]))
         return out
 
     def argv(self, argv: list[str]) -> list[str]:
@@ -509,7 +510,7 @@ class Net:
         self.close()
 
 
-READY_FIFO = "/tmp/.agent-egress-ready"     # in the lane's private /tmp
+READY_FIFO = "/run/agent-egress/ready"      # a fifo the agent makes per turn (no mkfifo process in the lane)
 
 
 def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
@@ -518,8 +519,7 @@ def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
     CLI that ignores the proxy variables reaches a local model server that way, still only through the
     allowlist); block until each has logged "listening on" (its notices go to a fifo; ``cat`` drains the rest),
     then exec the lane's argv.  A socat that fails ends its log, so the lane starts anyway and finds no proxy."""
-    lines = [f"mkfifo {READY_FIFO} || exec \"$@\"",
-             f"{socat} -d -d TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
+    lines = [f"{socat} -d -d TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
              f"</dev/null >/dev/null 2>{READY_FIFO} &"]
     ports = [PROXY_PORT]
     for host, port in forwards:
@@ -564,6 +564,7 @@ def lane_network(config, vendor: str | None, *, environ=None) -> Net:
     net.forwards = [(r.host, r.port) for r in allow.rules       # IPv4 loopback only: socat's PROXY syntax
                     if r.named and r.port and (r.host == "localhost" or r.host.startswith("127.") and _ip(r.host))]
     try:
+        os.mkfifo(net._dir / "ready", 0o600)
         net.proxy = EgressProxy(allow, net.socket)
     except OSError:
         net.close()
