@@ -442,3 +442,41 @@ def test_the_socket_dirs_a_lane_never_sees(tmp_path):
     assert set(dirs.values()) <= set(got), got
     assert egress.hidden_socket_dirs(parse_config({}), {"SSH_AUTH_SOCK": "/tmp/agent.1", "PGHOST": "/var"}) == \
         [Path("/run").resolve()]
+
+
+@needs_sandbox
+def test_the_bridge_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
+    """The bridge's socat logs a few lines per connection and nobody reads them after it is up: 150 connections
+    through it (past a pipe's 64 KiB of notices, ~800 bytes each) all get their answer, and the lane runs with SIGPIPE at its
+    default (socat alone ignores it)."""
+    from agent.config import Config, VendorConfig
+    from agent.lanes.sandbox import lane_plan, require, wrap
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    probe = (
+        "import os, socket\n"
+        "ok = 0\n"
+        "for _ in range(150):\n"
+        f"    s = socket.create_connection(('127.0.0.1', {egress.PROXY_PORT}), timeout=10)\n"
+        f"    s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n')\n"
+        "    ok += s.recv(100).startswith(b'HTTP/1.1 200')\n"
+        "    s.close()\n"
+        "print('ok', ok)\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('SigIgn')][0].split()[1])\n")
+    (tmp_path / "wt").mkdir()
+    config = Config(vendors={"x": VendorConfig(name="x", hosts=(f"127.0.0.1:{port}",))})
+    plan = lane_plan(cwd=tmp_path / "wt", writable=True, agent_home=tmp_path / "home", run_dir=tmp_path / "wt",
+                     spec_paths=[], state_paths=[], extra_writable=[])
+    try:
+        with egress.lane_network(config, "x") as net:
+            argv, env = wrap(require(config), ["/bin/sh", "-c", f"grep SigIgn /proc/self/status; "
+                                               f"exec {sys.executable} -c \"$0\"", probe], plan,
+                             {"PATH": "/usr/bin:/bin"}, net)
+            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "ok 150" in r.stdout, (r.stdout, r.stderr[-500:])
+    assert "SigIgn:\t0000000000000000" in r.stdout, r.stdout       # the lane's shell: nothing ignored

@@ -517,9 +517,11 @@ def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
     """sh: start socat on the lane's 127.0.0.1:PROXY_PORT (to the bound proxy socket) and, for each loopback
     ``(host, port)`` the config names, on the lane's own 127.0.0.1:port through the proxy to that host's port (a
     CLI that ignores the proxy variables reaches a local model server that way, still only through the
-    allowlist); block until each has logged "listening on" (its notices go to a fifo; ``cat`` drains the rest),
-    then exec the lane's argv.  A socat that fails ends its log, so the lane starts anyway and finds no proxy."""
-    lines = [f"{socat} -d -d TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
+    allowlist); block until each has logged "listening on" to the ready fifo, then exec the lane's argv.  socat
+    starts with SIGPIPE ignored, so once the fifo has no reader its later notices just fail (EPIPE); the lane gets
+    the default disposition back.  A socat that fails ends its log, so the lane starts anyway and finds no proxy."""
+    lines = ["trap '' PIPE",
+             f"{socat} -d -d TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
              f"</dev/null >/dev/null 2>{READY_FIFO} &"]
     ports = [PROXY_PORT]
     for host, port in forwards:
@@ -533,8 +535,8 @@ def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
         "n=0",
         f'while [ $n -lt {len(ports)} ] && read -r line <&3; do case "$line" in *" listening on "*) n=$((n+1));; '
         "esac; done",
-        "cat <&3 >/dev/null &",
         "exec 3<&-",
+        "trap - PIPE",
         'exec "$@"', ""])
 
 
