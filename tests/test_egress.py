@@ -241,10 +241,10 @@ def _pwned(pg) -> bool:
 def test_a_lane_reaches_no_host_socket_loopback_or_lan_service(world, tmp_path, home, ledger):
     """Issue 23 case 3, each attack as the old main allowed it: the control run (no sandbox) reaches the PostgreSQL
     ledger through its sockets (in /run and in the dir the ledger URL names) and writes a table, lists the
-    ssh-agent's key, connects to sockets other services left in /var/tmp and /var/lib, reads `agent serve`'s page, connects to loopback, LAN and abstract-socket services.  In the
-    sandbox (default `sandbox.network: proxy`) every one fails, the proxy refuses CONNECT to loopback and to an
-    unlisted host (and the runner records what it refused), and the one host the vendor's config names is reached
-    through the proxy."""
+    ssh-agent's key, connects to sockets other services left in /var/tmp and /var/lib, reads `agent serve`'s page,
+    connects to loopback, LAN and abstract-socket services.  In the sandbox (default `sandbox.network: proxy`)
+    every one fails, the proxy refuses CONNECT to loopback and to an unlisted host (and the runner records what it
+    refused), and the one host the vendor's config names is reached through the proxy."""
     targets, pg = world
     control = _attack(tmp_path, home, ledger, targets, "none")
     pgs = [f"pg{i}" for i in range(len(targets["pg_dirs"]))]    # /run/... when this user may write there, /var/tmp
@@ -447,8 +447,8 @@ def test_the_socket_dirs_a_lane_never_sees(tmp_path):
 @needs_sandbox
 def test_the_bridge_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
     """The bridge's socat logs a few lines per connection and nobody reads them after it is up: 150 connections
-    through it (past a pipe's 64 KiB of notices, ~800 bytes each) all get their answer, and the lane runs with SIGPIPE at its
-    default (socat alone ignores it)."""
+    through it (past a pipe's 64 KiB of notices, ~800 bytes each) all get their answer, and the lane runs with
+    SIGPIPE at its default (socat alone ignores it)."""
     from agent.config import Config, VendorConfig
     from agent.lanes.sandbox import lane_plan, require, wrap
 

@@ -15,11 +15,11 @@
 - ``none``: its own network namespace and no proxy (no network at all).
 - ``host``: the host's network (explicitly only; doctor warns).
 
-Whatever the mode (under bwrap), the lane never sees ``/run`` and ``/var/run`` (the PostgreSQL socket, ``/run/user/UID`` with
-the ssh-agent and D-Bus sockets), the directory of ``$SSH_AUTH_SOCK`` and the socket directory of a configured
-PostgreSQL ledger (``hidden_socket_dirs``), and sockets other services left in ``/var/tmp``, ``/var/lib`` and
-``/var/spool`` are blanked (``host_sockets``).  Repository checks run lane-written code: they get a network
-namespace with no proxy unless ``sandbox.network`` is ``host``.
+Whatever the mode (under bwrap), the lane never sees ``/run`` and ``/var/run`` (the PostgreSQL socket,
+``/run/user/UID`` with the ssh-agent and D-Bus sockets), the directory of ``$SSH_AUTH_SOCK`` and the socket
+directory of a configured PostgreSQL ledger (``hidden_socket_dirs``); sockets other services left in
+``/var/tmp``, ``/var/lib`` and ``/var/spool`` are blanked (``host_sockets``).  Repository checks run lane-written
+code: they get a network namespace with no proxy unless ``sandbox.network`` is ``host``.
 """
 
 from __future__ import annotations
