@@ -38,6 +38,7 @@ class RepoConfig:
     check: str | None = None
     branch_prefix: str = "agent/fix-"
     blocked_paths: tuple[str, ...] = (".github/", ".agent/")
+    allow_bidi: bool = False       # a round whose change adds bidi control characters is rejected unless true
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,13 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+    max_per_scan: int = 10        # decider lanes one scan runs at most (each under the daily budget)
+
+
+@dataclass(frozen=True)
+class FeedbackConfig:
+    ci_wait: int = 3600                       # seconds a pushed head may have no CI result before that is reported
+    ci_apps: tuple[str, ...] = ("github-actions",)   # GitHub Apps whose check runs count as the PR's CI
 
 
 @dataclass(frozen=True)
@@ -207,6 +215,7 @@ class Config:
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     sandbox_network: str = "proxy"           # sandbox.network: proxy | none | host (agent.lanes.egress)
@@ -217,11 +226,11 @@ class Config:
     lessons: LessonsConfig = LessonsConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
-    def repo_for_service(self, service: str | None) -> RepoConfig | None:
-        for repo in self.repos.values():
-            if service and service in repo.services:
-                return repo
-        return None
+    def repo_for_service(self, service: str | None, hint: str | None = None) -> RepoConfig | None:
+        """The repository whose ``services`` lists ``service``: only config maps a service to a repository. An
+        event's own ``repo`` field (a Sentry tag, a JSONL field) is a ``hint`` that only picks among those."""
+        serving = [repo for repo in self.repos.values() if service and service in repo.services]
+        return next((r for r in serving if r.name == hint), serving[0] if serving else None)
 
     def lane(self, role: str, repo: "RepoSettings | None" = None) -> LaneConfig | None:
         if repo is not None and role in repo.lanes:
@@ -334,12 +343,13 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
                                "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
-                               "lessons"))
+                               "lessons", "feedback"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
-        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
+                               "allow_bidi"))
         nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
         if (not isinstance(name, str) or not all(name.split("/"))
                 or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
@@ -354,6 +364,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             check=v.opt_string(d.get("check"), f"{p}.check"),
             branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
             blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
+            allow_bidi=v.boolean(d.get("allow_bidi", False), f"{p}.allow_bidi"),
         )
 
     lanes = _lanes(v, top.get("lanes"), "lanes")
@@ -402,12 +413,17 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
+    fd = v.mapping(top.get("feedback"), "feedback", ("ci_wait", "ci_apps"))
+    feedback = FeedbackConfig(
+        ci_wait=v.integer(fd.get("ci_wait", FeedbackConfig.ci_wait), "feedback.ci_wait", 1),
+        ci_apps=v.strings(fd["ci_apps"], "feedback.ci_apps") if "ci_apps" in fd else FeedbackConfig.ci_apps)
 
-    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
+    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
     decide = DecideConfig(
         auto=v.boolean(dd.get("auto", False), "decide.auto"),
         min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
         max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
+        max_per_scan=v.integer(dd.get("max_per_scan", DecideConfig.max_per_scan), "decide.max_per_scan", 1),
     )
 
     gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
@@ -471,7 +487,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   sandbox_network=network, sandbox_allow_hosts=allow_hosts,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
@@ -761,6 +777,9 @@ DEFAULT_CONFIG = """\
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
+# feedback:
+#   ci_wait: 3600                 # seconds a pushed PR head may have no CI result before that is reported
+#   ci_apps: [github-actions]     # GitHub Apps whose check runs count as the PR's CI (others are ignored)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
@@ -775,7 +794,7 @@ DEFAULT_CONFIG = """\
 #   per_service: 5             # accepted lessons per spec (same service or error), newest first
 #   max_chars: 300             # a longer LESSON is refused, like one holding a URL or a command
 
-# decide: {auto: false, min_count: 3, max_age_days: 14}
+# decide: {auto: false, min_count: 3, max_age_days: 14, max_per_scan: 10}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
