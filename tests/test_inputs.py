@@ -50,9 +50,8 @@ def test_1_a_config_that_is_not_utf8_leaves_status_task_list_and_doctor_working(
     at = bad.index(b"\xe9")
 
     r = agent_proc("status")
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "config BROKEN" in r.stdout and f"not valid UTF-8 at byte {at}" in r.stdout, r.stdout
-    assert "errors open 1" in r.stdout
+    assert r.returncode == 0 and "errors open 1" in r.stdout
+    assert f"config.yaml: not valid UTF-8 at byte {at}" in one_line(r.stderr)
     data = json.loads(agent_proc("status", "--json").stdout)
     assert f"byte {at}" in data["config_error"] and data["errors"]["open"] == 1
 

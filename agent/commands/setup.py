@@ -37,15 +37,17 @@ def status(as_json, html_file):
     """
     from pathlib import Path
 
-    from agent.status import gather, render_html, render_text
+    from agent.status import gather, render_html, render_text, status_config, write_page
 
     app = get_app()
-    ledger = app.ledger
-    data = gather(ledger, app.home)
-    data["config_error"] = app.config_problem()   # status works without the config, and says it is broken
+    ledger = app.ledger   # first: a config that hides where the ledger is refuses in one line
+    config, problem = status_config(app)
+    if problem:
+        click.echo(f"status: {problem}", err=True)
+    data = gather(ledger, app.home, config=config)
+    data["config_error"] = problem   # status works without the config (the line above said so); JSON says it too
     if html_file:
-        Path(html_file).write_text(render_html(ledger, data), encoding="utf-8")
-        data["html"] = str(Path(html_file).resolve())
+        data["html"] = write_page(Path(html_file), render_html(ledger, data))
     emit(data, as_json, lambda d: click.echo(render_text(d) + (f"\n\nwrote {d['html']}" if html_file else "")))
 
 
