@@ -935,7 +935,7 @@ def parse(text: str, fmt: str = "auto", *, service: str | None = None, environme
     return result
 
 
-_ERRORISH = re.compile(r"(?i)\b(?:error|exception|traceback|fatal|panic|critical)\b|[a-z](?:Error|Exception)\b")
+_ERRORISH = re.compile(r"\b(?i:error|exception|traceback|fatal|panic|critical)\b|[a-z](?:Error|Exception)\b")
 
 
 def nothing_found(text: str, fmt: str) -> tuple[str, bool]:
