@@ -17,7 +17,7 @@ from typing import Callable
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
                echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
     from agent import AgentError
-    from agent.fence import beat
+    from agent.fence import beat, stop
     from agent.ledger.leases import claim_lease_s
     from agent.scans import SCANS, news, run_scan
     from agent.shutdown import STOP, graceful_stop
@@ -29,7 +29,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
         with graceful_stop(echo, who="daemon"):
             while not STOP.is_set():
                 try:  # one heartbeat per tick: `agent runners` shows this runner alive
-                    beat(app.ledger, app.home)
+                    beat(app.ledger, app.home, echo)
                 except Exception as exc:  # a busy or unreachable ledger must not stop the daemon
                     echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
                 try:  # pick up edits; a broken edit skips this pass and says why, the daemon keeps running
@@ -56,12 +56,13 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                     if time.monotonic() >= next_beat:  # a long --interval never makes this runner look stale
                         next_beat = time.monotonic() + claim_lease_s()
                         try:
-                            beat(app.ledger, app.home)
+                            beat(app.ledger, app.home, echo)
                         except Exception as exc:  # noqa: BLE001 - as above
                             echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
     finally:
         if server is not None:
             server.close()
+    stop(app.ledger, app.home)   # a clean stop: `agent runners` shows this runner stopped, not dead
     echo(f"daemon: stopped after {ticks} pass(es)")
     return ticks
 

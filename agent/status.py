@@ -62,7 +62,7 @@ def runners_shown(ledger: Ledger) -> list[dict] | None:
     from agent.fence import runners
 
     found = runners(ledger)
-    if len(found) > 1 or any(not r["alive"] for r in found):
+    if len(found) > 1 or any(r["state"] in ("dead", "silent") or r["clock_skewed"] for r in found):
         return found
     return None
 
@@ -86,13 +86,17 @@ def _lease_text(task: dict, now: float) -> str:
 
     if not task["lease_until"]:
         return "no lease"
+    if task.get("lease_left_s") is not None:   # judged on the ledger's clock (fence.runner_view)
+        left = float(task["lease_left_s"])
+        return f"lease expired {ago(-left)} ago" if left < 0 else f"lease {ago(left)} left"
     until = datetime.strptime(task["lease_until"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
     return f"lease expired {ago(now - until)} ago" if until < now else f"lease {ago(until - now)} left"
 
 
 def _named_lease_text(lease: dict, now: float) -> str:
     """``expired 3m ago`` or ``1m left``."""
-    return _lease_text({"lease_until": lease["until"]}, now).replace("lease ", "", 1)
+    return _lease_text({"lease_until": lease["until"], "lease_left_s": lease.get("left_s")}, now).replace(
+        "lease ", "", 1)
 
 
 def held_text(runner: dict, now: float) -> str:
@@ -111,10 +115,13 @@ def runner_lines(runners: list[dict], now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     lines = []
     for r in runners:
-        state = "alive" if r["alive"] else "STALE"
+        state = r["state"] if r["state"] in ("alive", "stopped") else r["state"].upper()
         beat = f"heartbeat {ago(r['heartbeat_age_s'])} ago" if r["heartbeat_at"] else "never registered"
         where = f"  {r['host']}  {r['home']}  pid {r['pid']}" if r["host"] else ""
         lines.append(f"  {r['id']}  {state}  {beat}{where}")
+        lines.append(f"    {r['why']}")
+        if r["clock_skewed"]:
+            lines.append(f"    CLOCK: {r['clock_offset_s']:+.1f}s off the ledger's clock (more than 5s)")
         if not r["tasks"]:
             lines.append("    holds no task")
         for t in r["tasks"]:
@@ -153,8 +160,8 @@ def render_text(data: dict) -> str:
         for p in data["open_prs"]:
             lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}: {p['url']}")
     if data.get("runners"):
-        stale = sum(1 for r in data["runners"] if not r["alive"])
-        lines.append(f"\nrunners ({len(data['runners'])}{f', {stale} stale' if stale else ''}):")
+        stale = sum(1 for r in data["runners"] if r["state"] in ("dead", "silent"))
+        lines.append(f"\nrunners ({len(data['runners'])}{f', {stale} dead or silent' if stale else ''}):")
         lines.extend(runner_lines(data["runners"]))
     return "\n".join(lines)
 
@@ -204,8 +211,8 @@ def render_html(ledger: Ledger, data: dict) -> str:
                                + [f"lease {e(lease['name'])}: {e(_named_lease_text(lease, now))}"
                                   for lease in r.get("leases", [])])
             beat = f"{ago(r['heartbeat_age_s'])} ago" if r["heartbeat_at"] else "never"
-            out.append(f"<tr class='{'' if r['alive'] else 'failed'}'><td>{e(r['id'])}</td>"
-                       f"<td>{'alive' if r['alive'] else 'stale'}</td><td>{e(beat)}</td><td>{e(r['host'] or '')}</td>"
+            out.append(f"<tr class='{'failed' if r['state'] in ('dead', 'silent') else ''}'><td>{e(r['id'])}</td>"
+                       f"<td title='{e(r['why'])}'>{e(r['state'])}</td><td>{e(beat)}</td><td>{e(r['host'] or '')}</td>"
                        f"<td>{e(r['home'] or '')}</td><td>{r['pid'] or ''}</td><td>{held or 'none'}</td></tr>")
         out.append("</table>")
     out.append("<h2>Tasks</h2>")

@@ -32,12 +32,12 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """Under --ledger=postgres, tests about the SQLite file itself (``sqlite_only``) are deselected, not skipped:
-    they ran in the SQLite pass, and a skip in CI means something could not run."""
-    if config.getoption("--ledger") != "postgres":
-        return
+    they ran in the SQLite pass, and a skip in CI means something could not run. Likewise tests of what only a
+    server ledger has (``postgres_only``: its own clock, apart from a runner's) are deselected in the SQLite pass."""
+    other = "sqlite_only" if config.getoption("--ledger") == "postgres" else "postgres_only"
     keep, drop = [], []
     for item in items:
-        (drop if item.get_closest_marker("sqlite_only") is not None else keep).append(item)
+        (drop if item.get_closest_marker(other) is not None else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, runner_id, runners, take
+from agent.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, pid_scope, runner_id, runners, take
 from agent.ledger import Ledger, ledger_path
 from agent.tasks import ClaimLost, LeaseLost, claimed_tx, create_task, note_wait, set_step, start_next_round, \
     transition
@@ -90,7 +90,8 @@ def test_every_scan_registers_then_beats_the_runner(agent, home):
     first = agent.json("runners")
     assert [r["id"] for r in first] == [runner_id(home)]
     r = first[0]
-    assert r["host"] == os.uname().nodename and r["home"] == str(home.resolve()) and r["alive"] is True
+    assert r["host"] == os.uname().nodename and r["home"] == str(home.resolve())
+    assert r["state"] == "stopped" and r["alive"] is False   # the watch run ended cleanly
     assert r["tasks"] == [] and r["heartbeat_at"].endswith("Z") and r["pid"] > 0
     led = Ledger.open(ledger_path(home), create=False)
     try:
@@ -150,16 +151,17 @@ def test_agent_runners_shows_each_runner_its_heartbeat_and_the_tasks_it_holds(sh
     for key in ("id", "host", "home", "pid", "heartbeat_at", "heartbeat_age_s", "alive", "tasks"):
         assert key in rows[ra]
     text = agent("runners").stdout
-    assert f"{ra}  alive  heartbeat " in text and f"{rb}  STALE  heartbeat 1h00m ago" in text
+    assert f"{ra}  alive  heartbeat " in text and f"{rb}  SILENT  heartbeat 1h00m ago" in text
+    assert "runs but has not beaten for 1h00m" in text
     assert f"task {t1} (open): lease " in text and f"task {t2} (open): lease expired " in text
     # ... and `agent status`: a Runners section in text, JSON and the HTML page
     status = agent("status").stdout
-    assert "runners (2, 1 stale):" in status and f"{rb}  STALE" in status
+    assert "runners (2, 1 dead or silent):" in status and f"{rb}  SILENT" in status
     assert {r["id"] for r in agent.json("status")["runners"]} == {ra, rb}
     page = a_home / "status.html"
     assert agent("status", "--html", str(page)).exit_code == 0
     html = page.read_text()
-    assert "<h2>Runners</h2><table id='runners'>" in html and rb in html and "stale" in html
+    assert "<h2>Runners</h2><table id='runners'>" in html and rb in html and ">silent<" in html
 
 
 def test_status_of_a_single_live_runner_has_no_runners_section(agent, home):
@@ -205,8 +207,9 @@ def test_a_live_lease_on_another_host_is_never_taken_early(ledger):
                   "fence = 7, claim_runner = 'elsewhere:00000000', lease_until = ? WHERE id = ?",
                   (time.time() + 600, tid))
     assert claim(ledger, tid) is None
-    with ledger.tx() as c:  # the same on this host with a dead pid: reclaimed at once, as before
-        c.execute("UPDATE tasks SET claim_owner = ? WHERE id = ?", (f"{os.uname().nodename}:999999999:1", tid))
+    with ledger.tx() as c:  # the same in this pid scope (this machine) with a dead pid: reclaimed at once
+        c.execute("UPDATE tasks SET claim_owner = ?, claim_scope = ? WHERE id = ?",
+                  (f"{os.uname().nodename}:999999999:1", pid_scope(), tid))
     got = take(ledger, tid)
     assert got.fence == 8 and got.token == "8" and got.previous_runner == "elsewhere:00000000"
 

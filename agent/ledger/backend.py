@@ -134,6 +134,10 @@ class Dialect:
     name = "sqlite"
     for_update_skip_locked = ""        # appended to a SELECT that claims rows (PostgreSQL: FOR UPDATE SKIP LOCKED)
     for_update = ""                    # appended to a SELECT whose rows the transaction will update
+    # The ledger's clock in epoch seconds, read by the statement that uses it: lease deadlines are set and compared
+    # with it, never with a runner's clock (SQLite: the one machine's; PostgreSQL: the server's, at the moment the
+    # statement runs, so a transaction that waited for the write lock does not use its start time).
+    clock = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def greatest(self, *exprs: str) -> str:
         """The largest of several values (SQLite's scalar max(a, b), PostgreSQL's GREATEST)."""
@@ -159,6 +163,7 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     for_update_skip_locked = " FOR UPDATE SKIP LOCKED"
     for_update = " FOR UPDATE"
+    clock = "(EXTRACT(EPOCH FROM clock_timestamp())::float8)"
 
     def greatest(self, *exprs: str) -> str:
         return f"GREATEST({', '.join(exprs)})"
