@@ -124,8 +124,18 @@ def pid_scope() -> str:
     return _SCOPE
 
 
+_MACHINE: str | None = None
+
+
 def machine_id() -> str:
     """The machine's id (``/etc/machine-id``), or "" where there is none (some containers)."""
+    global _MACHINE
+    if _MACHINE is None:
+        _MACHINE = _read_machine_id()
+    return _MACHINE
+
+
+def _read_machine_id() -> str:
     for path in MACHINE_ID_FILES:
         try:
             with open(path) as fh:
@@ -138,7 +148,7 @@ def machine_id() -> str:
 
 
 def home_id(home: Path | str, create: bool = False) -> str:
-    """The random id kept in the home (``runner.id``, made at the runner's first start when ``create``): two
+    """The random id kept in the home (``runner.id``, made the first time the home's runner id is asked): two
     machines or containers with the same hostname, machine id (a cloned image) and home path still differ by it.
     Read without following links; "" when there is none (yet)."""
     path = Path(home).expanduser() / HOME_ID_FILE
@@ -164,7 +174,7 @@ def home_id(home: Path | str, create: bool = False) -> str:
     return made
 
 
-def runner_id(home: Path | str, create: bool = False) -> str:
+def runner_id(home: Path | str, create: bool = True) -> str:
     """This runner's id: ``$AGENT_RUNNER_ID`` if set, else ``<hostname>:<CRC-32 of the machine id, the home's
     random id and the home's path, 8 hex>``: one home on one machine is one runner; two homes on one machine, or
     two machines (or containers) with the same hostname and home path, are two runners."""
@@ -193,7 +203,9 @@ def _default_runner(ledger: Ledger) -> str:
     where = getattr(ledger, "location", None) or getattr(ledger, "path", None)
     if os.environ.get(RUNNER_ENV) is None and not isinstance(where, Path) and _PROCESS_RUNNER:
         return _PROCESS_RUNNER
-    return runner_id(where.parent if isinstance(where, Path) else Path.cwd())
+    if isinstance(where, Path):
+        return runner_id(where.parent)
+    return runner_id(Path.cwd(), create=False)   # never leaves a file in the working directory
 
 
 def reopen(ledger: Ledger) -> Ledger:
@@ -220,7 +232,7 @@ def beat(ledger: Ledger, home: Path | str, echo=None) -> str:
     from agent.proc import start_time
 
     global _PROCESS_RUNNER, _SKEW_LOGGED
-    rid = runner_id(home, create=True)
+    rid = runner_id(home)
     _PROCESS_RUNNER = rid
     got = ledger.beat_runner({"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
                               "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__,
@@ -520,7 +532,7 @@ def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | N
     worker = threading.get_ident()
     lease_s = lease_s or claim_lease_s()
     runner = runner or (runner_id(Path(ledger_path).parent) if isinstance(ledger_path, Path) else
-                        _PROCESS_RUNNER or runner_id(Path.cwd()))
+                        _PROCESS_RUNNER or runner_id(Path.cwd(), create=False))
 
     def lost() -> None:
         keeper.lost.set()

@@ -320,3 +320,88 @@ def stop_runners(procs: list[subprocess.Popen]) -> None:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             kill_group(proc)
+
+
+class CuttableProxy:
+    """A real TCP proxy on 127.0.0.1 in front of the PostgreSQL server, for an outage a test can place exactly:
+    ``cut()`` drops every open connection and refuses new ones (what a runner sees when the server stops or the
+    network goes), ``restore()`` lets them through again. ``url(url)`` is the same URL through the proxy."""
+
+    def __init__(self, host: str, port: int):
+        import socket
+        import threading
+
+        self.target = (host, port)
+        self.up = True
+        self.lock = threading.Lock()
+        self.conns: list = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, url: str) -> str:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)
+        auth = netloc[0] + "@" if len(netloc) == 2 else ""
+        return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{self.port}"))
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.up = False
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()

@@ -54,7 +54,8 @@ rid = beat(led, home)
 beat(led, home)                     # logs the skew once, not at every beat
 stolen = take(led, held, runner=rid)
 own = take(led, free, runner=rid)
-left = led.scalar("SELECT lease_until FROM tasks WHERE id = ?", (free,)) - led.clock_now()
+left = led.scalar("SELECT lease_until - EXTRACT(EPOCH FROM clock_timestamp())::float8 FROM tasks WHERE id = ?",
+                  (free,)) if own else None
 named = led.take_lease("pr-open", f"skewed:1:1@{rid}", rid, 60.0)
 print(json.dumps({"clock": time.time(), "rid": rid, "stolen": stolen.token if stolen else None,
                   "own": own.token if own else None, "lease_left": left, "named": named}), flush=True)
@@ -255,3 +256,144 @@ def test_runner_ids_differ_between_machines_with_the_same_hostname_and_home_path
     assert there[1] != here[1] == pid_scope()           # its pids are its own: never judged here
     monkeypatch.setenv("AGENT_RUNNER_ID", "eu-west-3")
     assert runner_id(home) == "eu-west-3"                 # the environment still wins
+
+
+# --------------------------------------------------------------------------- outage
+
+
+@pytest.mark.postgres_only("a database outage: a SQLite ledger is a file on the runner's own machine")
+@pytest.mark.slow
+def test_a_runner_that_loses_the_ledger_mid_lane_keeps_its_claim_and_runs_no_lane_twice(tmp_path, monkeypatch):
+    """A real daemon reaches PostgreSQL through a TCP proxy; the proxy drops every connection and refuses new ones
+    for 4 s while the daemon's lane runs (the lane ends during the outage). The daemon says so in one line, and
+    one when the ledger is back; its claim survives with its token, the lane's result is written, and no lane
+    runs twice (before: the result was lost, the task skipped until its lease ran out, then the lane re-run)."""
+    from urllib.parse import urlsplit
+
+    from chaos_support import CuttableProxy, count_done, runner, runner_homes, stop_runners, wait_for as until
+    from conftest import ledger_conn
+
+    monkeypatch.setenv("AGENT_CLAIM_LEASE_S", "30")
+    p, (h,) = runner_homes(tmp_path / "w", runners=1, tasks=1, sleep="2.5")
+    url = os.environ["AGENT_LEDGER_URL"]
+    target = urlsplit(url)
+    proxy = CuttableProxy(target.hostname, target.port)
+    log = tmp_path / "daemon.log"
+    daemon = runner(h, log=log, env={"AGENT_LEDGER_URL": proxy.url(url)})
+
+    def lane_running() -> bool:
+        con = ledger_conn(h)
+        try:
+            return con.execute("SELECT count(*) FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL"
+                               ).fetchone()[0] > 0
+        finally:
+            con.close()
+
+    try:
+        assert until(lane_running, 60), log.read_text()
+        time.sleep(0.5)
+        proxy.cut()                                    # the ledger is gone for 4 s; the 2.5 s lane ends meanwhile
+        time.sleep(4.0)
+        proxy.restore()
+        assert until(lambda: count_done(h) == 1, 60), log.read_text()[-3000:]
+    finally:
+        stop_runners([daemon])
+        proxy.close()
+    con = ledger_conn(h)
+    try:
+        runs = con.execute("SELECT round, role, status FROM lane_runs ORDER BY id").fetchall()
+        reclaimed = con.execute("SELECT count(*) FROM events WHERE kind = 'task.claim_reclaimed'").fetchone()[0]
+    finally:
+        con.close()
+    per_lane: dict = {}
+    for r in runs:
+        per_lane[(r[0], r[1])] = per_lane.get((r[0], r[1]), 0) + 1
+    assert per_lane and all(n == 1 for n in per_lane.values()), runs        # no lane ran twice
+    assert all(r[2] != "interrupted" for r in runs) and reclaimed == 0, runs
+    text = log.read_text()
+    down = [line for line in text.splitlines() if "unreachable" in line]
+    assert len(down) == 1 and "claims and their tokens are kept" in down[0], text
+    assert len([line for line in text.splitlines() if "is back after" in line]) == 1, text
+    assert "scan" not in text.split("unreachable", 1)[1].split("is back after", 1)[0], text   # nothing else
+
+
+# --------------------------------------------------------------------------- fencing tokens at the side effects
+
+
+def test_a_worker_that_lost_its_claim_pushes_no_branch(tmp_path):
+    """step_pushed (the task branch's push) runs only under the current claim, checked in the same step: a worker
+    whose claim another one took pushes nothing (before: only the ledger write after the push was refused)."""
+    from agent.config import load_config
+    from agent.fence import claim, release
+    from agent.fixer.driver import Ctx
+    from agent.fixer.steps import step_pushed
+    from agent.tasks import ClaimLost
+    from agent.workspace import TaskGit
+    from chaos_support import build, git
+
+    p = build(tmp_path / "w", tasks=1)
+    home = p["home"]
+    led = Ledger.open(ledger_path(home), create=False)
+    try:
+        t = led.one("SELECT worktree, branch FROM tasks WHERE id = 1")
+        g = TaskGit(t["worktree"])
+        (Path(t["worktree"]) / "fix.txt").write_text("the fix\n")
+        g("add", "-A")
+        g("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-q", "--no-verify", "-m", "fix")
+        config = load_config(home / "config.yaml")
+        mine = claim(led, 1)
+        release(led, 1, mine)
+        newer = claim(led, 1)                        # another worker holds the task now
+        with pytest.raises(ClaimLost, match="nothing pushed"):
+            step_pushed(Ctx(home, config, led, 1, token=mine))
+        assert subprocess.run(["git", "rev-parse", "--verify", "-q", f"refs/heads/{t['branch']}"], cwd=p["remote"],
+                              capture_output=True).returncode != 0
+        assert led.scalar("SELECT pushed_sha FROM tasks WHERE id = 1") is None
+        try:
+            step_pushed(Ctx(home, config, led, 1, token=newer))    # the holder's push goes through
+        except Exception as exc:   # noqa: BLE001 - closing the step may move on (Stop/Wait); the push is what counts
+            assert not isinstance(exc, ClaimLost), exc
+        assert git(p["remote"], "rev-parse", f"refs/heads/{t['branch']}") == g.head()
+    finally:
+        led.close()
+
+
+def test_no_runner_takes_a_claim_while_its_holder_pushes_under_it(shared_homes_for_truth):
+    """The claim checked for a push stays put until the push ends: even with its lease run out, another runner's
+    take() during the push finds it held (PostgreSQL: the row is locked; SQLite: the write lock), and afterwards
+    the lease was renewed by the check, so the holder keeps it."""
+    import threading
+
+    a, b = shared_homes_for_truth
+    led_a, led_b = Ledger.open(ledger_path(a), create=False), Ledger.open(ledger_path(b), create=False)
+    try:
+        tid, _ = create_task(led_a, "acme/widgets", "t")
+        mine = take(led_a, tid, runner="runner-a")
+        with led_a.tx() as c:      # A's lease ran out, nobody took it yet
+            c.execute("UPDATE tasks SET lease_until = ? WHERE id = ?", (time.time() - 5, tid))
+        inside, got = threading.Event(), []
+        grab = threading.Thread(target=lambda: (inside.wait(10), got.append(take(led_b, tid, runner="runner-b"))))
+        grab.start()
+        with led_a.holding_claim(tid, mine.token):
+            inside.set()
+            time.sleep(0.5)        # the push
+        grab.join(30)
+        assert got == [None]
+        assert led_a.scalar("SELECT claim_token FROM tasks WHERE id = ?", (tid,)) == mine.token
+    finally:
+        led_a.close()
+        led_b.close()
+
+
+@pytest.fixture
+def shared_homes_for_truth(tmp_path, monkeypatch):
+    from conftest import on_postgres
+
+    monkeypatch.delenv("AGENT_CLAIM_LEASE_S", raising=False)
+    a, b = tmp_path / "runner-a", tmp_path / "runner-b"
+    for h in (a, b):
+        h.mkdir()
+    Ledger.open(ledger_path(a)).close()
+    if not on_postgres():
+        (b / "ledger.db").symlink_to(a / "ledger.db")
+    return a, b

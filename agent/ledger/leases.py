@@ -20,7 +20,8 @@ is off the ledger's (``runners.clock_offset_s``).
 from __future__ import annotations
 
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from agent import AgentError
 
@@ -223,6 +224,28 @@ class LeaseQueries:
 
     def check_claim(self, conn, task_id: int, token: str | None, lease_s: float | None = None) -> None:
         check_claim(conn, task_id, token, lease_s)
+
+    @contextmanager
+    def holding_claim(self, task_id: int, token: str | None, doing: str = "nothing pushed") -> Iterator[None]:
+        """The fence around a side effect outside the ledger (a push): one transaction checks that ``token`` is
+        still the task's claim and keeps the task's row locked while the body runs, so no other runner takes the
+        claim between the check and the side effect (PostgreSQL: a row lock, which a claim's ``FOR UPDATE SKIP
+        LOCKED`` read passes over, without the ledger's write lock; SQLite: its write lock). LeaseLost before the
+        body when the claim is gone; an expired lease nobody took is renewed, as in ``check_claim``. The body must
+        not write the ledger. ``token=None`` (acting without a claim): no fence."""
+        if token is None:
+            yield
+            return
+        clock = self.dialect.clock
+        with self.tx(exclusive=False) as c:
+            row = c.execute(f"SELECT claim_token, lease_until < {clock} AS expired FROM tasks WHERE id = ?"
+                            f"{self.dialect.for_update}", (task_id,)).fetchone()
+            if row is None or row["claim_token"] != token:
+                raise LeaseLost(f"task {task_id}: claim lost to another worker; {doing}")
+            if row["expired"]:
+                c.execute(f"UPDATE tasks SET lease_until = {clock} + ? WHERE id = ? AND claim_token = ?",
+                          (claim_lease_s(), task_id, token))
+            yield
 
     # ------------------------------------------------------------------ named leases
 
