@@ -396,6 +396,15 @@ def _first_line(exc: BaseException, url: str) -> str:
     return text[:300]
 
 
+def _reason(exc: BaseException, url: str) -> str:
+    """The driver's own short reason for a failed connect (``Connection refused``), without the hints."""
+    inner = exc.__context__ if isinstance(exc, BackendError) and exc.__context__ is not None else exc
+    text = _first_line(inner, url)
+    for cut in (" Is the server", " This probably"):
+        text = text.split(cut, 1)[0]
+    return text[:160]
+
+
 def connection_error(url: str, exc: BaseException, doing: str = "cannot connect to the PostgreSQL ledger") \
         -> BackendError:
     return BackendError(f"{display(url)}: {doing} ({_first_line(exc, url)}); check ledger.url / {ENV_URL} and "
@@ -439,7 +448,7 @@ class PgConnection:
                 for sql in self.session:
                     fresh.raw.execute(sql)
             except Exception as exc:  # noqa: BLE001 - refused, reset, timed out: the server is not there yet
-                OUTAGE.lost(self.url, _first_line(exc, self.url).split(" This probably", 1)[0][:160])
+                OUTAGE.lost(self.url, _reason(exc, self.url))
                 if time.monotonic() >= deadline:
                     raise LedgerUnreachable(f"{display(self.url)}: the PostgreSQL ledger stayed unreachable for "
                                             f"{outage_wait_s():.0f}s; check that the server is up "
