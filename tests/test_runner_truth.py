@@ -397,3 +397,24 @@ def shared_homes_for_truth(tmp_path, monkeypatch):
     if not on_postgres():
         (b / "ledger.db").symlink_to(a / "ledger.db")
     return a, b
+
+
+def test_an_outage_is_one_line_then_one_a_minute_then_one_when_back():
+    """The per-process reporter every connection and thread shares (backend.Outage): however many statements fail
+    while the ledger is gone, one line when it goes, one per EVERY_S (a minute; shortened here), one when back."""
+    from agent.ledger.backend import Outage
+
+    lines: list[str] = []
+    outage = Outage()
+    outage.echo, outage.EVERY_S = lines.append, 0.2
+    url = "postgresql://agent:secret@db/agent"
+    for _ in range(50):                     # 50 failed attempts within 0.1 s: one line
+        outage.lost(url, "Connection refused")
+    assert len(lines) == 1 and "unreachable (Connection refused)" in lines[0] and "secret" not in lines[0]
+    time.sleep(0.25)
+    for _ in range(50):
+        outage.lost(url, "Connection refused")
+    assert len(lines) == 2 and "still unreachable after" in lines[1]
+    outage.back(url)
+    outage.back(url)                        # a second connection coming back says nothing more
+    assert len(lines) == 3 and "is back after" in lines[2] and not outage.down
