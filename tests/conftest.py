@@ -265,3 +265,18 @@ def _process_wide_state_reset():
         sys.modules["agent.proc"].resume_starting()
     if "agent.shutdown" in sys.modules:
         sys.modules["agent.shutdown"].STOP.clear()
+
+
+@pytest.fixture
+def shared_homes(tmp_path, monkeypatch):
+    """Two runner homes sharing one ledger (SQLite: the second home's ledger.db is a symlink to the first's, as two
+    runners on one machine; PostgreSQL: both use the test's database through AGENT_LEDGER_URL)."""
+    for var in ("GITHUB_TOKEN", "GH_TOKEN", "AGENT_RUNNER_ID", "AGENT_CLAIM_LEASE_S"):
+        monkeypatch.delenv(var, raising=False)
+    a, b = tmp_path / "runner-a", tmp_path / "runner-b"
+    for h in (a, b):
+        h.mkdir()
+    Ledger.open(ledger_path(a)).close()
+    if not on_postgres():
+        (b / "ledger.db").symlink_to(a / "ledger.db")
+    return a, b

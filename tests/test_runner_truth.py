@@ -30,6 +30,7 @@ from agent.fence import beat, pid_scope, runner_id, runners, take
 from agent.ledger import Ledger, ledger_path
 from agent.tasks import create_task
 
+from chaos_support import wait_for
 from conftest import Agent, agent_bin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,15 +119,6 @@ def test_a_runner_with_a_skewed_clock_takes_no_live_claim_and_is_flagged(tmp_pat
 
 
 # --------------------------------------------------------------------------- liveness
-
-
-def wait_for(pred, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def state_of(home: Path, rid: str) -> dict | None:
@@ -358,13 +350,13 @@ def test_a_worker_that_lost_its_claim_pushes_no_branch(tmp_path):
         led.close()
 
 
-def test_no_runner_takes_a_claim_while_its_holder_pushes_under_it(shared_homes_for_truth):
+def test_no_runner_takes_a_claim_while_its_holder_pushes_under_it(shared_homes):
     """The claim checked for a push stays put until the push ends: even with its lease run out, another runner's
     take() during the push finds it held (PostgreSQL: the row is locked; SQLite: the write lock), and afterwards
     the lease was renewed by the check, so the holder keeps it."""
     import threading
 
-    a, b = shared_homes_for_truth
+    a, b = shared_homes
     led_a, led_b = Ledger.open(ledger_path(a), create=False), Ledger.open(ledger_path(b), create=False)
     try:
         tid, _ = create_task(led_a, "acme/widgets", "t")
@@ -383,38 +375,3 @@ def test_no_runner_takes_a_claim_while_its_holder_pushes_under_it(shared_homes_f
     finally:
         led_a.close()
         led_b.close()
-
-
-@pytest.fixture
-def shared_homes_for_truth(tmp_path, monkeypatch):
-    from conftest import on_postgres
-
-    monkeypatch.delenv("AGENT_CLAIM_LEASE_S", raising=False)
-    a, b = tmp_path / "runner-a", tmp_path / "runner-b"
-    for h in (a, b):
-        h.mkdir()
-    Ledger.open(ledger_path(a)).close()
-    if not on_postgres():
-        (b / "ledger.db").symlink_to(a / "ledger.db")
-    return a, b
-
-
-def test_an_outage_is_one_line_then_one_a_minute_then_one_when_back():
-    """The per-process reporter every connection and thread shares (backend.Outage): however many statements fail
-    while the ledger is gone, one line when it goes, one per EVERY_S (a minute; shortened here), one when back."""
-    from agent.ledger.backend import Outage
-
-    lines: list[str] = []
-    outage = Outage()
-    outage.echo, outage.EVERY_S = lines.append, 0.2
-    url = "postgresql://agent:secret@db/agent"
-    for _ in range(50):                     # 50 failed attempts within 0.1 s: one line
-        outage.lost(url, "Connection refused")
-    assert len(lines) == 1 and "unreachable (Connection refused)" in lines[0] and "secret" not in lines[0]
-    time.sleep(0.25)
-    for _ in range(50):
-        outage.lost(url, "Connection refused")
-    assert len(lines) == 2 and "still unreachable after" in lines[1]
-    outage.back(url)
-    outage.back(url)                        # a second connection coming back says nothing more
-    assert len(lines) == 3 and "is back after" in lines[2] and not outage.down

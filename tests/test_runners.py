@@ -41,20 +41,6 @@ def dump(home: Path) -> list[str]:
         con.close()
 
 
-@pytest.fixture
-def shared_homes(tmp_path, monkeypatch):
-    """Two runner homes sharing one ledger."""
-    for var in ("GITHUB_TOKEN", "GH_TOKEN", "AGENT_RUNNER_ID", "AGENT_CLAIM_LEASE_S"):
-        monkeypatch.delenv(var, raising=False)
-    a, b = tmp_path / "runner-a", tmp_path / "runner-b"
-    for h in (a, b):
-        h.mkdir()
-    Ledger.open(ledger_path(a)).close()
-    if not on_postgres():
-        (b / "ledger.db").symlink_to(a / "ledger.db")
-    return a, b
-
-
 def two_runners(shared_homes):
     a, b = shared_homes
     return Ledger.open(ledger_path(a), create=False), Ledger.open(ledger_path(b), create=False)
