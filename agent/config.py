@@ -37,6 +37,7 @@ class RepoConfig:
     check: str | None = None
     branch_prefix: str = "agent/fix-"
     blocked_paths: tuple[str, ...] = (".github/", ".agent/")
+    allow_bidi: bool = False       # a round whose change adds bidi control characters is rejected unless true
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,13 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+    max_per_scan: int = 10        # decider lanes one scan runs at most (each under the daily budget)
+
+
+@dataclass(frozen=True)
+class FeedbackConfig:
+    ci_wait: int = 3600                       # seconds a pushed head may have no CI result before that is reported
+    ci_apps: tuple[str, ...] = ("github-actions",)   # GitHub Apps whose check runs count as the PR's CI
 
 
 @dataclass(frozen=True)
@@ -165,11 +173,30 @@ class NotifyChannel:
 
 
 @dataclass(frozen=True)
+class LessonsConfig:
+    reviewers: bool = False        # reviewer specs carry accepted lessons too (default: implementers only)
+    per_service: int = 5           # accepted lessons a spec carries for one service or error, newest first
+    max_chars: int = 300           # a longer LESSON is refused
+
+
+@dataclass(frozen=True)
+class DsnProject:
+    """``serve.dsn`` entry: a Sentry project id that unmodified SDKs send to, with its key and where errors go."""
+    project: str                  # the number at the end of the DSN
+    key_env: str                  # environment variable holding the DSN's public key
+    service: str                  # the service the project's errors belong to (config maps it to a repo)
+    repo: str | None = None       # a configured repo key, when the service alone does not name one
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     events_secret_env: str = "AGENT_HOOK_SECRET"      # HMAC-SHA256 of the body, X-Agent-Signature: sha256=<hex>
     sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
     alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
     max_body_bytes: int = 1048576
+    dsn: tuple[DsnProject, ...] = ()                  # Sentry ingest (/api/<project>/envelope/ and /store/)
+    max_events_per_minute: int = 600                  # Sentry ingest: over it, 429 with Retry-After
+    url: str | None = None                            # where SDKs reach `agent serve` (doctor prints DSNs with it)
 
 
 @dataclass(frozen=True)
@@ -186,18 +213,20 @@ class Config:
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
+    lessons: LessonsConfig = LessonsConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
-    def repo_for_service(self, service: str | None) -> RepoConfig | None:
-        for repo in self.repos.values():
-            if service and service in repo.services:
-                return repo
-        return None
+    def repo_for_service(self, service: str | None, hint: str | None = None) -> RepoConfig | None:
+        """The repository whose ``services`` lists ``service``: only config maps a service to a repository. An
+        event's own ``repo`` field (a Sentry tag, a JSONL field) is a ``hint`` that only picks among those."""
+        serving = [repo for repo in self.repos.values() if service and service in repo.services]
+        return next((r for r in serving if r.name == hint), serving[0] if serving else None)
 
     def lane(self, role: str, repo: "RepoSettings | None" = None) -> LaneConfig | None:
         if repo is not None and role in repo.lanes:
@@ -309,12 +338,14 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
+                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
+                               "lessons", "feedback"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
-        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
+                               "allow_bidi"))
         nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
         if (not isinstance(name, str) or not all(name.split("/"))
                 or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
@@ -329,6 +360,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             check=v.opt_string(d.get("check"), f"{p}.check"),
             branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
             blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
+            allow_bidi=v.boolean(d.get("allow_bidi", False), f"{p}.allow_bidi"),
         )
 
     lanes = _lanes(v, top.get("lanes"), "lanes")
@@ -376,12 +408,17 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
+    fd = v.mapping(top.get("feedback"), "feedback", ("ci_wait", "ci_apps"))
+    feedback = FeedbackConfig(
+        ci_wait=v.integer(fd.get("ci_wait", FeedbackConfig.ci_wait), "feedback.ci_wait", 1),
+        ci_apps=v.strings(fd["ci_apps"], "feedback.ci_apps") if "ci_apps" in fd else FeedbackConfig.ci_apps)
 
-    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
+    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
     decide = DecideConfig(
         auto=v.boolean(dd.get("auto", False), "decide.auto"),
         min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
         max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
+        max_per_scan=v.integer(dd.get("max_per_scan", DecideConfig.max_per_scan), "decide.max_per_scan", 1),
     )
 
     gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
@@ -445,9 +482,10 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
-                  serve=_serve(v, top.get("serve")),
+                  serve=_serve(v, top.get("serve"), repos),
+                  lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
 
 
@@ -523,7 +561,7 @@ def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
     return tuple(channels)
 
 
-def _serve(v: _V, raw: Any) -> ServeConfig:
+def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
     d = v.mapping(raw, "serve", tuple(ServeConfig.__dataclass_fields__))
     dflt = ServeConfig()
     return ServeConfig(
@@ -531,8 +569,45 @@ def _serve(v: _V, raw: Any) -> ServeConfig:
         sentry_secret_env=v.string(d.get("sentry_secret_env", dflt.sentry_secret_env), "serve.sentry_secret_env"),
         alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
                                         "serve.alertmanager_token_env"),
-        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1))
+        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1),
+        dsn=_dsn_projects(v, d.get("dsn"), repos),
+        max_events_per_minute=v.integer(d.get("max_events_per_minute", dflt.max_events_per_minute),
+                                        "serve.max_events_per_minute", 1),
+        url=None if d.get("url") is None else _api_url(v, d["url"], "serve.url"))
 
+
+def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
+    """``serve.dsn: [{project: 42, key_env: NAME, service: S, repo: KEY}]``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        v.fail("serve.dsn", "a list of {project, key_env, service, repo}", raw)
+    out: list[DsnProject] = []
+    for i, item in enumerate(raw):
+        p = f"serve.dsn[{i}]"
+        d = v.mapping(item, p, tuple(DsnProject.__dataclass_fields__))
+        project = d.get("project")
+        if isinstance(project, int) and not isinstance(project, bool) and project > 0:
+            project = str(project)
+        if not isinstance(project, str) or not project.isdigit() or len(project) > 20:
+            v.fail(f"{p}.project", "a positive integer (the number at the end of the DSN)", project)
+        if any(x.project == project for x in out):
+            raise ConfigError(f"{v.filename}: {p}.project: project {project} is listed twice; give each one entry")
+        repo = v.opt_string(d.get("repo"), f"{p}.repo")
+        if repo is not None and repo not in repos:
+            v.fail(f"{p}.repo", f"one of the repos configured under repos: ({', '.join(repos) or 'none'})", repo)
+        out.append(DsnProject(project=project, key_env=v.string(d.get("key_env"), f"{p}.key_env"),
+                              service=v.string(d.get("service"), f"{p}.service"), repo=repo))
+    return tuple(out)
+
+
+def _lessons(v: _V, raw: Any) -> LessonsConfig:
+    d = v.mapping(raw, "lessons", tuple(LessonsConfig.__dataclass_fields__))
+    dflt = LessonsConfig()
+    return LessonsConfig(
+        reviewers=v.boolean(d.get("reviewers", dflt.reviewers), "lessons.reviewers"),
+        per_service=v.integer(d.get("per_service", dflt.per_service), "lessons.per_service", 0, 50),
+        max_chars=v.integer(d.get("max_chars", dflt.max_chars), "lessons.max_chars", 20, 2000))
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -673,13 +748,21 @@ DEFAULT_CONFIG = """\
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
+# feedback:
+#   ci_wait: 3600                 # seconds a pushed PR head may have no CI result before that is reported
+#   ci_apps: [github-actions]     # GitHub Apps whose check runs count as the PR's CI (others are ignored)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
 
-# decide: {auto: false, min_count: 3, max_age_days: 14}
+# lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
+#   reviewers: false           # reviewer specs carry lessons too
+#   per_service: 5             # accepted lessons per spec (same service or error), newest first
+#   max_chars: 300             # a longer LESSON is refused, like one holding a URL or a command
+
+# decide: {auto: false, min_count: 3, max_age_days: 14, max_per_scan: 10}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
@@ -702,4 +785,8 @@ DEFAULT_CONFIG = """\
 #   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
 #   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
 #   max_body_bytes: 1048576
+#   url: http://agent.internal:8080          # where SDKs reach it; `agent doctor` prints each project's DSN
+#   dsn:                                      # a Sentry DSN for unmodified SDKs: /api/<project>/envelope/ and /store/
+#     - {project: 1, key_env: AGENT_DSN_KEY, service: widgets-api}   # DSN http://<key>@host:port/1
+#   max_events_per_minute: 600                # over it: 429 with Retry-After, SDKs back off
 """
