@@ -14,7 +14,7 @@
   namespace) its pid is dead. ``take`` returns who held it before: the takeover hook.
 - **Named lease**: ``named_lease(ledger, name)`` (``source:<key>`` around a source's pull, ``pr-open`` around the
   PR limits and the PR create) with a token checked by the write it guards (``ledger.check_lease``). Stale, like
-  a claim, when it expired or (on this host only) its holder's pid is dead: a scan killed while holding it does
+  a claim, when it expired or (in this pid scope only) its holder's pid is dead: a scan killed while holding it does
   not stall the next one for the lease's ttl.
 - **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` names its holder (pid and process start time, host, token) and
   carries a lease renewed by a heartbeat thread. Another scan is refused while the holder is live; a holder that
@@ -418,7 +418,7 @@ def _stale(row: dict) -> bool:
 
 
 def take(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: str | None = None) -> Claim | None:
-    """Claim a task: only when it is unclaimed or its claim is stale (lease expired; or, on this host, its pid is
+    """Claim a task: only when it is unclaimed or its claim is stale (lease expired; or, in this pid scope, its pid is
     dead). The claiming UPDATE increments the task's fencing counter. Returns the Claim, or None while another
     live worker holds it."""
     runner = runner or _default_runner(ledger)
