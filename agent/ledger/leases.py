@@ -95,9 +95,9 @@ LEASES_SQL = "SELECT name, holder, runner, token, until FROM leases WHERE holder
 def holdings(conn, version: int | None = None) -> tuple[list[dict], list[dict], list[dict], float]:
     """The runners, every recorded task claim and every held named lease, read through ``conn`` (any connection
     of either backend with rows by name: `agent doctor` reads through its own read-only one, health.py), and the
-    ledger's time they are to be judged by. A ledger from before m012 (``version`` < 13: it is the 13th migration)
+    ledger's time they are to be judged by. A ledger from before m012 (``version`` < 12: it is the 12th migration)
     lacks the runners' clock and liveness columns: they read as NULL."""
-    runners_sql = RUNNERS_SQL if version is None or version >= 13 else \
+    runners_sql = RUNNERS_SQL if version is None or version >= 12 else \
         f"SELECT {_OLD_RUNNER_COLUMNS} FROM runners ORDER BY id"
     rows = tuple([dict(r) for r in conn.execute(sql).fetchall()] for sql in (runners_sql, CLAIMS_SQL, LEASES_SQL))
     return (*rows, db_clock(conn))   # type: ignore[return-value]

@@ -379,14 +379,6 @@ def m011_lessons_need_a_human(db) -> None:
 
 
 @migration
-def m013_ledger_keys(db) -> None:
-    """Secrets that belong to one ledger (shared by every runner on it), made on first use: ``own-mark`` keys the
-    hidden mark on the agent's own PR comments, so nobody without the ledger can sign as the agent."""
-    db["ledger_keys"].create({"name": str, "value": str, "created_at": str}, pk="name",
-                             not_null={"value", "created_at"})
-
-
-@migration
 def m012_runner_clock_and_liveness(db) -> None:
     """Runners share the ledger's clock and one truth about who is alive (DESIGN.md "Runners, leases and fencing").
 
@@ -402,3 +394,11 @@ def m012_runner_clock_and_liveness(db) -> None:
     db["runners"].add_column("scope", str)
     db["tasks"].add_column("claim_scope", str)
     db["leases"].add_column("scope", str)
+
+
+@migration
+def m013_ledger_keys(db) -> None:
+    """Secrets that belong to one ledger (shared by every runner on it), made on first use: ``own-mark`` keys the
+    hidden mark on the agent's own PR comments, so nobody without the ledger can sign as the agent."""
+    db["ledger_keys"].create({"name": str, "value": str, "created_at": str}, pk="name",
+                             not_null={"value", "created_at"})
