@@ -34,9 +34,10 @@ def inited(home, agent_proc):
     return home
 
 
-def rows(agent_proc, *args) -> list[dict]:
-    r = agent_proc(*args, "--json")
-    assert r.returncode == 0, r.stderr
+def rows(run, *args) -> list[dict]:
+    """A listing's JSON, through ``agent_proc`` (a process) or ``agent`` (in-process)."""
+    r = run(*args, "--json")
+    assert (r.returncode if hasattr(r, "returncode") else r.exit_code) == 0, r.stderr
     return json.loads(r.stdout)
 
 
@@ -78,7 +79,6 @@ def test_1_a_config_that_is_not_utf8_leaves_status_task_list_and_doctor_working(
         (inited / "config.yaml").write_bytes(data)
         r = agent_proc("watch", "errors")
         assert r.returncode == 0 and r.stderr == "", (data[:4], r.stderr)
-        assert agent_proc("status", "--json").returncode == 0
 
 
 # --------------------------------------------------------------------------- 2. oversized YAML
@@ -291,53 +291,53 @@ def test_5_listings_page_by_keyset_and_never_read_more_than_a_page(ledger):
     assert isinstance(tail, Listing) and [e["id"] for e in iter_events(ledger, limit=len(ids))] == ids
 
 
-def test_5_cli_listings_default_to_100_with_limit_since_state_and_say_what_they_left_out(ledger, agent_proc):
+def test_5_cli_listings_default_to_100_with_limit_since_state_and_say_what_they_left_out(ledger, agent):
+    """In-process (click's runner, stdout and stderr apart): the listings' whole code path, without a process
+    start per call."""
     from agent.tasks import create_task
 
     _errors(ledger, 130)
     for i in range(105):
         create_task(ledger, "acme/widgets", f"task {i}")
-    con = ledger.conn
     with ledger.tx() as c:
         for tid in range(1, 106):
             c.execute("INSERT INTO prs (task_id, forge, repo, number, url, head_branch, state, draft, created_at, "
                       "updated_at) VALUES (?, 'local', 'acme/widgets', ?, 'u', 'b', ?, 1, ?, ?)",
                       (tid, tid, "open" if tid % 2 else "merged", f"2024-05-01T00:00:{tid % 60:02d}.{tid:06d}Z",
                        f"2024-05-0{1 + tid // 50}T00:00:00.000000Z"))
-    assert con is ledger.conn
 
-    r = agent_proc("error", "list", "--json")
-    assert r.returncode == 0
+    r = agent("error", "list", "--json")
+    assert r.exit_code == 0
     listed = json.loads(r.stdout)
     assert len(listed) == 100 and listed[0]["message"] == "m129" and listed[-1]["message"] == "m30"
     assert {"id", "fingerprint", "service", "environment", "class", "count", "first_seen", "last_seen",
             "state"} <= set(listed[0])
     assert one_line(r.stderr) == "agent: more errors than the 100 shown; pass --limit N (0 for all) or --since WHEN"
-    r = agent_proc("error", "list", "--limit", "0", "--json")
+    r = agent("error", "list", "--limit", "0", "--json")
     assert len(json.loads(r.stdout)) == 130 and r.stderr == ""
-    assert len(rows(agent_proc, "error", "list", "--since", "2024-05-01T10:02:00")) == 10
-    assert rows(agent_proc, "error", "list", "--state", "fixing") == []
-    r = agent_proc("error", "list", "--limit", "3")
+    assert len(rows(agent, "error", "list", "--since", "2024-05-01T10:02:00")) == 10
+    assert rows(agent, "error", "list", "--state", "fixing") == []
+    r = agent("error", "list", "--limit", "3")
     assert [ln.split()[-1] for ln in r.stdout.splitlines()] == ["m129", "m128", "m127"] and r.stderr == ""
-    r = agent_proc("error", "list", "--since", "yesterday-ish")
-    assert r.returncode == 1 and "--since 'yesterday-ish': expected a duration" in one_line(r.stderr)
+    r = agent("error", "list", "--since", "yesterday-ish")
+    assert r.exit_code == 1 and "--since 'yesterday-ish': expected a duration" in one_line(r.stderr)
 
-    tasks = rows(agent_proc, "task", "list")
+    tasks = rows(agent, "task", "list")
     assert [t["id"] for t in tasks] == list(range(6, 106))            # the newest 100, in id order
     assert {"id", "error_id", "repo", "branch", "state", "round", "pr_url", "blocked_reason"} <= set(tasks[0])
-    assert [t["id"] for t in rows(agent_proc, "task", "list", "--limit", "2")] == [104, 105]
-    assert len(rows(agent_proc, "task", "list", "--since", "1h", "--limit", "0")) == 105
-    assert rows(agent_proc, "task", "list", "--state", "done") == []
+    assert [t["id"] for t in rows(agent, "task", "list", "--limit", "2")] == [104, 105]
+    assert len(rows(agent, "task", "list", "--since", "1h", "--limit", "0")) == 105
+    assert rows(agent, "task", "list", "--state", "done") == []
 
-    prs = rows(agent_proc, "pr", "list")
+    prs = rows(agent, "pr", "list")
     assert [p["task_id"] for p in prs] == list(range(6, 106)) and prs[0]["draft"] is True
     assert {"task_id", "forge", "repo", "number", "url", "head", "state", "draft"} <= set(prs[0])
-    merged = rows(agent_proc, "pr", "list", "--state", "merged", "--since", "2024-05-03", "--limit", "0")
+    merged = rows(agent, "pr", "list", "--state", "merged", "--since", "2024-05-03", "--limit", "0")
     assert [p["task_id"] for p in merged] == list(range(100, 106, 2))
 
-    r = agent_proc("events", "--limit", "5")                           # an explicit limit asked for that many
+    r = agent("events", "--limit", "5")                           # an explicit limit asked for that many
     assert len(r.stdout.splitlines()) == 5 and r.stderr == ""
-    r = agent_proc("events")
+    r = agent("events")
     assert len(r.stdout.splitlines()) == 100 and "more events than the 100 shown" in r.stderr
 
 
