@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -679,19 +680,45 @@ def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branc
         git("branch", "-D", branch, git_dir=mirror)
 
 
+def walk_tree(root: Path, strip_setid: bool = False) -> tuple[int, list[str]]:
+    """(bytes on disk under ``root``, files that had a setuid/setgid bit): one walk that never follows a link.
+    With ``strip_setid`` the bits are removed (a lane of a root agent can leave a setuid-root shell behind)."""
+    total, setid = 0, []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                setid.append(os.path.relpath(path, root))
+                if strip_setid:
+                    _clear_setid(path)
+    return total, setid
+
+
+def _clear_setid(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        if not os.path.islink(path):      # unreadable to us: chmod by name (no lane runs now; not a link)
+            os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+    finally:
+        os.close(fd)
+
+
 def disk_use(home: Path) -> dict:
     """Bytes and counts of task worktrees and mirrors under the home (what `status` and `doctor` show)."""
-    import os
 
     def size(root: Path) -> int:
-        total = 0
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in filenames:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                except OSError:
-                    pass
-        return total
+        return walk_tree(root)[0]
 
     out = {}
     for key, folder, pattern in (("worktrees", "worktrees", "task-*"), ("mirrors", "mirrors", "*.git")):

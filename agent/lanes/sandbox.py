@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +79,9 @@ class Plan:
     rw: list[Path] = field(default_factory=list)            # bound read-write
     ro: list[Path] = field(default_factory=list)            # bound read-only (inside hidden or writable areas)
     over: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, read-only
+    over_rw: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, writable
     empty: list[Path] = field(default_factory=list)         # an empty read-only dir in place of these
+    tmpfs_mb: int = 1024                                    # size cap of each writable tmpfs (/tmp, homes)
 
 
 def sanitized_git_config(common: Path, out: Path) -> Path:
@@ -105,8 +108,9 @@ def sanitized_git_config(common: Path, out: Path) -> Path:
                             ln, re.I)]
         if keep:
             lines += ["[extensions]"] + [f"\t{k}" for k in keep]
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    from agent.lanes.files import write_private
+
+    return write_private(out, "\n".join(lines) + "\n")
 
 
 def _section(text: str, name: str) -> str:
@@ -271,21 +275,37 @@ def system_secrets() -> list[Path]:
 
 
 def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
-              state_paths: list[Path], extra_writable: list[Path], homes: list[Path] | None = None) -> Plan:
-    """The plan for a lane in ``cwd`` (see the module doc).  ``homes``: the users' homes to hide (default
+              state_paths: list, extra_writable: list[Path], homes: list[Path] | None = None,
+              lane_dir: Path | None = None) -> Plan:
+    """The plan for a lane in ``cwd`` (see the module doc).  ``run_dir``: the runner's own dir (the git config
+    copy goes there; never shown to the lane); ``lane_dir``: the lane's output dir, bound read-write.
+    ``state_paths``: the vendor's state, each a ``(private copy, path the vendor expects)`` pair bound read-write
+    (``private_state``), or a path bound as it is.  ``homes``: the users' homes to hide (default
     ``user_homes()``)."""
     cwd = Path(cwd).resolve()
     plan = Plan(cwd=cwd, writable_cwd=writable)
     plan.hide.append(Path(agent_home).resolve())
     plan.homes = list(user_homes() if homes is None else homes)
-    for p in [*state_paths, *extra_writable]:
+    for item in state_paths:
+        if isinstance(item, tuple):
+            src, dest = item
+            if _inside(Path(dest), [Path("/tmp"), *plan.homes]) is None and not Path(dest).exists():
+                try:    # a mount point on the read-only root must exist; in a hidden home bwrap makes it
+                    Path(dest).mkdir(parents=True, exist_ok=True) if Path(src).is_dir() else None
+                except OSError:
+                    continue
+            plan.over_rw.append((Path(src), Path(os.path.abspath(dest))))
+            continue
+        extra_writable = [item, *extra_writable]
+    for p in extra_writable:
         p = Path(os.path.expanduser(str(p)))
         try:
             p.mkdir(parents=True, exist_ok=True) if not p.exists() else None
         except OSError:
             continue
         plan.rw.append(p.resolve())
-    plan.rw.append(Path(run_dir).resolve())
+    if lane_dir is not None:
+        plan.rw.append(Path(lane_dir).resolve())
     (plan.rw if writable else plan.ro).append(cwd)
     plan.ro.extend(runtime_paths(plan.homes))
     for p in system_secrets():                      # blanked: an empty file or an empty read-only dir in its place
@@ -312,17 +332,22 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
 _ENV_NOT_PATHS = ("HOME", "PATH", "TMPDIR", "PWD", "OLDPWD", "SHELL")
 
 
-def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None) -> Plan:
+def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None, *,
+                    untrusted: list[str] = (), files: list[Path] = ()) -> Plan:
     """The plan plus, read-only, what this turn must run and read: every existing file an absolute argv element
     names (a command vendor's script and its arguments, from the trusted config), every existing path a variable
     of the lane's environment names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``; in a hidden home only a file,
     never a directory such as ``~/.config``), and, when they live in a hidden home, the PATH entries' tool
     directories and the vendor binary's package or interpreter (``toolchain_paths``, ``package_root``).  Nothing
-    in the agent home is ever bound back this way."""
+    in the agent home is ever bound back this way, nor an argv element holding text that came from a lane
+    (``untrusted``: its session id, which a resume argv carries): a lane that names ``~/.netrc`` as its session
+    must not get it bound into its next turn.  ``files``: the runner's own files this turn reads (its note, a retry
+    spec: in the run dir, which is otherwise hidden), bound read-only as they are."""
     env = env or {}
-    extra: list[Path] = []
+    extra: list[Path] = [Path(f) for f in files if Path(f).is_file() and not Path(f).is_symlink()]
     blanks: list[tuple[Path, Path]] = []
-    candidates = [a for a in argv if a.startswith("/") and os.path.isfile(a)]
+    bad = [u for u in untrusted if u]
+    candidates = [a for a in argv if a.startswith("/") and not any(u in a for u in bad) and os.path.isfile(a)]
     candidates += [v for k, v in env.items()
                    if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v
                    and os.path.exists(v) and len(Path(v).parts) >= 3]
@@ -352,13 +377,15 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
                     add(p)
     if not extra and not blanks:
         return plan
-    return Plan(cwd=plan.cwd, writable_cwd=plan.writable_cwd, hide=list(plan.hide), homes=list(plan.homes),
-                rw=list(plan.rw), ro=list(plan.ro) + extra, over=list(plan.over) + blanks, empty=list(plan.empty))
+    return dataclasses.replace(plan, ro=list(plan.ro) + extra, over=list(plan.over) + blanks)
 
 
 def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: Path) -> tuple[list[str], dict]:
     """argv and environment of a repository check: it runs code a lane wrote, so it is sandboxed like a lane
-    (worktree read-write, the home hidden, no credential in its environment)."""
+    (worktree read-write, the home hidden, no credential in its environment).  ``scratch`` is the runner's: made
+    fresh here (whatever was there is removed, links unfollowed) and never shown to the check."""
+    from agent.lanes.files import fresh_dir
+
     from agent.lanes.env import lane_env, secret_env_names
 
     env = lane_env((), deny=secret_env_names(config))
@@ -366,9 +393,10 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     bwrap = require(config)
     if bwrap is None:
         return argv, env
-    scratch.mkdir(parents=True, exist_ok=True)
+    fresh_dir(scratch)
     plan = lane_plan(cwd=worktree, writable=True, agent_home=agent_home, run_dir=scratch, spec_paths=[],
                      state_paths=[], extra_writable=[])
+    plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
     return wrap(bwrap, argv, with_argv_files(plan, argv, env), env)
 
 
@@ -393,7 +421,10 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
     is bound back into it."""
     args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp"]
+            "--proc", "/proc"]
+    # every writable tmpfs (the private /tmp, the homes, the hidden agent home) is RAM: each one capped
+    size = ["--size", str(max(16, int(plan.tmpfs_mb)) << 20)]
+    args += [*size, "--tmpfs", "/tmp"]
     mounts: list[tuple[int, int, list[str]]] = []
     order = 0
 
@@ -403,15 +434,17 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
         mounts.append((_depth(dest), order, op))
 
     for p in plan.homes:
-        add(p, ["--tmpfs", str(p)])
+        add(p, [*size, "--tmpfs", str(p)])
     for p in plan.hide:
-        add(p, ["--tmpfs", str(p)])
+        add(p, [*size, "--tmpfs", str(p)])
     for p in plan.rw:
         add(p, ["--bind", str(p), str(p)])
     for p in plan.ro:
         add(p, ["--ro-bind", str(p), str(p)])
     for src, dest in plan.over:
         add(dest, ["--ro-bind", str(src), str(dest)])
+    for src, dest in plan.over_rw:
+        add(dest, ["--bind", str(src), str(dest)])
     for p in plan.empty:
         add(p, ["--tmpfs", str(p), "--remount-ro", str(p)])
     env = dict(env)
@@ -419,7 +452,7 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
     if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:
         # a configured TMPDIR stays where the vendor expects it (codex refuses helper binaries under it), as a
         # private tmpfs of its own
-        add(Path(tmpdir), ["--tmpfs", tmpdir])
+        add(Path(tmpdir), [*size, "--tmpfs", tmpdir])
     else:
         env["TMPDIR"] = "/tmp"
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
