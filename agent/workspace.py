@@ -106,21 +106,60 @@ SAFE_GIT_CONFIG = (
 )
 # Push (and fetch/clone/ls-remote: they talk to the remote) keep the user's credential helpers and ssh setup.
 _NETWORK_DROPS = ("credential.helper=", "core.sshCommand=ssh", "core.askPass=")
-_ENV_KEEP = ("PATH", "HOME", "USER", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH", "XDG_CONFIG_HOME",
-             "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "http_proxy", "https_proxy", "no_proxy",
+_ENV_KEEP = ("PATH", "HOME", "USER", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH", "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "http_proxy", "https_proxy", "no_proxy",
              "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "TZ")
 GIT_TIMEOUT = 300.0
 
 
-def git_env(push: bool = False, config=None) -> dict[str, str]:
+_PRIVATE_HOME: list[str] = []
+
+
+def private_git_home() -> str:
+    """An empty directory of this process's, the ``HOME`` of every agent git command that does not talk to a
+    remote: nothing of the user's (``~/.gitconfig``, XDG config, attributes) is read there."""
+    if not _PRIVATE_HOME or not os.path.isdir(_PRIVATE_HOME[0]):
+        import tempfile
+
+        _PRIVATE_HOME[:] = [tempfile.mkdtemp(prefix="agent-git-home-")]
+    return _PRIVATE_HOME[0]
+
+
+_USER_CREDENTIALS: list[list[str]] = []
+
+
+def user_credential_config() -> list[str]:
+    """The user's own ``credential.*`` settings (global and system config), as ``-c key=value`` overrides: the
+    only part of their git config a push or fetch gets (their credential helper, e.g. ``gh``)."""
+    if not _USER_CREDENTIALS:
+        from agent import proc
+
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CONFIG_HOME") if k in os.environ}
+        res = proc.capture(["git", "config", "-z", "--get-regexp", r"^credential\."], cwd="/", env=env,
+                           timeout=30)
+        out = []
+        for rec in (res.stdout.split("\0") if res.exit_code == 0 else []):
+            key, _, value = rec.partition("\n")
+            if key:
+                out += ["-c", f"{key}={value}"]
+        _USER_CREDENTIALS[:] = [out]
+    return list(_USER_CREDENTIALS[0])
+
+
+def git_env(push: bool = False, config=None, network: bool = False) -> dict[str, str]:
     """The whole environment of an agent git command: a few variables git needs, never a credential unless
-    ``push`` (then the forge/source token variables pass, for credential helpers such as ``gh``)."""
+    ``push`` (then the forge/source token variables pass, for credential helpers such as ``gh``).  No system or
+    global git config is read (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``): a filter driver, alias
+    or hook path in the user's ``~/.gitconfig`` never runs on a lane's files.  ``HOME`` is a private empty dir
+    unless the command talks to a remote (the user's credential helper may need their home)."""
     from agent.lanes.env import secret_env_names
 
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update({"LC_ALL": "C", "LANGUAGE": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true",
-                "SSH_ASKPASS": "true", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0"})
+                "SSH_ASKPASS": "true", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0",
+                "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"})
+    if not (push or network):
+        env["HOME"] = private_git_home()
     if not push:
         for name in secret_env_names(config):
             env.pop(name, None)
@@ -147,12 +186,15 @@ def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = 
     argv = ["git"]
     for c in overrides:
         argv += ["-c", c]
+    if network or push:
+        argv += user_credential_config()
     if git_dir is not None:
         argv.append(f"--git-dir={git_dir}")
     if work_tree is not None:
         argv.append(f"--work-tree={work_tree}")
     argv += list(args)
-    res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push), timeout=timeout,
+    res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push, network=network),
+                       timeout=timeout,
                        input=input)
     if check and res.exit_code != 0:
         lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
@@ -261,18 +303,60 @@ class Change:
 
 
 def unsafe_changes(g: TaskGit, changes: list[Change]) -> list[str]:
-    """Staged changes that are never committed, whatever the blocked paths say: a symlink whose target leaves
-    the worktree (absolute, or climbing above the root), and a new gitlink (a submodule entry)."""
+    """Staged changes that are never committed, whatever the blocked paths say: a new gitlink (a submodule
+    entry), and a symlink judged by resolving it through the tree: absolute, climbing above the root on the way,
+    or passing through another link (``s -> .``, ``u1 -> s/..`` ... resolve to ``/`` though no target says so).
+    An unchanged link is judged again when it passes through a link this change adds or alters."""
     bad = []
+    changed_links = {c.path for c in changes if "120000" in (c.dst_mode, c.src_mode)}
     for c in changes:
-        if c.dst_mode == "120000":
-            target = g("cat-file", "blob", c.dst_sha)
-            joined = os.path.normpath(os.path.join(os.path.dirname(c.path), target))
-            if os.path.isabs(target) or joined == ".." or joined.startswith("../"):
-                bad.append(f"{c.path} (symlink to {target[:80]})")
-        elif c.dst_mode == "160000" and c.src_mode != "160000":
+        if c.dst_mode == "160000" and c.src_mode != "160000":
             bad.append(f"{c.path} (new gitlink)")
+    if not changed_links:
+        return bad
+    links = _index_links(g)
+    for path, target in sorted(links.items()):
+        why = _link_problem(path, target, links)
+        if why is None or (path not in changed_links and why[1] not in changed_links):
+            continue
+        bad.append(f"{path} (symlink to {target[:80]}) {why[0]}")
     return bad
+
+
+def _index_links(g: TaskGit) -> dict[str, str]:
+    """Every symlink staged in the index: path -> target (read from the worktree the index was staged from; from
+    the blob when the file there is not that link any more)."""
+    out = {}
+    for rec in g("ls-files", "-s", "-z").split("\0"):
+        meta, _, path = rec.partition("\t")
+        if not meta.startswith("120000 "):
+            continue
+        try:
+            out[path] = os.readlink(g.worktree / path)
+        except OSError:
+            out[path] = g("cat-file", "blob", meta.split(" ")[1])
+    return out
+
+
+def _link_problem(path: str, target: str, links: dict[str, str]) -> tuple[str, str | None] | None:
+    """(why the link at ``path`` to ``target`` is unsafe, the link it passes through), resolved through the
+    tree, or None."""
+    if os.path.isabs(target):
+        return "is absolute", None
+    stack = path.split("/")[:-1]
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return "leaves the worktree", None
+            stack.pop()
+            continue
+        stack.append(part)
+        here = "/".join(stack)
+        if here in links:
+            return f"passes through the link {here}", here
+    return None
 
 
 def find_common_dir(worktree: Path) -> Path:
