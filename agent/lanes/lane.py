@@ -614,9 +614,9 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         session_before = r.session_id
         cost_before = r.cost
         res, out = r.turn(inv, f"repair-{n}", ctx)
-        prev_problem = report.problem if report else None
+        prev_problem = lane_text(report.problem, r.secrets) if report else None
         status, new_reason, new_report = r.classify(res, out)
-        entry = {"label": label, "kind": kind, "round": round, "note": note_text,
+        entry = {"label": label, "kind": kind, "round": round, "note": lane_text(note_text, r.secrets),
                  "problem": prev_problem, "session_id": out.session_id or session_before,
                  "resumed_session": session_before if kind == "resume" else None,
                  "exit_code": res.exit_code, "cost_usd": _round(r.cost - cost_before, 6),
