@@ -459,3 +459,37 @@ def test_lane_tmp_and_home_are_capped_and_a_grown_worktree_fails_the_run(tmp_pat
     assert (repo / "sizes.txt").read_text() == "OSError OSError"
     assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
     assert "limits.worktree_max_mb (1 MB)" in res.reason
+
+
+def test_a_grown_worktree_or_a_setuid_file_fails_the_round_with_that_reason(tmp_path, monkeypatch):
+    """In the fixer: the round whose implementer grew the worktree past limits.worktree_max_mb is rejected with
+    that reason and its files dropped; the next round's lane leaves a setuid file: rejected, bit removed."""
+    from test_fixer import edit_config, ledger as open_ledger, run_with_implementer
+    from test_trust import _fixer_world
+
+    paths = _fixer_world(tmp_path, monkeypatch)
+    edit_config(paths, lambda cfg: cfg["limits"].update({"worktree_max_mb": 1}))
+    run_with_implementer(paths, "grower", r'''
+import os, pathlib, sys
+cwd = pathlib.Path(sys.argv[2])
+if "worktree_too_large" not in pathlib.Path(sys.argv[1]).read_text():    # round 1 (round 2's spec says why)
+    (cwd / "round-one.bin").write_bytes(os.urandom(2 << 20))
+else:
+    (cwd / "suid").write_text("#!/bin/sh\n")
+    os.chmod(cwd / "suid", 0o4755)
+print("STATUS: complete\nSUMMARY: grew things\n")
+''', round_cap=2)
+    led = open_ledger(paths)
+    try:
+        t = led.one("SELECT * FROM tasks")
+        feedback = [e["payload"].get("feedback", "") for e in led.events(task_id=t["id"])
+                    if e["kind"] == "round.started"]
+        reasons = " ".join(str(e["payload"].get("reason") or "") for e in led.events(task_id=t["id"]))
+    finally:
+        led.close()
+    assert t["state"] == "failed" and t["pushed_sha"] is None
+    assert any(WORKTREE_TOO_LARGE in f and "limits.worktree_max_mb (1 MB)" in f for f in feedback), feedback
+    assert SETID_BITS in reasons and "suid" in reasons, reasons
+    wt = Path(t["worktree"])
+    assert not (wt / "round-one.bin").exists()
+    assert not (wt / "suid").exists() or not (wt / "suid").stat().st_mode & stat.S_ISUID

@@ -5,22 +5,24 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
   process it started dies too, a ``setsid`` grandchild included; no capabilities (``--cap-drop ALL``: as root
   a lane could otherwise remount its read-only view);
 - the whole filesystem read-only, a private ``/tmp`` and ``/dev``, its own ``/proc`` (so no other process's
-  environment is readable);
+  environment is readable); every writable tmpfs size-capped (``Plan.tmpfs_mb``), every mount ``nosuid``;
 - the agent home (ledger, config, other tasks' specs, worktrees and lane logs) replaced by an empty tmpfs, with only
   this lane's worktree (read-write for the implementer, read-only for every other role), its spec (read-only) and
-  its run dir (read-write: vendors write their last message and chat files there) bound back in;
+  its lane dir (read-write: vendors write their last message and chat files there) bound back in; the runner's run
+  dir (logs, notes, the git config copy) is never shown (agent.lanes.files);
 - the users' homes (``/root``, ``/home``, the agent's ``$HOME`` and its user's home in passwd) replaced by empty
   tmpfs mounts: ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, ``~/.netrc``, shell history and other users' homes are not
   there; when the agent is root, the system's root-only secrets are blanked too (``system_secrets``: ``/etc/shadow``,
-  SSH host keys, ``/etc/ssl/private``).  ``$HOME`` is the lane's private, writable, throwaway home; bound back into it: the vendor's session dirs
-  (``state_paths``, read-write), and read-only what the lane must run (``toolchain_paths``: the agent's interpreter
+  SSH host keys, ``/etc/ssl/private``).  ``$HOME`` is the lane's private, writable, throwaway home; bound back into
+  it: the vendor's session dirs (``state_paths``: a private copy per task, read-write), and read-only what the lane must run (``toolchain_paths``: the agent's interpreter
   and package tree, the PATH entries' tool directories, the vendor binary's package) and the files a command
   vendor's argv or a ``vendors.X.env`` variable names;
 - the git dir read-only: the worktree's ``.git`` file (so a lane cannot point it elsewhere), the mirror's objects
   and refs, and in place of the mirror's ``config`` a sanitised copy (format version and extensions only: no remote
   URL, nothing git would execute);
 - read-write: what the vendor must write to keep and resume its session (``state_paths`` of its adapter, e.g.
-  ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``) and the paths listed in ``vendors.X.writable``;
+  ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``: the task's private copy shown at that path) and the paths listed in
+  ``vendors.X.writable``;
 - the network stays (lanes talk to their model API).
 
 ``sandbox: none`` in config.yaml runs lanes without it (explicitly only; doctor warns).  With ``sandbox: bwrap``
