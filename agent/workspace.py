@@ -744,7 +744,9 @@ def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branc
     """Remove a finished task's worktree and its local branch, then prune the mirror's worktree list.
 
     ``keep_sha`` (a failed task's head, which a human may still reset) is kept under ``kept_ref(task_id)``.
+    The task's private vendor state (``vendor-state/task-N``: its lanes' sessions) goes with it.
     """
+    shutil.rmtree(Path(home) / "vendor-state" / f"task-{task_id}", ignore_errors=True)
     mirror = mirror_path(home, repo)
     path = Path(path)
     if not (mirror / "HEAD").exists():   # no mirror (deleted by hand): only the folder is left to remove

@@ -17,7 +17,8 @@ import stat
 from pathlib import Path
 
 LANE_FILE_CAP = 4 << 20          # bytes read of one lane-written file: its END when it is longer (the report)
-KEPT_FILES = 64                  # lane files kept (redacted) after a run
+KEPT_FILES = 64                  # lane files kept (redacted) after a run, each its last KEPT_BYTES
+KEPT_BYTES = 1 << 20
 
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|_KEY$|CREDENTIAL|AUTH)", re.IGNORECASE)
 
@@ -122,7 +123,7 @@ def keep_lane_files(lane_dir: Path, dest: Path, extra_env: dict[str, str] | None
                 rel = os.path.relpath(os.path.join(root, name), lane_dir)
                 if len(kept) >= KEPT_FILES:
                     break
-                text = read_lane_file(os.path.join(root, name), extra_env)
+                text = read_lane_file(os.path.join(root, name), extra_env, cap=KEPT_BYTES)
                 if text is None:
                     refused.append(rel)
                     continue

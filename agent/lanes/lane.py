@@ -502,6 +502,8 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
                  "session_id": result.session_id},
                 task_id=task_id, error_id=error_id, claim_token=claim_token)
         keep_lane_files(lane_dir, run_dir / "lane-files", secrets)
+        if task_id is None:         # a run outside a task: no later run can resume its vendor session
+            shutil.rmtree(home / "vendor-state" / f"run-{run_dir.name}", ignore_errors=True)
         doc = result.to_json()
         if doc.get("report"):
             doc["report"] = {k: (lane_text(v, secrets) if isinstance(v, str) else v) for k, v in doc["report"].items()}
