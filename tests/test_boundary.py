@@ -387,7 +387,7 @@ def test_case8_terminal_escapes_in_a_lanes_report_never_reach_a_human(tmp_path, 
 import pathlib, sys
 cwd = pathlib.Path(sys.argv[2])
 for p in cwd.rglob("pricing.py"):
-    p.write_text(p.read_text().replace("cart['items']", "cart.get('items', [])"))
+    p.write_text(p.read_text().replace('item["qty"]', 'item.get("qty", 1)'))
 print("STATUS: complete\nSUMMARY: guarded the cart ESC done\n".replace("ESC", %r))
 ''' % ESCAPES
     run_with_implementer(paths, "escaper", body, round_cap=1)
@@ -395,9 +395,13 @@ print("STATUS: complete\nSUMMARY: guarded the cart ESC done\n".replace("ESC", %r
     try:
         summaries = [r["summary"] for r in led.all("SELECT summary FROM lane_runs WHERE role = 'implementer'")]
         task_id = led.scalar("SELECT id FROM tasks")
+        prs = led.all("SELECT title, body FROM prs")
+        commits = [r["message"] for r in led.all("SELECT message FROM commits")]
     finally:
         led.close()
     assert summaries and all(s and "\x1b" not in s and "guarded the cart" in s for s in summaries), summaries
+    assert prs and commits and any("guarded the cart" in c for c in commits), (prs, commits)   # a draft PR opened
+    assert not any("\x1b" in text or "\x07" in text for text in [*commits, *(v for r in prs for v in r.values())])
     env = {"AGENT_HOME": str(paths["home"])}
     for args in (("task", "show", str(task_id)), ("events", "--task", str(task_id)), ("status",),
                  ("task", "show", str(task_id), "--json")):
