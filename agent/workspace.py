@@ -118,9 +118,11 @@ def private_git_home() -> str:
     """An empty directory of this process's, the ``HOME`` of every agent git command that does not talk to a
     remote: nothing of the user's (``~/.gitconfig``, XDG config, attributes) is read there."""
     if not _PRIVATE_HOME or not os.path.isdir(_PRIVATE_HOME[0]):
+        import atexit
         import tempfile
 
         _PRIVATE_HOME[:] = [tempfile.mkdtemp(prefix="agent-git-home-")]
+        atexit.register(shutil.rmtree, _PRIVATE_HOME[0], True)
     return _PRIVATE_HOME[0]
 
 
