@@ -497,3 +497,37 @@ print("STATUS: complete\nSUMMARY: grew things\n")
     wt = Path(t["worktree"])
     assert not (wt / "round-one.bin").exists()
     assert not (wt / "suid").exists() or not (wt / "suid").stat().st_mode & stat.S_ISUID
+
+
+@needs_bwrap
+def test_case5_a_check_that_leaves_a_setuid_file_has_its_bit_removed(tmp_path, monkeypatch):
+    """Test code the lane committed copies /bin/sh into an ignored dir (`git clean` keeps it) and makes it setuid
+    when the check runs it: after the check no file in the worktree keeps the bit (main left a setuid-root shell)."""
+    from test_fixer import ledger as open_ledger, run_with_implementer
+    from test_trust import _fixer_world
+
+    paths = _fixer_world(tmp_path, monkeypatch)
+    run_with_implementer(paths, "suid-test", r'''
+import pathlib, sys
+cwd = pathlib.Path(sys.argv[2])
+p = cwd / "widgets" / "pricing.py"
+p.write_text(p.read_text().replace('item["qty"]', 'item.get("qty", 1)'))
+(cwd / "tests" / "test_zz.py").write_text(
+    "import os, shutil, unittest\n"
+    "class T(unittest.TestCase):\n"
+    "    def test_plant(self):\n"
+    "        os.makedirs('widgets/__pycache__', exist_ok=True)\n"
+    "        shutil.copy('/bin/sh', 'widgets/__pycache__/sh')\n"
+    "        os.chmod('widgets/__pycache__/sh', 0o6755)\n")
+print("STATUS: complete\nSUMMARY: fixed with a planting test\n")
+''', round_cap=1)
+    led = open_ledger(paths)
+    try:
+        t = led.one("SELECT * FROM tasks")
+        checks = led.all("SELECT passed FROM checks")
+    finally:
+        led.close()
+    planted = Path(t["worktree"]) / "widgets" / "__pycache__" / "sh"
+    assert checks and checks[0]["passed"], (t["state"], t["failed_reason"], checks)
+    assert planted.exists()                                  # the check ran it (and git clean kept the ignored dir)
+    assert not planted.stat().st_mode & (stat.S_ISUID | stat.S_ISGID), oct(planted.stat().st_mode)
