@@ -184,7 +184,7 @@ def test_case2_a_session_id_naming_a_host_file_is_never_bound_into_the_next_turn
 
 
 def test_case2_the_one_read_helper_refuses_links_fifos_and_caps_size(tmp_path):
-    from agent.lanes.files import read_lane_file
+    from agent.lanes.files import read_lane_file, write_private
 
     (tmp_path / "target").write_text(MARKER)
     os.symlink(tmp_path / "target", tmp_path / "link")
@@ -195,6 +195,10 @@ def test_case2_the_one_read_helper_refuses_links_fifos_and_caps_size(tmp_path):
     assert read_lane_file(tmp_path / "missing") is None
     text = read_lane_file(tmp_path / "big", cap=40)
     assert text.endswith("END password=[redacted:secret]") and "\x1b" not in text and len(text) < 60
+    write_private(tmp_path / "link", "runner text")       # a runner write at a planted link replaces the link
+    assert (tmp_path / "target").read_text() == MARKER and (tmp_path / "link").read_text() == "runner text"
+    assert not (tmp_path / "link").is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "big", "fifo", "link", "target"]
 
 
 # ---------------------------------------------------------------------------------------------- case 4

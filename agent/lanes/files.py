@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import stat
+import uuid
 from pathlib import Path
 
 LANE_FILE_CAP = 4 << 20          # bytes read of one lane-written file: its END when it is longer (the report)
@@ -83,20 +84,22 @@ def read_lane_file(path: Path | str, extra_env: dict[str, str] | None = None, ca
 
 
 def write_private(path: Path | str, data: str | bytes, mode: int = 0o600) -> Path:
-    """Write a runner file: created fresh (a symlink or anything else at its name is removed first, never
-    followed), ``O_NOFOLLOW | O_EXCL``."""
+    """Write a runner file: a new file (``O_EXCL | O_NOFOLLOW``, a unique temporary name beside it) renamed over
+    ``path``, so a symlink planted at that name is replaced, never followed, and two writers never see half a file."""
     p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        if p.is_symlink() or p.exists():
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-    except FileNotFoundError:
-        pass
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        try:
+            os.replace(tmp, p)
+        except IsADirectoryError:
+            shutil.rmtree(p, ignore_errors=True)
+            os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return p
 
 
@@ -119,9 +122,11 @@ def keep_lane_files(lane_dir: Path, dest: Path, extra_env: dict[str, str] | None
     refused: list[str] = []
     if lane_dir.is_dir() and not lane_dir.is_symlink():
         for root, dirs, files in os.walk(lane_dir, followlinks=False):
+            if len(kept) + len(refused) >= KEPT_FILES:
+                break
             for name in sorted(files) + sorted(d for d in dirs if os.path.islink(os.path.join(root, d))):
                 rel = os.path.relpath(os.path.join(root, name), lane_dir)
-                if len(kept) >= KEPT_FILES:
+                if len(kept) + len(refused) >= KEPT_FILES:
                     break
                 text = read_lane_file(os.path.join(root, name), extra_env, cap=KEPT_BYTES)
                 if text is None:
@@ -183,13 +188,11 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...]) -> list
             data = _login_bytes(orig)
             if data is None:
                 continue
-            if priv.is_dir() and not priv.is_symlink():
-                shutil.rmtree(priv)
             write_private(priv, data)
             out.append((priv, orig))
             continue
         if priv.is_symlink() or priv.is_file():
-            priv.unlink()
+            priv.unlink(missing_ok=True)
         priv.mkdir(parents=True, exist_ok=True, mode=0o700)
         for name in login:
             data = _login_bytes(orig / name)

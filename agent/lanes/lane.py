@@ -107,8 +107,7 @@ def redact_file(path: Path | None, extra_env: dict[str, str] | None = None) -> N
     text = raw.decode("utf-8", errors="replace")
     clean = redact(text, extra_env)
     if clean != text or raw != text.encode("utf-8"):
-        tmp = write_private(p.with_name(p.name + ".redacting"), clean)
-        tmp.replace(p)
+        write_private(p, clean)
 
 
 def sha256_file(path: Path) -> str:
