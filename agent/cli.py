@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "notify": "agent.commands.serve:notify",
     "serve": "agent.commands.serve:serve",
     "runners": "agent.commands.runners:runners",
+    "bench": "agent.commands.bench:bench",
 }
 
 
