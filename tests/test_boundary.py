@@ -535,3 +535,26 @@ print("STATUS: complete\nSUMMARY: fixed with a planting test\n")
     assert checks and checks[0]["passed"], (t["state"], t["failed_reason"], checks)
     assert planted.exists()                                  # the check ran it (and git clean kept the ignored dir)
     assert not planted.stat().st_mode & (stat.S_ISUID | stat.S_ISGID), oct(planted.stat().st_mode)
+
+
+def test_case8_file_names_a_lane_chooses_reach_the_ledger_without_escapes(tmp_path, monkeypatch):
+    """A lane names a blocked file with an OSC sequence: the round's rejection (which names the file) is stored and
+    shown without it."""
+    from test_fixer import ledger as open_ledger, run_with_implementer
+    from test_trust import _fixer_world
+
+    paths = _fixer_world(tmp_path, monkeypatch)
+    run_with_implementer(paths, "namer", r'''
+import pathlib, sys
+cwd = pathlib.Path(sys.argv[2])
+(cwd / ".github").mkdir(exist_ok=True)
+(cwd / ".github" / "ci\x1b]0;owned\x07.yml").write_text("x")
+print("STATUS: complete\nSUMMARY: named a file\n")
+''', round_cap=1)
+    led = open_ledger(paths)
+    try:
+        events = led.events(task_id=led.scalar("SELECT id FROM tasks"))
+    finally:
+        led.close()
+    text = json.dumps([e["payload"] for e in events], ensure_ascii=False)
+    assert ".github/ci.yml" in text and "\x1b" not in text and "\x07" not in text, text[-800:]

@@ -266,6 +266,7 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
 
 
 def step_committed(ctx: Ctx) -> None:
+    from agent.intake.redact import strip_controls
     from agent.workspace import unsafe_changes
 
     t = ctx.task
@@ -298,7 +299,7 @@ def step_committed(ctx: Ctx) -> None:
     if blocked:
         g("reset", "-q", "--hard", "HEAD")
         g("clean", "-fdq")
-        shown = ", ".join(sorted(set(blocked)))
+        shown = strip_controls(", ".join(sorted(set(blocked))))     # file names the lane chose
         reject_round(ctx, f"touched blocked paths {shown}",
                       f"The previous round made blocked changes ({shown}); never touch these paths, never add "
                       "symlinks that point outside the repository and never add submodules.")
