@@ -37,6 +37,7 @@ class RepoConfig:
     check: str | None = None
     branch_prefix: str = "agent/fix-"
     blocked_paths: tuple[str, ...] = (".github/", ".agent/")
+    allow_bidi: bool = False       # a round whose change adds bidi control characters is rejected unless true
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,13 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+    max_per_scan: int = 10        # decider lanes one scan runs at most (each under the daily budget)
+
+
+@dataclass(frozen=True)
+class FeedbackConfig:
+    ci_wait: int = 3600                       # seconds a pushed head may have no CI result before that is reported
+    ci_apps: tuple[str, ...] = ("github-actions",)   # GitHub Apps whose check runs count as the PR's CI
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,13 @@ class NotifyChannel:
 
 
 @dataclass(frozen=True)
+class LessonsConfig:
+    reviewers: bool = False        # reviewer specs carry accepted lessons too (default: implementers only)
+    per_service: int = 5           # accepted lessons a spec carries for one service or error, newest first
+    max_chars: int = 300           # a longer LESSON is refused
+
+
+@dataclass(frozen=True)
 class DsnProject:
     """``serve.dsn`` entry: a Sentry project id that unmodified SDKs send to, with its key and where errors go."""
     project: str                  # the number at the end of the DSN
@@ -200,18 +215,20 @@ class Config:
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
+    lessons: LessonsConfig = LessonsConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
-    def repo_for_service(self, service: str | None) -> RepoConfig | None:
-        for repo in self.repos.values():
-            if service and service in repo.services:
-                return repo
-        return None
+    def repo_for_service(self, service: str | None, hint: str | None = None) -> RepoConfig | None:
+        """The repository whose ``services`` lists ``service``: only config maps a service to a repository. An
+        event's own ``repo`` field (a Sentry tag, a JSONL field) is a ``hint`` that only picks among those."""
+        serving = [repo for repo in self.repos.values() if service and service in repo.services]
+        return next((r for r in serving if r.name == hint), serving[0] if serving else None)
 
     def lane(self, role: str, repo: "RepoSettings | None" = None) -> LaneConfig | None:
         if repo is not None and role in repo.lanes:
@@ -323,12 +340,14 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
+                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
+                               "lessons", "feedback"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
-        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
+                               "allow_bidi"))
         nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
         if (not isinstance(name, str) or not all(name.split("/"))
                 or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
@@ -343,6 +362,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             check=v.opt_string(d.get("check"), f"{p}.check"),
             branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
             blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
+            allow_bidi=v.boolean(d.get("allow_bidi", False), f"{p}.allow_bidi"),
         )
 
     lanes = _lanes(v, top.get("lanes"), "lanes")
@@ -392,12 +412,17 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
+    fd = v.mapping(top.get("feedback"), "feedback", ("ci_wait", "ci_apps"))
+    feedback = FeedbackConfig(
+        ci_wait=v.integer(fd.get("ci_wait", FeedbackConfig.ci_wait), "feedback.ci_wait", 1),
+        ci_apps=v.strings(fd["ci_apps"], "feedback.ci_apps") if "ci_apps" in fd else FeedbackConfig.ci_apps)
 
-    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
+    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
     decide = DecideConfig(
         auto=v.boolean(dd.get("auto", False), "decide.auto"),
         min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
         max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
+        max_per_scan=v.integer(dd.get("max_per_scan", DecideConfig.max_per_scan), "decide.max_per_scan", 1),
     )
 
     gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
@@ -461,9 +486,10 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
+                  lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
 
 
@@ -578,6 +604,14 @@ def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
                               service=v.string(d.get("service"), f"{p}.service"), repo=repo))
     return tuple(out)
 
+
+def _lessons(v: _V, raw: Any) -> LessonsConfig:
+    d = v.mapping(raw, "lessons", tuple(LessonsConfig.__dataclass_fields__))
+    dflt = LessonsConfig()
+    return LessonsConfig(
+        reviewers=v.boolean(d.get("reviewers", dflt.reviewers), "lessons.reviewers"),
+        per_service=v.integer(d.get("per_service", dflt.per_service), "lessons.per_service", 0, 50),
+        max_chars=v.integer(d.get("max_chars", dflt.max_chars), "lessons.max_chars", 20, 2000))
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -720,13 +754,21 @@ DEFAULT_CONFIG = """\
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
+# feedback:
+#   ci_wait: 3600                 # seconds a pushed PR head may have no CI result before that is reported
+#   ci_apps: [github-actions]     # GitHub Apps whose check runs count as the PR's CI (others are ignored)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
 
-# decide: {auto: false, min_count: 3, max_age_days: 14}
+# lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
+#   reviewers: false           # reviewer specs carry lessons too
+#   per_service: 5             # accepted lessons per spec (same service or error), newest first
+#   max_chars: 300             # a longer LESSON is refused, like one holding a URL or a command
+
+# decide: {auto: false, min_count: 3, max_age_days: 14, max_per_scan: 10}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too

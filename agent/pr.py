@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.text import BACKTICKS, fence, forge_safe, ident, one_line, visible  # noqa: F401 - fence: re-exported
+
 TITLE_MAX = 72
 BODY_MAX = 60000          # GitHub refuses bodies over 65536 characters
 FIELD_MAX = 8000          # one brief / findings block
@@ -67,6 +69,7 @@ class PRData:
     ci_head: str | None = None
     ci_state: str | None = None                                # pending | success | failure | neutral
     feedback_rounds: list[dict] = field(default_factory=list)  # {round, trigger, keys}
+    lesson: dict | None = None         # the task's lesson: {id, state, text, reason}; None: it left none
 
     @classmethod
     def from_dict(cls, d: dict) -> "PRData":
@@ -126,24 +129,17 @@ def _word(value: Any) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text or "").split())
+    return one_line(text)
 
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def fence(text: str, info: str = "text") -> str:
-    """``text`` in a backtick fence longer than any backtick run inside it."""
-    runs = [len(m) for m in re.findall(r"`+", text)]
-    ticks = "`" * max(3, max(runs, default=0) + 1)
-    return f"{ticks}{info}\n{text.rstrip()}\n{ticks}"
-
-
 def _code(text: str) -> str:
-    """An inline code span that survives backticks in ``text``."""
-    text = _one_line(text)
-    runs = [len(m) for m in re.findall(r"`+", text)]
+    """An inline code span that survives backticks (and look-alikes) in ``text``; invisible characters spelled."""
+    text = visible(_one_line(text))
+    runs = [len(m) for m in re.findall("[" + BACKTICKS + "]+", text)]
     ticks = "`" * (max(runs, default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text}{pad}{ticks}"
@@ -163,15 +159,27 @@ def parse_task_marker(body: str) -> int | None:
 
 
 def render_title(d: PRData) -> str:
+    """The agent's own words from a template: ``fix(SERVICE): CLASS (agent task N)``; the error's message and the
+    lane's text never reach the title (a squash merge makes it the commit subject)."""
     if d.title and d.title.strip():
-        raw = d.title
+        raw = forge_safe(_one_line(guard(d.title)))
     else:
-        cls, msg = _one_line(d.error_class), _one_line(d.message)
-        if cls and msg.startswith(cls):  # "KeyError: 'qty'" already names the class
-            cls = ""
-        what = ": ".join(x for x in (cls, msg) if x) or "production error"
-        raw = f"fix({_one_line(d.service) or 'service'}): {what}"
-    return _clip(_one_line(guard(raw)), TITLE_MAX)
+        raw = f"fix({ident(d.service, 40) or 'service'}): {ident(d.error_class, 60) or 'production error'} " \
+              f"(agent task {int(d.task_id)})"
+    return _clip(_one_line(raw), TITLE_MAX)
+
+
+def commit_message(task_id: int, round_no: int, error_class: str | None, service: str | None,
+                   error_id: str | None = None) -> str:
+    """A round's commit message, from a template only: the lane's SUMMARY (untrusted) goes to the PR's fenced
+    sections, never into history a merge carries (no closing keywords, CI-skip directives, mentions, trailers)."""
+    cls = ident(error_class, 60) or "production error"
+    svc = ident(service, 40) or "service"
+    err = _hexid(error_id, 16) if error_id else None
+    lines = [f"fix({svc}): {cls} (agent task {int(task_id)}, round {int(round_no)})", "",
+             f"Proposed by agent for {'error ' + err if err and err != 'unknown' else 'a production error'} "
+             f"in {svc}; the implementer's summary and every review are in the pull request."]
+    return "\n".join(lines) + "\n"
 
 
 def _check_phrase(checks: list[CheckResult]) -> tuple[str, str]:
@@ -183,6 +191,32 @@ def _check_phrase(checks: list[CheckResult]) -> tuple[str, str]:
                                                                    "letzten Stand bestanden"
     return "the repository check failed on the final head", "die Prüfung des Repositorys ist auf dem letzten " \
                                                             "Stand fehlgeschlagen"
+
+
+def _memory(d: PRData) -> str:
+    """What agent will remember if this PR is merged (EN, then DE), so the human who merges decides it."""
+    les = d.lesson or {}
+    text = _one_line(les.get("text") or "")
+    if not text or les.get("state") not in ("candidate", "refused", "accepted"):
+        return ("**Memory:** if this pull request is merged, agent remembers nothing from it.\n\n"
+                "**Gedächtnis:** Wird dieser Pull Request zusammengeführt, merkt sich Agent daraus nichts.")
+    lid = int(les.get("id") or 0)
+    quoted = fence(_clip(guard(text), 600), "lesson")
+    if les.get("state") == "refused":
+        why = _clip(_one_line(guard(les.get("reason") or "")), 200)
+        return (f"**Memory:** the implementer left a lesson agent refused ({why}); it is never remembered:\n\n"
+                f"**Gedächtnis:** Der Implementierungs-Agent hat eine Lektion hinterlassen, die Agent abgelehnt hat "
+                f"({why}); sie wird nie gemerkt:\n\n{quoted}")
+    if les.get("state") == "accepted":
+        return (f"**Memory:** agent remembers this lesson (#{lid}) for later fixes of "
+                f"{_code(guard(d.service) or 'unknown')}; "
+                f"`agent lesson forget {lid}` drops it:\n\n"
+                f"**Gedächtnis:** Agent merkt sich diese Lektion (#{lid}) für spätere Korrekturen; "
+                f"`agent lesson forget {lid}` verwirft sie:\n\n{quoted}")
+    return (f"**Memory:** if this pull request is merged, agent remembers this lesson (#{lid}) and gives it to later "
+            f"fixes of {_code(guard(d.service) or 'unknown')}; `agent lesson forget {lid}` drops it either way:\n\n"
+            f"**Gedächtnis:** Wird dieser Pull Request zusammengeführt, merkt sich Agent diese Lektion (#{lid}) und "
+            f"gibt sie späteren Korrekturen mit; `agent lesson forget {lid}` verwirft sie in jedem Fall:\n\n{quoted}")
 
 
 def render_body(d: PRData) -> str:
@@ -266,7 +300,7 @@ def render_body(d: PRData) -> str:
                          f"({_code(guard(c.get('conclusion') or '')[:40])}){link}")
     parts += ["", "</details>", "", task_marker(d.task_id), ""]
 
-    body = "\n\n".join([en, de]) + "\n\n" + "\n".join(parts)
+    body = "\n\n".join([en, de, _memory(d)]) + "\n\n" + "\n".join(parts)
     if len(body) > BODY_MAX:  # keep the marker and the closing tag; shorten the middle
         tail = "\n\n</details>\n\n" + task_marker(d.task_id) + "\n"
         body = body[: BODY_MAX - len(tail) - 80] + "\n\n_(shortened: the full record is in the ledger)_" + tail
@@ -321,7 +355,9 @@ def pr_data_from_rows(inputs: dict) -> PRData:
                   cost_usd=float(cost or 0.0),
                   branch=t.get("branch") or "", base=t.get("base") or "",
                   ci=list(inputs.get("ci") or []), ci_head=inputs.get("ci_head"), ci_state=inputs.get("ci_state"),
-                  feedback_rounds=list(inputs.get("feedback_rounds") or []))
+                  feedback_rounds=list(inputs.get("feedback_rounds") or []),
+                  lesson={k: (inputs.get("lesson") or {}).get(k) for k in ("id", "state", "text", "reason")}
+                  if inputs.get("lesson") else None)
 
 
 # --------------------------------------------------------------------------- from the ledger

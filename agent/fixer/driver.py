@@ -57,7 +57,8 @@ class Stop(Exception):
 
 def redact_text(text: str) -> str:
     """Text that came from an error or a lane, as it may be stored or shown: redacted, escape sequences removed."""
-    from agent.intake.redact import redact, strip_controls
+    from agent.intake.redact import redact
+    from agent.text import strip_controls
 
     return strip_controls(redact(text or ""))
 

@@ -18,9 +18,10 @@ from agent.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, 
                                  lane_budget, pr_limits_reached)
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
-from agent.ledger.lanes import BudgetRefused, implementer_summary, inflight_run, interrupt_run
+from agent.ledger.lanes import BudgetRefused, inflight_run, interrupt_run
+from agent.pr import commit_message
 from agent.ledger.prs import has_pr
-from agent.ledger.tasks import (finish_task, lessons_for, passing_check, record_check, record_commit, record_gate,
+from agent.ledger.tasks import (finish_task, passing_check, record_check, record_commit, record_gate,
                                 record_push, record_spec, task_commits)
 from agent.shutdown import STOP
 from agent.tasks import ClaimLost, LeaseLost, Refused, claimed_tx, snapshot
@@ -49,9 +50,10 @@ def _feedback(ctx: Ctx) -> list[str]:
 
 
 def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
-    if not error:
-        return []
-    return lessons_for(ctx.ledger, error["service"], error["fingerprint"], ctx.task_id)
+    """Accepted lessons only (a human merged their PR or accepted them), each with its origin."""
+    from agent.lessons import for_spec
+
+    return for_spec(ctx.ledger, ctx.config, error, ctx.task_id)
 
 
 def _check_command(ctx: Ctx, repo: RepoConfig) -> str | None:
@@ -227,6 +229,10 @@ def step_implementer_done(ctx: Ctx) -> None:
     result = _lane(ctx, "implementer", spec, ctx.task["head_sha"] or ctx.task["base_sha"])
     _lane_outcome(ctx, "implementer", result)
     if result.status == "complete":
+        from agent.lessons import propose
+
+        propose(ctx.ledger, ctx.task_id, result.lesson, max_chars=ctx.config.lessons.max_chars,
+                lane_run_id=result.run_id, round_=ctx.task["round"], claim_token=ctx.token, clean=redact_text)
         close_step(ctx, "implementer_done", f"lane run #{result.run_id}: {(result.summary or '')[:300]}")
         return
     if result.status == "timeout":
@@ -266,7 +272,7 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
 
 
 def step_committed(ctx: Ctx) -> None:
-    from agent.intake.redact import strip_controls
+    from agent.text import strip_controls
     from agent.workspace import unsafe_changes
 
     t = ctx.task
@@ -304,10 +310,19 @@ def step_committed(ctx: Ctx) -> None:
                       f"The previous round made blocked changes ({shown}); never touch these paths, never add "
                       "symlinks that point outside the repository and never add submodules.")
         return
-    summary = redact_text(implementer_summary(ctx.ledger, ctx.task_id, t["round"]) or t["title"]).strip()
-    subject = summary.splitlines()[0] if summary else t["title"]
-    subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
-    message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
+    bidi = [] if repo_cfg.allow_bidi else _bidi_in_change(g)
+    if bidi:
+        g("reset", "-q", "--hard", "HEAD")
+        g("clean", "-fdq")
+        shown = ", ".join(f"{path} ({', '.join(chars)})" for path, chars in bidi[:10])
+        reject_round(ctx, f"added bidi control characters in {shown}",
+                     f"The previous round added invisible bidirectional control characters ({shown}); they make "
+                     "code read differently than it runs. Never write them; use plain text or escapes.")
+        return
+    error = _error(ctx) or {}
+    # the agent's own words only: the lane's SUMMARY goes to the PR's fenced sections, never into history
+    message = commit_message(ctx.task_id, t["round"], error.get("class"), error.get("service"), t["error_id"])
+    subject = message.splitlines()[0]
     name, email = ctx.config.git.author_name, ctx.config.git.author_email
     # hardened git: no hooks (core.hooksPath=/dev/null, --no-verify); COMMIT_EDITMSG lands in the worktree's own
     # git dir, so parallel tasks (--jobs) never share it
@@ -321,6 +336,27 @@ def step_committed(ctx: Ctx) -> None:
     _record_commit(ctx, sha, parent, message)
     crashpoint("commit.recorded")
     close_step(ctx, "committed", f"commit {sha[:12]}: {subject}")
+
+
+def _bidi_in_change(g) -> list[tuple[str, list[str]]]:
+    """``(path, [U+XXXX, ...])`` for every staged file whose added lines (or new name) hold bidi controls."""
+    from agent.text import bidi_controls
+
+    found: dict[str, set[str]] = {}
+    path = None
+    diff = g("-c", "core.quotePath=false", "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
+             "-U0", "--no-renames", "--text")
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].removeprefix("b/")
+            chars = bidi_controls(path)
+        elif line.startswith("+") and path is not None:
+            chars = bidi_controls(line[1:])
+        else:
+            continue
+        if chars:
+            found.setdefault(path, set()).update(chars)
+    return [(p, sorted(c)) for p, c in sorted(found.items())]
 
 
 def step_local_check_pass(ctx: Ctx) -> None:
@@ -385,12 +421,14 @@ def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> 
 
 
 def _review_spec(ctx: Ctx, dimension: str) -> Path:
-    from agent.spec import reviewer_spec, write_spec
+    from agent.spec import reviewer_spec, without_section, write_spec
 
     t = ctx.task
     spec_text = _round_spec(ctx).read_text(encoding="utf-8")   # this home's copy (another runner may have written it)
     check = passing_check(ctx.ledger, ctx.task_id, t["head_sha"])
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
+    if not ctx.config.lessons.reviewers:   # a reviewer judges the diff, not what earlier lanes left behind
+        spec_text = without_section(spec_text, "Lessons")
     text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
     return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
 
@@ -556,8 +594,7 @@ def finish(ctx: Ctx) -> None:
         owe_pr_text(ctx.ledger, ctx.task_id, str(exc), ctx.token)
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
-    finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token,
-                clean=redact_text)
+    finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token)
     ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
     _reply_on_pr(ctx)
 

@@ -258,24 +258,3 @@ def redact_obj(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact_obj(v) for v in value]
     return value
-
-
-# Terminal escape sequences (CSI, OSC with its payload, DCS/SOS/PM/APC strings, two-character ESC sequences), C0/C1
-# controls but newline and tab, and the bidi overrides that reorder what a reader sees.  Linear: each alternative
-# consumes its sequence once, bounded.
-_ESCAPES = re.compile(
-    r"[\x1b\x9b](?:(?<=\x1b)\[)?(?<=[\[\x9b])[0-?]{0,64}+[ -/]{0,16}+[@-~]?"      # CSI (7- or 8-bit)
-    r"|(?:\x1b[\]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c]{0,4096}+(?:\x07|\x1b\\|\x9c)?"  # OSC/DCS/SOS/PM/APC
-    r"|\x1b[ -/]{0,16}+[0-~]?"                                                  # other ESC sequences
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def strip_controls(text: Any) -> Any:
-    """``text`` without terminal escape sequences, control characters (newline and tab stay; CR goes) or bidi
-    overrides: what every lane-derived string passes through before a human sees it.  Non-strings pass through."""
-    if not isinstance(text, str) or not text:
-        return text
-    if text.isprintable() or all(c.isprintable() or c in "\n\t" for c in text):
-        if "\u200e" not in text and "\u200f" not in text:
-            return text
-    return _ESCAPES.sub("", text)

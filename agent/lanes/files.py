@@ -42,7 +42,7 @@ def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
 
 def lane_text(text: str | None, extra_env: dict[str, str] | None = None) -> str | None:
     """Lane-derived text as it may be stored or shown: redacted, then escape sequences and controls removed."""
-    from agent.intake.redact import strip_controls
+    from agent.text import strip_controls
 
     return strip_controls(redact(text, extra_env)) if text else text
 
@@ -137,7 +137,7 @@ def keep_lane_files(lane_dir: Path, dest: Path, extra_env: dict[str, str] | None
                 kept.append(rel)
     if refused:
         dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-        from agent.intake.redact import strip_controls
+        from agent.text import strip_controls
 
         write_private(dest / "LINKS", "not kept (a link or not a regular file):\n"
                       + "\n".join(strip_controls(r) for r in refused[:200]) + "\n")

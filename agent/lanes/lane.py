@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import AgentError
-from agent.intake.redact import strip_controls
+from agent.text import strip_controls
 from agent.lanes.env import config_denylist, lane_env
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
@@ -483,7 +483,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         result = LaneResult(
             run_id=run_id, role=role, vendor=vendor_name, status=status, report=report, findings=findings,
             findings_text=lane_text(ftext, secrets), summary=lane_text(summary, secrets) if summary else None,
-            lesson=lane_text(lesson, secrets) if lesson else None, session_id=strip_controls(r.session_id),
+            lesson=lane_text(lesson, secrets) if lesson else None, session_id=strip_controls(r.session_id) or None,
             exit_code=last_res.exit_code if last_res is not None else None, cost_usd=r.cost, usage=r.usage,
             repairs=r.repairs, reason=lane_text(reason, secrets), log_dir=run_dir, excerpt=lane_text(tail, secrets),
             manifest_hash=mhash, duration_s=time.time() - started)

@@ -142,6 +142,11 @@ table leases
   until REAL
   updated_at TEXT
   index unique (name) pk
+table ledger_keys
+  name TEXT PK1
+  value TEXT NOT NULL
+  created_at TEXT NOT NULL
+  index unique (name) pk
 table lessons
   id INTEGER PK1
   service TEXT
@@ -149,7 +154,14 @@ table lessons
   text TEXT NOT NULL
   task_id INTEGER
   created_at TEXT
+  state TEXT NOT NULL DEFAULT 'candidate'
+  reason TEXT
+  lane_run_id INTEGER
+  decided_by TEXT
+  updated_at TEXT
   fk task_id -> tasks.id
+  index (task_id) c
+  index (state, service) c
   index (service) c
 table local_pr_checks
   id INTEGER PK1
