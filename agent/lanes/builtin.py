@@ -168,7 +168,7 @@ class Codex(_Base):
                 errors.append(ev.get("message") or "error")
         if message is None:
             # stdout may have been cut at the size cap; -o still holds the final message.
-            message = read_lane_file(self._last_file(ctx))     # the lane wrote it: never through a link
+            message = read_lane_file(self._last_file(ctx), parse=True)   # the lane wrote it: never through a link
         api_error = errors[-1] if errors else None
         if api_error is None and exit_code not in (0, None) and not message:
             api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
@@ -433,7 +433,7 @@ class Aider(_Base):
     def events(path: Path) -> list[dict]:
         """aider's own analytics events of one turn (``--analytics-log``): one JSON object per line."""
         out = []
-        for line in (read_lane_file(path) or "").splitlines():      # the lane wrote it: never through a link
+        for line in (read_lane_file(path, parse=True) or "").splitlines():   # never through a link
             try:
                 doc = json.loads(line)
             except ValueError:
@@ -447,7 +447,7 @@ class Aider(_Base):
         model's reply (a reply quoting "Cost: $750" or "AuthenticationError" must not count). Only aider's own
         error lines are read from its output, with every line of the model's replies taken out first."""
         log = self._llm_log(ctx, new=False)
-        text = read_lane_file(log) or ""                  # the lane wrote it: never through a link
+        text = read_lane_file(log, parse=True) or ""      # the lane wrote it: never through a link
         message = self.last_response(text)
         usage: dict = {}
         cost = None

@@ -75,12 +75,16 @@ def read_bytes_nofollow(path: Path | str, cap: int = LANE_FILE_CAP) -> bytes | N
         os.close(fd)
 
 
-def read_lane_file(path: Path | str, extra_env: dict[str, str] | None = None, cap: int = LANE_FILE_CAP) -> str | None:
-    """THE read of a file a lane wrote: ``read_bytes_nofollow``, decoded, redacted and escape-stripped."""
+def read_lane_file(path: Path | str, extra_env: dict[str, str] | None = None, cap: int = LANE_FILE_CAP,
+                   parse: bool = False) -> str | None:
+    """THE read of a file a lane wrote: ``read_bytes_nofollow``, decoded, redacted and escape-stripped.  ``parse``:
+    for an adapter that parses it (JSON events, a log's structure), the decoded text as it is; what the adapter takes
+    from it is redacted and stripped where it is kept (``lane_text`` in run_lane)."""
     raw = read_bytes_nofollow(path, cap)
     if raw is None:
         return None
-    return lane_text(raw.decode("utf-8", errors="replace"), extra_env) or ""
+    text = raw.decode("utf-8", errors="replace")
+    return text if parse else lane_text(text, extra_env) or ""
 
 
 def write_private(path: Path | str, data: str | bytes, mode: int = 0o600) -> Path:
