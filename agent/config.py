@@ -20,6 +20,7 @@ BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
 FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
 SANDBOXES = ("bwrap", "none")
+NETWORKS = ("proxy", "none", "host")      # sandbox.network (agent.lanes.egress)
 DEFAULT_BLOCKED = (".github/", ".agent/")
 
 
@@ -58,6 +59,7 @@ class VendorConfig:
     resume: tuple[str, ...] | None = None
     args: tuple[str, ...] = ()               # extra argv appended for a built-in vendor
     writable: tuple[str, ...] = ()           # paths the vendor must write besides the worktree (sandbox binds)
+    hosts: tuple[str, ...] = ()              # HOST[:PORT] its lanes may reach through the egress proxy
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Limits:
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
     worktree_max_mb: int = 2048        # a worktree grown past this after a lane or check fails the round
     lane_tmp_mb: int = 1024            # size of a lane's private /tmp and of its private home (tmpfs, RAM)
+    shutdown_grace: int = 10           # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,9 @@ class ServeConfig:
     sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
     alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
     max_body_bytes: int = 1048576
+    read_token_env: str | None = None                 # Authorization: Bearer <token> for /, /tasks/*, /metrics
+    require_timestamp: bool = False                   # /hooks/events must carry a signed X-Agent-Timestamp
+    replay_window: int = 300                          # seconds a signed hook timestamp may be off from now
     dsn: tuple[DsnProject, ...] = ()                  # Sentry ingest (/api/<project>/envelope/ and /store/)
     max_events_per_minute: int = 600                  # Sentry ingest: over it, 429 with Retry-After
     url: str | None = None                            # where SDKs reach `agent serve` (doctor prints DSNs with it)
@@ -218,6 +224,8 @@ class Config:
     feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
+    sandbox_network: str = "proxy"           # sandbox.network: proxy | none | host (agent.lanes.egress)
+    sandbox_allow_hosts: tuple[str, ...] = ()   # sandbox.allow_hosts: HOST[:PORT] every lane may reach
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
@@ -370,7 +378,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     vendors: dict[str, VendorConfig] = {}
     for name, raw in v.mapping(top.get("vendors"), "vendors").items():
         p = f"vendors.{name}"
-        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args", "writable"))
+        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args", "writable", "hosts"))
         vendors[name] = VendorConfig(
             name=name,
             bin=v.opt_string(d.get("bin"), f"{p}.bin"),
@@ -379,6 +387,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             resume=v.argv(d.get("resume"), f"{p}.resume"),
             args=v.strings(d.get("args"), f"{p}.args"),
             writable=v.strings(d.get("writable"), f"{p}.writable"),
+            hosts=_hosts(v, d.get("hosts"), f"{p}.hosts"),
         )
     for role, lane in lanes.items():
         if lane.vendor not in BUILTIN_VENDORS and lane.vendor not in vendors:
@@ -409,6 +418,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
         worktree_max_mb=v.integer(ld.get("worktree_max_mb", dflt.worktree_max_mb), "limits.worktree_max_mb", 1),
         lane_tmp_mb=v.integer(ld.get("lane_tmp_mb", dflt.lane_tmp_mb), "limits.lane_tmp_mb", 16),
+        shutdown_grace=v.integer(ld.get("shutdown_grace", dflt.shutdown_grace), "limits.shutdown_grace", 0),
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
@@ -471,7 +481,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
-    sandbox = v.string(top.get("sandbox", "bwrap"), "sandbox", SANDBOXES)
+    sandbox, network, allow_hosts = _sandbox(v, top.get("sandbox", "bwrap"))
 
     prices = {}
     for name, raw in v.mapping(top.get("prices"), "prices").items():
@@ -487,10 +497,34 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
                   review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  sandbox_network=network, sandbox_allow_hosts=allow_hosts,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
                   lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
+
+
+def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...]]:
+    """``sandbox: bwrap|none``, or ``sandbox: {mode: bwrap|none, network: proxy|none|host, allow_hosts: [...]}``."""
+    if isinstance(raw, str) or raw is None:
+        return v.string(raw, "sandbox", SANDBOXES), "proxy", ()
+    d = v.mapping(raw, "sandbox", ("mode", "network", "allow_hosts"))
+    return (v.string(d.get("mode", "bwrap"), "sandbox.mode", SANDBOXES),
+            v.string(d.get("network", "proxy"), "sandbox.network", NETWORKS),
+            _hosts(v, d.get("allow_hosts"), "sandbox.allow_hosts"))
+
+
+def _hosts(v: _V, raw: Any, path: str) -> tuple[str, ...]:
+    """A list of ``HOST``, ``HOST:PORT`` or ``*.DOMAIN`` entries (the egress proxy's allowlist)."""
+    from agent.lanes.egress import HostRule
+
+    hosts = v.strings(raw, path)
+    for h in hosts:
+        try:
+            HostRule.parse(h)
+        except ValueError as exc:
+            raise ConfigError(f"{v.filename}: {path}: expected HOST, HOST:PORT or *.DOMAIN, got \"{h}\" ({exc})")
+    return hosts
 
 
 def _ledger_url(v: _V, raw: Any) -> str | None:
@@ -574,6 +608,9 @@ def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
         alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
                                         "serve.alertmanager_token_env"),
         max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1),
+        read_token_env=v.opt_string(d.get("read_token_env"), "serve.read_token_env"),
+        require_timestamp=v.boolean(d.get("require_timestamp", dflt.require_timestamp), "serve.require_timestamp"),
+        replay_window=v.integer(d.get("replay_window", dflt.replay_window), "serve.replay_window", 1),
         dsn=_dsn_projects(v, d.get("dsn"), repos),
         max_events_per_minute=v.integer(d.get("max_events_per_minute", dflt.max_events_per_minute),
                                         "serve.max_events_per_minute", 1),
@@ -751,6 +788,7 @@ DEFAULT_CONFIG = """\
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
 #   worktree_max_mb: 2048            # a worktree grown past this after a lane or check fails the round
 #   lane_tmp_mb: 1024                # a lane's private /tmp and home: tmpfs (RAM) capped at this size each
+#   shutdown_grace: 10               # seconds the first Ctrl-C/SIGTERM lets running lanes finish (then stopped)
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
@@ -762,6 +800,9 @@ DEFAULT_CONFIG = """\
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
+# sandbox: {mode: bwrap, network: proxy, allow_hosts: [pypi.org, "llm.corp.example:8443"]}
+#                    # network: proxy (default: own network namespace, only the vendor's model hosts and these through
+#                    # the agent's egress proxy) | none (no network) | host (the host's network; doctor warns)
 
 # lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
 #   reviewers: false           # reviewer specs carry lessons too
@@ -791,6 +832,10 @@ DEFAULT_CONFIG = """\
 #   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
 #   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
 #   max_body_bytes: 1048576
+#   read_token_env: AGENT_READ_TOKEN          # Authorization: Bearer <token> for /, /tasks/N, /metrics (unset:
+#                                             # loopback only, unless `--public`)
+#   require_timestamp: false                  # /hooks/events must send a signed X-Agent-Timestamp
+#   replay_window: 300                        # seconds a hook's timestamp may differ from now (Sentry, events)
 #   url: http://agent.internal:8080          # where SDKs reach it; `agent doctor` prints each project's DSN
 #   dsn:                                      # a Sentry DSN for unmodified SDKs: /api/<project>/envelope/ and /store/
 #     - {project: 1, key_env: AGENT_DSN_KEY, service: widgets-api}   # DSN http://<key>@host:port/1

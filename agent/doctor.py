@@ -210,9 +210,47 @@ def check_config(config_path: Path, required: bool):
         return Check("config", False, str(exc)[:400], f"fix {config_path} at the key named above, then rerun "
                      "`agent doctor`"), None
     if config.path is None:
-        return Check("config", True, f"{config_path}: not there; built-in defaults (no repos, no lanes)"), config
-    return Check("config", True, f"{config_path}: valid; {len(config.repos)} repo(s), {len(config.lanes)} lane "
-                 f"role(s), {len(config.sources)} source(s)"), config
+        detail = f"{config_path}: not there; built-in defaults (no repos, no lanes)"
+    else:
+        detail = (f"{config_path}: valid; {len(config.repos)} repo(s), {len(config.lanes)} lane role(s), "
+                  f"{len(config.sources)} source(s)")
+    missing = [what for what, have in (("no repo", config.repos), ("no lane role", config.lanes)) if not have]
+    if missing:  # valid, but nothing would ever be fixed: not "healthy"
+        return Check("config", True, f"{detail}; {' and '.join(missing)}, so nothing will be fixed",
+                     f"add `repos:` and `lanes:` to {config_path} (`agent init` wrote commented examples), then "
+                     "rerun `agent doctor`", warn=True), config
+    return Check("config", True, detail), config
+
+
+def check_network(config, environ=None) -> Check:
+    """`sandbox.network: proxy` (default) needs socat, and a base URL a vendor is given must be on its allowlist;
+    `host` is allowed but warned; `none` says what it means."""
+    from agent.lanes.egress import INSTALL_FIX, mode, socat_path, unlisted_base_urls
+    from agent.lanes.sandbox import mode as sandbox_mode
+
+    net = mode(config)
+    if sandbox_mode(config) == "none":
+        return Check("network", True, "sandbox: none: lanes share the host's network, its loopback services and "
+                     "unix sockets", "install bubblewrap and remove `sandbox: none`", warn=True)
+    if net == "host":
+        return Check("network", True, "sandbox.network: host: lanes reach the host's loopback services (agent "
+                     "serve, databases), the LAN and any host on the internet",
+                     "remove `network: host` (default proxy: only the vendors' model hosts)", warn=True)
+    if net == "none":
+        return Check("network", True, "sandbox.network: none: lanes have no network (a vendor CLI cannot reach its "
+                     "model)")
+    found = socat_path()
+    if found is None:
+        return Check("network", False, "sandbox.network: proxy, but socat is not installed: every lane refuses to "
+                     "start", INSTALL_FIX)
+    unlisted = unlisted_base_urls(config, lane_vendors(config), os.environ if environ is None else environ)
+    if unlisted:
+        vendor, var, hostport = unlisted[0]
+        return Check("network", False, f"vendors.{vendor}: {var} points at {hostport}, which is not on its "
+                     "allowlist: the egress proxy refuses it and its lanes cannot reach their model",
+                     f'add "{hostport}" to vendors.{vendor}.hosts in config.yaml')
+    return Check("network", True, "sandbox.network: proxy: lanes reach only their vendor's model hosts, "
+                 "vendors.X.hosts and sandbox.allow_hosts, through the agent's egress proxy")
 
 
 def check_sandbox(config) -> Check:
@@ -359,7 +397,9 @@ def check_remote(repo) -> Check:
     res, out, err = _run(["git", "ls-remote", "--heads", repo.url, repo.base], LS_REMOTE_TIMEOUT, env=env)
     fix = f"check repos.{repo.name}.url in config.yaml and access to it: `git ls-remote {repo.url}`"
     if res.status != "ok":
-        why = "timed out" if res.timed_out else _last_line(err) or res.error or f"exit {res.exit_code}"
+        from agent.workspace import git_error_line
+
+        why = "timed out" if res.timed_out else git_error_line(err) or res.error or f"exit {res.exit_code}"
         return Check(label, False, f"git ls-remote {repo.url}: {why}", fix)
     if not out.strip():
         return Check(label, False, f"{repo.url}: reachable, but has no branch {repo.base!r}",
@@ -515,6 +555,7 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
     checks.append(cfg_check)
     if config is not None:
         checks.append(check_sandbox(config))
+        checks.append(check_network(config, environ))
         checks += check_lane_secrets(config)
         checks += check_roles(config)
         for vendor, roles in lane_vendors(config).items():
@@ -523,7 +564,9 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
         checks += check_forges(config, online, environ)
         checks += check_sentry_dsn(config, environ)
     checks.append(check_disk(home, min_free))
-    return {"ok": all(c.ok for c in checks), "checks": [c.to_json() for c in checks]}
+    unset = config is not None and not (config.repos and config.lanes)
+    return {"ok": all(c.ok for c in checks), "checks": [c.to_json() for c in checks],
+            **({"not_set_up": cfg_check.detail.rsplit("; ", 1)[-1]} if unset else {})}
 
 
 def render_text(result: dict) -> str:
@@ -537,5 +580,7 @@ def render_text(result: dict) -> str:
     warned = [c for c in result["checks"] if c["ok"] and c.get("warn")]
     lines.append("")
     note = f" ({len(warned)} warning(s): {', '.join(c['name'] for c in warned)})" if warned else ""
-    lines.append(("healthy" if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad)) + note)
+    # valid but with no repo or no lane nothing would ever be fixed: never "healthy"
+    verdict = f"not set up yet: {result['not_set_up']}" if result.get("not_set_up") else "healthy"
+    lines.append((verdict if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad)) + note)
     return "\n".join(lines)

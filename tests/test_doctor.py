@@ -340,3 +340,55 @@ def test_gitlab_and_gitea_credentials_access_and_remote(tmp_path, forge):
         bad = refused[f"forge acme/widgets ({forge})"]
         assert not bad.ok and "token was refused (401)" in bad.detail and "stale" not in bad.detail
         sim.assert_clean()
+
+
+def test_doctor_on_a_home_with_no_repo_and_no_lane_is_not_healthy(agent):
+    assert agent("init").exit_code == 0
+    out = agent("doctor")
+    last = out.stdout.rstrip().splitlines()[-1]
+    assert "healthy" not in last and last.startswith("not set up yet: no repo and no lane role"), out.stdout
+    assert "WARN  config:" in out.stdout and "add `repos:` and `lanes:`" in out.stdout
+
+
+def test_a_git_error_names_the_problem_not_the_end_of_gits_advice(tmp_path):
+    """A failed fetch ends with "Please make sure you have the correct access rights / and the repository
+    exists."; the line kept is the one saying what failed (real git, a path with no repository)."""
+    from agent.config import parse_config
+    from agent.doctor import check_remote
+    from agent.workspace import GitError, git
+
+    gone = tmp_path / "gone.git"
+    with pytest.raises(GitError) as err:
+        git("ls-remote", str(gone), network=True)
+    assert "does not appear to be a git repository" in str(err.value), str(err.value)
+    assert "and the repository exists" not in str(err.value)
+    repo = parse_config({"repos": {"acme/widgets": {"url": str(gone)}}}).repos["acme/widgets"]
+    check = check_remote(repo)
+    assert check.ok is False and "does not appear to be a git repository" in check.detail, check.detail
+
+
+def test_doctor_warns_on_host_network(demo_home):
+    """Issue 23: `sandbox.network: host` is allowed only explicitly and doctor says what it opens; the default
+    (proxy) is a plain ok; `network: none` is ok and says what it means."""
+    assert by_name(doctor(demo_home))["network"]["warn"] is False
+    edit_config(demo_home, lambda d: d.update(sandbox={"network": "host"}))
+    check = by_name(doctor(demo_home))["network"]
+    assert check["ok"] and check["warn"] and "loopback" in check["detail"] and "network: host" in check["fix"]
+    edit_config(demo_home, lambda d: d.update(sandbox={"network": "none"}))
+    check = by_name(doctor(demo_home))["network"]
+    assert check["ok"] and not check["warn"] and "no network" in check["detail"]
+
+
+def test_doctor_names_a_base_url_the_egress_proxy_would_refuse(demo_home):
+    """A vendor given a base URL (a *_BASE_URL variable in vendors.X.env) that its allowlist does not hold: its
+    lanes could not reach their model through the proxy, so doctor says which entry to add."""
+    def vendor(d, hosts):
+        d["vendors"]["demo-implementer"]["env"] = ["ANTHROPIC_BASE_URL"]
+        d["vendors"]["demo-implementer"]["hosts"] = hosts
+    environ = {**os.environ, "ANTHROPIC_BASE_URL": "http://127.0.0.1:8089"}
+    edit_config(demo_home, lambda d: vendor(d, []))
+    check = by_name(doctor(demo_home, environ=environ))["network"]
+    assert not check["ok"] and "127.0.0.1:8089" in check["detail"], check
+    assert check["fix"] == 'add "127.0.0.1:8089" to vendors.demo-implementer.hosts in config.yaml'
+    edit_config(demo_home, lambda d: vendor(d, ["127.0.0.1:8089"]))
+    assert by_name(doctor(demo_home, environ=environ))["network"]["ok"]

@@ -10,13 +10,16 @@ from agent.commands.common import emit, get_app, json_option
 def host_port_options(fn):
     fn = click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
                       help="TCP port (0 picks a free one and prints it).")(fn)
+    fn = click.option("--public", is_flag=True,
+                      help="Allow a non-loopback --host without serve.read_token_env (the page and /metrics "
+                           "open to anyone who reaches it; a warning is printed).")(fn)
     return click.option("--host", default="127.0.0.1", show_default=True,
                         help="Address to listen on; put a TLS proxy in front before exposing it.")(fn)
 
 
 @click.command()
 @host_port_options
-def serve(host, port):
+def serve(host, port, public):
     """Serve webhooks (/hooks/events, /hooks/sentry, /hooks/alertmanager), the live status page, /metrics, /healthz.
 
     Also delivers pending notifications every few seconds. Stops on SIGTERM/SIGINT.
@@ -27,7 +30,7 @@ def serve(host, port):
     """
     from agent.serve import run_serve
 
-    run_serve(get_app(), host, port, echo=click.echo)
+    run_serve(get_app(), host, port, echo=click.echo, public=public)
 
 
 @click.group()

@@ -148,7 +148,8 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
         # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
         # work; mark the run interrupted so the next scan runs it again instead of failing or blocking the task
-        interrupt_run(ctx.ledger, result.run_id, f"interrupted by shutdown ({result.status})", task_id=ctx.task_id,
+        why = "interrupted by shutdown" + ("" if result.status == "interrupted" else f" ({result.status})")
+        interrupt_run(ctx.ledger, result.run_id, why, task_id=ctx.task_id,
                       claim_token=ctx.token, only_running=False, ended=False)
         ctx.say(f"{role} lane interrupted by shutdown; the next scan runs it again")
         raise Stop()

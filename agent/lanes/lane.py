@@ -10,6 +10,7 @@ Outcomes (``LaneResult.status``):
 - timeout                       the deadline passed (the whole process group was killed)
 - unavailable                   binary missing, exit 127, or authentication refused -> gate-blocked
 - rejected                      a read-only lane changed the worktree, or ``capability_drift``
+- interrupted                   shutdown stopped it before it reported (no repair turn; the next scan reruns it)
 A run found still 'running' and passed as ``resume_run_id`` is marked 'interrupted' (superseded).
 
 The run is recorded in ``lane_runs`` (status 'running' + manifest before the child starts, pid when
@@ -39,7 +40,7 @@ from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutp
 
 WRITABLE_ROLES = ("implementer",)
 REPORT_STATUSES = ("complete", "partial", "blocked")
-FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected")
+FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected", "interrupted")
 CAPABILITY_DRIFT = "capability_drift"
 MIRROR_TAMPERED = "git_tampered"
 SETID_BITS = "setid_bits"
@@ -317,6 +318,7 @@ class _Run:
         self.session_id: str | None = None
         self.turn_index = 0
         self.runner_files: list[Path] = []
+        self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
 
     def add_turn(self, res, out: TurnOutput) -> None:
         """Count one turn's cost and usage into the attempt (repairs share the attempt's cost)."""
@@ -361,19 +363,37 @@ class _Run:
         remaining = self.deadline - time.time()
         env = lane_env(self.vendor_env, inv.env, deny=self.deny)
         argv = list(inv.argv)
+        try:
+            net = self.network() if self.bwrap is not None else None   # agent.lanes.egress: closed below
+        except OSError as exc:                                          # no room for its socket, say
+            for suffix in (".stdout", ".stderr"):
+                base.with_suffix(suffix).write_bytes(b"")
+            res = proc.ProcResult(exit_code=127, timed_out=False, missing=True, duration_s=0.0, pid=None,
+                                  stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                                  truncated=False, error=f"the lane's egress proxy could not start: {exc}")
+            out = TurnOutput(message="")
+            self.add_turn(res, out)
+            return res, out
         if self.bwrap is not None:
             # what this turn reads of the runner's (its note, a retry spec) is bound read-only; a path that came
             # from the lane (its session id) is never bound
             plan = with_argv_files(self.plan, argv, env, untrusted=[self.session_id or ""],
                                    files=[f for f in self.runner_files if str(f) in " ".join(argv)])
-            argv, env = wrap(self.bwrap, argv, plan, env)
+            argv, env = wrap(self.bwrap, argv, plan, env, net)
 
         def on_start(pid: int) -> None:
             self.record({"pid": pid, "pid_start": proc.start_time(pid)})
 
-        res = proc.run(argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
-                       stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
-                       on_line=self.on_progress, on_start=on_start)
+        try:
+            res = proc.run(argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
+                           stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                           on_line=self.on_progress, on_start=on_start)
+        finally:
+            refused = net.refused() if net is not None else []
+            if net is not None:
+                net.close()
+        if refused:
+            self.event("lane.egress_refused", {"run_id": self.run_id, "turn": self.turn_index, "hosts": refused})
         if res.missing:
             out = TurnOutput(message="")
         else:
@@ -517,6 +537,14 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         r.bwrap = require_sandbox(config)
     except SandboxUnavailable as exc:
         return finish("unavailable", str(exc), None, None)
+    if r.bwrap is not None:
+        from agent.lanes.egress import EgressUnavailable, lane_network, require as require_egress
+
+        try:
+            require_egress(config)
+        except EgressUnavailable as exc:
+            return finish("unavailable", str(exc), None, None)
+        r.network = lambda: lane_network(config, vendor_name)
 
     # -- binary and manifest (before any child starts)
     bin_name = vc.bin or adapter.default_bin
@@ -582,6 +610,11 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     # -- the first turn and the repair loop
     res, out = r.turn(first, "turn", ctx)
     status, reason, report = r.classify(res, out)
+    from agent import proc
+
+    if status is None and proc.halted():
+        # shutting down stopped it: no report is not a malformed one, and no repair turn may start
+        status, reason = "interrupted", "stopped by shutdown before it reported"
     fresh_used = False
     n = 0
     while status is None and n < repair_budget:
