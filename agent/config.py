@@ -76,6 +76,8 @@ class Limits:
     workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
     feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
+    worktree_max_mb: int = 2048        # a worktree grown past this after a lane or check fails the round
+    lane_tmp_mb: int = 1024            # size of a lane's private /tmp and of its private home (tmpfs, RAM)
     shutdown_grace: int = 10           # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
 
 
@@ -414,6 +416,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                      "limits.workspace_failures", 1),
         feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
+        worktree_max_mb=v.integer(ld.get("worktree_max_mb", dflt.worktree_max_mb), "limits.worktree_max_mb", 1),
+        lane_tmp_mb=v.integer(ld.get("lane_tmp_mb", dflt.lane_tmp_mb), "limits.lane_tmp_mb", 16),
         shutdown_grace=v.integer(ld.get("shutdown_grace", dflt.shutdown_grace), "limits.shutdown_grace", 0),
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
@@ -767,6 +771,8 @@ DEFAULT_CONFIG = """\
 #   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
 #   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+#   worktree_max_mb: 2048            # a worktree grown past this after a lane or check fails the round
+#   lane_tmp_mb: 1024                # a lane's private /tmp and home: tmpfs (RAM) capped at this size each
 #   shutdown_grace: 10               # seconds the first Ctrl-C/SIGTERM lets running lanes finish (then stopped)
 
 # review:
