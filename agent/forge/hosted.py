@@ -14,7 +14,18 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+from agent.forge import (PR, ForgeAuthError, ForgeBadAnswer, ForgeConflict, ForgeError, ForgeRateLimited,
+                         ForgeTransient, adoption_refusal)
+
+
+# The JSON shapes (agent.http.check_shape) GitHub and Gitea/Forgejo answers must have; more fields are fine.
+TEXT = (str, None)
+WHO = {"login": str}
+PULL = {"number": int, "state": str, "head": {"ref": str, "sha?": TEXT}, "base": {"ref": str}, "title?": TEXT,
+        "body?": TEXT, "html_url?": TEXT, "draft?": (bool, None), "merged?": (bool, None), "merged_at?": TEXT}
+COMMENT = {"id": int, "body?": TEXT, "user?": (WHO, None), "created_at?": TEXT, "html_url?": TEXT}
+STATUS = {"id": int, "context?": TEXT, "description?": TEXT, "target_url?": TEXT}
+PERMISSION = {"permission": TEXT, "role_name?": TEXT}
 
 
 def pr_from_pulls_json(data: dict, title: str | None = None, draft: bool = False) -> PR:
@@ -50,7 +61,7 @@ class HostedForge:
                              check=self._check, session=session, headers=headers, sleep=sleep, clock=clock,
                              timeout=timeout, retries=retries, max_wait=max_wait, backoff=backoff,
                              transient_error=ForgeTransient, rate_limited_error=ForgeRateLimited,
-                             rate_limit_hint=rate_limit_hint)
+                             rate_limit_hint=rate_limit_hint, error=ForgeError, bad_answer_error=ForgeBadAnswer)
 
     def __repr__(self) -> str:  # never shows the token
         return f"{type(self).__name__}(repo={self.repo!r}, api_url={self.api_url!r})"
