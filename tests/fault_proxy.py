@@ -25,6 +25,7 @@ class Fault:
     headers: dict = field(default_factory=dict)
     body: dict = field(default_factory=lambda: {"message": "injected fault"})
     times: int | None = None           # None: until removed
+    raw: bytes | None = None           # a body that is not JSON (a proxy's HTML page), sent as text/html
 
 
 class FaultProxy:
@@ -44,9 +45,10 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 fault = proxy._take(self.command, self.path)
                 if fault is not None:
-                    data = json.dumps(fault.body).encode()
+                    data = fault.raw if fault.raw is not None else json.dumps(fault.body).encode()
+                    ctype = "text/html" if fault.raw is not None else "application/json"
                     self.send_response(fault.status)
-                    for k, v in {"Content-Type": "application/json", **fault.headers}.items():
+                    for k, v in {"Content-Type": ctype, **fault.headers}.items():
                         self.send_header(k, str(v))
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
