@@ -27,6 +27,25 @@ class ConfigError(AgentError):
     """``config.yaml: limits.round_cap: expected an integer >= 1, got "five"``"""
 
 
+NESTED_FORGES = ("gitlab",)      # project paths of any depth: GROUP/SUBGROUP/.../NAME
+
+
+def repo_key_problem(key: Any, forge: str | None = None) -> str | None:
+    """Why ``key`` is not a repository key of ``forge`` (``OWNER/NAME``; GitLab also ``GROUP/SUBGROUP/.../NAME``;
+    ``forge`` None: any depth), or None.  A segment is letters, digits and ``._-``, neither ``.``, ``..`` nor
+    starting with ``-``."""
+    import re
+
+    nested = forge is None or forge in NESTED_FORGES
+    expected = "expected a repository name OWNER/NAME" + (" (GitLab: GROUP[/SUBGROUP...]/NAME)" if nested else "")
+    parts = key.split("/") if isinstance(key, str) else []
+    if len(parts) < 2 or (len(parts) > 2 and not nested):
+        return expected + (", got a nested path: only GitLab has nested groups" if len(parts) > 2 else "")
+    bad = next((p for p in parts if p in ("", ".", "..") or p.startswith("-")
+                or not re.fullmatch(r"[A-Za-z0-9._-]+", p)), None)
+    return None if bad is None else f"{expected}, got the segment {bad!r}"
+
+
 @dataclass(frozen=True)
 class RepoConfig:
     name: str                      # OWNER/NAME
@@ -315,11 +334,9 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
         d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
-        nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
-        if (not isinstance(name, str) or not all(name.split("/"))
-                or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
-            raise ConfigError(f"{filename}: {p}: expected a repository name OWNER/NAME"
-                              + (" (GitLab: GROUP[/SUBGROUP...]/NAME)" if nested_ok else ""))
+        why = repo_key_problem(name, d.get("forge", "local") if isinstance(d.get("forge", "local"), str) else None)
+        if why:
+            raise ConfigError(f"{filename}: {p}: {why}")
         repos[name] = RepoConfig(
             name=name,
             url=v.string(d.get("url"), f"{p}.url"),

@@ -74,8 +74,10 @@ class GiteaForge(HostedForge):
                  session=None, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITEA_TOKEN"):
-        if repo.count("/") != 1 or not all(repo.split("/")):
-            raise ForgeError(f"gitea: repository {repo!r} is not OWNER/NAME")
+        from agent.config import repo_key_problem
+
+        if repo_key_problem(repo, self.name):
+            raise ForgeError(f"gitea: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
                          retries=retries, max_wait=max_wait, backoff=backoff)
         self.owner, self.repo_name = repo.split("/")

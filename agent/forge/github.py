@@ -84,8 +84,10 @@ class GithubForge(HostedForge):
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0):
-        if repo.count("/") != 1:
-            raise ForgeError(f"github: repository {repo!r} is not OWNER/NAME")
+        from agent.config import repo_key_problem
+
+        if repo_key_problem(repo, self.name):
+            raise ForgeError(f"github: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
                          retries=retries, max_wait=max_wait, backoff=backoff,
                          headers={"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,

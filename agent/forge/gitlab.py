@@ -93,8 +93,10 @@ class GitlabForge(HostedForge):
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITLAB_TOKEN"):
-        if repo.count("/") < 1 or not all(repo.split("/")):
-            raise ForgeError(f"gitlab: project {repo!r} is not GROUP/NAME")
+        from agent.config import repo_key_problem
+
+        if repo_key_problem(repo, self.name):
+            raise ForgeError(f"gitlab: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
                          retries=retries, max_wait=max_wait, backoff=backoff)
         self.base = base
