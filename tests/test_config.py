@@ -80,6 +80,10 @@ def test_gitlab_and_gitea_sections():
     ({"repos": {"a/b/c": {"url": "x", "forge": "gitea"}}}, "config.yaml: repos.a/b/c: expected a repository name"),
     ({"repos": {"a//c": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.a//c: expected a repository name "
                                                            "OWNER/NAME (GitLab: GROUP[/SUBGROUP...]/NAME)"),
+    ({"repos": {"acme/../etc": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.acme/../etc: expected a "
+                                                                   "repository name OWNER/NAME (GitLab: GROUP"),
+    ({"repos": {"acme/wid gets": {"url": "x", "forge": "github"}}}, "config.yaml: repos.acme/wid gets: expected a "
+                                                                    "repository name OWNER/NAME, got the segment"),
     ({"gitlab": {"api_url": "gitlab.example.com"}}, "config.yaml: gitlab.api_url: expected an http(s) URL"),
     ({"gitea": {"api_url": "https://bot:hunter2@git.example/api/v1"}}, "config.yaml: gitea.api_url: secrets never"),
     ({"gitea": {"token": "x"}}, "config.yaml: gitea.token: unknown key"),
