@@ -133,6 +133,11 @@ class GiteaConfig:
 
 
 @dataclass(frozen=True)
+class ForgesConfig:
+    timeout: tuple[float, float] = (10.0, 30.0)     # (connect, read) seconds of every forge HTTP call
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     kind: str
     service: str | None = None
@@ -203,6 +208,7 @@ class Config:
     github: GithubConfig = GithubConfig()
     gitlab: GitlabConfig = GitlabConfig()
     gitea: GiteaConfig = GiteaConfig()
+    forges: ForgesConfig = ForgesConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
@@ -328,7 +334,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
+                               "forges", "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -462,6 +468,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
+                  forges=_forges(v, top.get("forges")),
                   review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve")),
@@ -550,6 +557,28 @@ def _serve(v: _V, raw: Any) -> ServeConfig:
                                         "serve.alertmanager_token_env"),
         max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1))
 
+
+
+def _forges(v: _V, raw: Any) -> ForgesConfig:
+    """``forges.timeout``: ``{connect: S, read: S}``, ``[connect, read]`` or one number for both (seconds > 0)."""
+    d = v.mapping(raw, "forges", ("timeout",))
+    if d.get("timeout") is None:
+        return ForgesConfig()
+    value, path = d["timeout"], "forges.timeout"
+    dflt = ForgesConfig.timeout
+    if isinstance(value, dict):
+        t = v.mapping(value, path, ("connect", "read"))
+        pair = (t.get("connect", dflt[0]), t.get("read", dflt[1]))
+    elif isinstance(value, list) and len(value) == 2:
+        pair = (value[0], value[1])
+    else:
+        pair = (value, value)
+    out = []
+    for name, x in zip(("connect", "read"), pair):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= 3600:
+            v.fail(f"{path}.{name}", "seconds, a number above 0 and at most 3600 ({connect: S, read: S})", x)
+        out.append(float(x))
+    return ForgesConfig(timeout=(out[0], out[1]))
 
 
 def _api_url(v: _V, value: Any, path: str) -> str:
@@ -701,6 +730,7 @@ DEFAULT_CONFIG = """\
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
 # gitea:  {api_url: https://git.example.com/api/v1, token_env: GITEA_TOKEN}       # also Forgejo
+# forges: {timeout: {connect: 10, read: 30}}      # seconds, every forge HTTP call
 # sources:
 #   - {kind: file, path: /var/log/widgets/*.log, service: widgets-api}
 

@@ -234,3 +234,26 @@ def test_html_answers_never_stop_a_follow_up_pass(hub, ledger, tmp_path):
     by_number = {i["number"]: i for i in items}
     assert "not JSON" in by_number[numbers[0]]["error"] and "\n" not in by_number[numbers[0]]["line"]
     assert by_number[numbers[1]]["state"] == "open" and "error" not in by_number[numbers[1]]
+
+
+@pytest.mark.parametrize("name", ["github", "gitlab", "gitea"])
+def test_forges_timeout_from_config_bounds_every_call(name, tmp_path, monkeypatch):
+    import time
+
+    from agent.config import parse_config
+    from agent.forge import get_forge
+
+    def slow(*a):
+        time.sleep(1.0)
+        return 200, {}, {}
+
+    with LocalServer(slow) as srv:
+        cfg = parse_config({"repos": {REPO: {"url": "x", "forge": name}}, name: {"api_url": srv.url},
+                            "forges": {"timeout": {"connect": 2, "read": 0.2}}})
+        monkeypatch.setenv(f"{name.upper()}_TOKEN", TOKENS[name])
+        forge = get_forge(cfg.repos[REPO], cfg, tmp_path)
+        assert forge.api.timeout == (2.0, 0.2)
+        forge.api.sleep = lambda s: None                    # the backoff between retries is not under test
+        with pytest.raises(ForgeTransient, match="timed out"):
+            forge.state(1)
+        assert len(srv.requests) == forge.api.retries + 1

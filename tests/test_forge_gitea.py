@@ -86,7 +86,8 @@ def test_draft_pr_created_found_updated_labelled_commented(sim, forge):
     assert create.body == {"head": branch, "base": "main", "title": "WIP: fix(api): KeyError", "body": "first body"}
 
     assert forge.find_pr_by_head(branch) == pr
-    assert sim.calls_to("GET", r"/pulls/main/")[-1].raw_path == f"/repos/acme/widgets/pulls/main/{branch}"
+    lookup = sim.calls_to("GET", r"/pulls/main/")[-1]         # {head} is one escaped path parameter, slash and all
+    assert lookup.raw_path == "/repos/acme/widgets/pulls/main/agent%2Ffix-0a1b2c3d" and branch == "agent/fix-0a1b2c3d"
 
     updated = forge.update(pr.number, "fix(api): KeyError in checkout", "second body")
     assert (updated.title, updated.body, updated.draft) == ("fix(api): KeyError in checkout", "second body", True)

@@ -90,7 +90,8 @@ class GiteaForge(HostedForge):
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GiteaForge":
         gt = config.gitea
-        return cls(repo_config.name, api_url=gt.api_url, base=repo_config.base, wip_prefix=gt.wip_prefix,
+        return cls(repo_config.name, timeout=config.forges.timeout, api_url=gt.api_url, base=repo_config.base,
+                   wip_prefix=gt.wip_prefix,
                    token_env=gt.token_env, token=lambda: resolve_token(gt.token_env))
 
     # ------------------------------------------------------------------ Gitea's quirks
@@ -129,7 +130,7 @@ class GiteaForge(HostedForge):
 
     def find_pr_by_head(self, branch: str, base: str | None = None) -> PR | None:
         base = base or self.base
-        resp = self.api.request("GET", f"{self._repo_path()}/pulls/{quote(base, safe='')}/{quote(branch, safe='/')}",
+        resp = self.api.request("GET", f"{self._repo_path()}/pulls/{quote(base, safe='')}/{quote(branch, safe='')}",
                                 what=f"looking up the PR for {branch}", allow=(404,))
         if resp.status_code == 404:
             return None

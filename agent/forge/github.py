@@ -98,7 +98,7 @@ class GithubForge(HostedForge):
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GithubForge":
         gh = config.github
-        return cls(repo_config.name, api_url=gh.api_url,
+        return cls(repo_config.name, timeout=config.forges.timeout, api_url=gh.api_url,
                    token=lambda: resolve_token(gh.token_env, gh.token_command))
 
     # ------------------------------------------------------------------ GitHub's quirks
@@ -136,7 +136,7 @@ class GithubForge(HostedForge):
 
     def _pulls(self) -> str:
         owner, name = self.repo.split("/")
-        return f"/repos/{quote(owner)}/{quote(name)}"
+        return f"/repos/{quote(owner, safe='')}/{quote(name, safe='')}"
 
     # ------------------------------------------------------------------ the Forge interface
 
@@ -229,7 +229,7 @@ class GithubForge(HostedForge):
     def ci_results(self, sha: str) -> list[CIResult]:
         out: list[CIResult] = []
         seen: set[str] = set()
-        for st in self._paginate(f"{self._pulls()}/commits/{quote(sha)}/statuses", {"per_page": 100},
+        for st in self._paginate(f"{self._pulls()}/commits/{quote(sha, safe='')}/statuses", {"per_page": 100},
                                  what=f"listing commit statuses of {sha[:12]}", item=STATUS):
             context = st.get("context") or "default"
             if context in seen:
@@ -238,7 +238,7 @@ class GithubForge(HostedForge):
             out.append(CIResult(kind="status", id=str(st.get("id")), name=context,
                                 state=ci_state(st.get("state")), conclusion=st.get("state") or "",
                                 summary=st.get("description") or "", url=st.get("target_url"), head_sha=sha))
-        url: str | None = f"{self._pulls()}/commits/{quote(sha)}/check-runs"
+        url: str | None = f"{self._pulls()}/commits/{quote(sha, safe='')}/check-runs"
         params: dict | None = {"per_page": 100, "filter": "latest"}
         for _ in range(MAX_PAGES):
             resp = self.api.request("GET", url, params=params, what=f"listing check runs of {sha[:12]}")

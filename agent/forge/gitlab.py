@@ -106,7 +106,8 @@ class GitlabForge(HostedForge):
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GitlabForge":
         gl = config.gitlab
-        return cls(repo_config.name, api_url=gl.api_url, base=repo_config.base, token_env=gl.token_env,
+        return cls(repo_config.name, timeout=config.forges.timeout, api_url=gl.api_url, base=repo_config.base,
+                   token_env=gl.token_env,
                    token=lambda: resolve_token(gl.token_env))
 
     # ------------------------------------------------------------------ GitLab's quirks
