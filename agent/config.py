@@ -117,6 +117,14 @@ class GithubConfig:
     api_url: str = "https://api.github.com"
     token_env: str = "GITHUB_TOKEN"
     token_command: tuple[str, ...] | None = None
+    app_id: int | None = None                   # a GitHub App instead of a token: its id, and its private key
+    private_key_file: str | None = None         # ... from a PEM file
+    private_key_env: str | None = None          # ... or from the variable holding the PEM
+    installation_id: int | None = None          # None: found from the repository
+
+    @property
+    def app(self) -> bool:
+        return self.app_id is not None
 
 
 @dataclass(frozen=True)
@@ -413,12 +421,26 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         author_email=v.string(gd.get("author_email", "agent@localhost"), "git.author_email"),
     )
 
-    hd = v.mapping(top.get("github"), "github", ("api_url", "token_env", "token_command"))
+    hd = v.mapping(top.get("github"), "github", tuple(GithubConfig.__dataclass_fields__))
     github = GithubConfig(
         api_url=v.string(hd.get("api_url", "https://api.github.com"), "github.api_url").rstrip("/"),
         token_env=v.string(hd.get("token_env", "GITHUB_TOKEN"), "github.token_env"),
         token_command=v.argv(hd.get("token_command"), "github.token_command"),
+        app_id=None if hd.get("app_id") is None else v.integer(hd["app_id"], "github.app_id", 1),
+        private_key_file=v.opt_string(hd.get("private_key_file"), "github.private_key_file"),
+        private_key_env=v.opt_string(hd.get("private_key_env"), "github.private_key_env"),
+        installation_id=(None if hd.get("installation_id") is None
+                         else v.integer(hd["installation_id"], "github.installation_id", 1)),
     )
+    keys = [k for k in ("private_key_file", "private_key_env") if hd.get(k) is not None]
+    if github.app_id is not None and len(keys) != 1:
+        raise ConfigError(f"{filename}: github.app_id: a GitHub App needs exactly one of github.private_key_file "
+                          f"(a PEM file) or github.private_key_env (a variable holding the PEM), got "
+                          f"{' and '.join(keys) or 'neither'}")
+    for k in keys + (["installation_id"] if github.installation_id is not None else []):
+        if github.app_id is None:
+            raise ConfigError(f"{filename}: github.{k}: only used with github.app_id (a GitHub App); set app_id "
+                              "or remove it")
 
     gl = v.mapping(top.get("gitlab"), "gitlab", ("api_url", "token_env"))
     gitlab = GitlabConfig(

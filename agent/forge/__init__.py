@@ -227,6 +227,9 @@ class Forge(Protocol):
     def ci_results(self, sha: str) -> list[CIResult]:
         """Commit statuses (the newest per context) and check runs for commit ``sha``."""
 
+    def own_login(self) -> str:
+        """The login the agent's own PRs and comments show (the token's user; a GitHub App's ``<slug>[bot]``)."""
+
 
 FORGES: dict[str, str] = {
     "github": "agent.forge.github:GithubForge",

@@ -177,6 +177,10 @@ class GiteaForge(HostedForge):
     def state(self, number: int) -> PR:
         return self._pr_from_json(self._get_pr(number))
 
+    def own_login(self) -> str:
+        """The login the agent's PRs and comments show: the token's user."""
+        return self.user()["login"]
+
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``, own comments)."""
         if self._me is None:

@@ -94,12 +94,23 @@ class GithubForge(HostedForge):
                                   "User-Agent": f"agent-fixer/{__version__}"},
                          rate_limit_hint=_secondary_rate_limit)
         self.owner = repo.split("/")[0]
+        self._me: dict | None = None
 
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GithubForge":
         gh = config.github
+        if gh.app:
+            from agent.forge.github_app import app_for
+
+            return cls(repo_config.name, timeout=config.forges.timeout, api_url=gh.api_url,
+                       token=app_for(config, repo_config.name))
         return cls(repo_config.name, timeout=config.forges.timeout, api_url=gh.api_url,
                    token=lambda: resolve_token(gh.token_env, gh.token_command))
+
+    @property
+    def app(self):
+        """The GitHub App whose installation tokens this forge uses, or None (a personal token)."""
+        return self._token_source if getattr(self._token_source, "renews", False) else None
 
     # ------------------------------------------------------------------ GitHub's quirks
 
@@ -110,9 +121,13 @@ class GithubForge(HostedForge):
         return {"Authorization": f"Bearer {token}"}
 
     def token_fix(self) -> str:
+        if self.app is not None:
+            return "check github.app_id, the private key and the app's installation (`agent doctor --online`)"
         return "set a valid GITHUB_TOKEN / GH_TOKEN or fix github.token_command"
 
     def access_fix(self) -> str:
+        if self.app is not None:
+            return "give the GitHub App 'pull requests: write' and 'contents: write' and accept them on the installation"
         return "give the token 'pull requests: write' on this repository"
 
     def check_more(self, resp, what: str, msg: str) -> None:
@@ -207,6 +222,9 @@ class GithubForge(HostedForge):
                                  what=f"listing comments of PR #{n}", item=COMMENT):
             items.append(Feedback(kind="comment", id=str(cm["id"]), author=_login(cm), body=cm.get("body") or "",
                                   created_at=cm.get("created_at") or "", url=cm.get("html_url")))
+        if self.app is not None:  # the app's own unmarked comments are never feedback (as on GitLab and Gitea)
+            me = self.own_login()
+            items = [f for f in items if f.author != me or f.own_key is not None]
         items.sort(key=lambda f: (f.created_at, f.kind != "review", int(f.id) if f.id.isdigit() else 0))
         cursor = max([since or ""] + [f.created_at for f in items]) or None
         return FeedbackPage(items=items, cursor=cursor)
@@ -254,6 +272,14 @@ class GithubForge(HostedForge):
             if not url:
                 break
         return out
+
+    def own_login(self) -> str:
+        """The login the agent's PRs and comments show: the app's ``<slug>[bot]``, else the token's user."""
+        if self.app is not None:
+            return self.app.bot_login()
+        if self._me is None:
+            self._me = self.user()
+        return self._me["login"]
 
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``); 401/403 raise ForgeAuthError."""

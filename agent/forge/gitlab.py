@@ -183,6 +183,10 @@ class GitlabForge(HostedForge):
     def state(self, number: int) -> PR:
         return _pr_from_json(self._get_mr(number))
 
+    def own_login(self) -> str:
+        """The login the agent's MRs and comments show: the token's user."""
+        return self.user()["username"]
+
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``, own notes)."""
         if self._me is None:

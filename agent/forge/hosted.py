@@ -120,6 +120,8 @@ class HostedForge:
     # ------------------------------------------------------------------ shared
 
     def _auth_headers(self) -> dict:
+        if getattr(self._token_source, "renews", False):   # a GitHub App: its token changes; it caches it
+            return self.auth_header(self._token_source())
         if self._token is None:
             src = self._token_source
             token = src() if callable(src) else src

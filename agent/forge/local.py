@@ -170,6 +170,9 @@ class LocalForge:
                           url=f"{self.md_path(number).as_uri()}#note-{r['id']}") for r in rows]
         return FeedbackPage(items=items, cursor=str(rows[-1]["id"]) if rows else since)
 
+    def own_login(self) -> str:
+        return AGENT_LOGIN
+
     def has_write_access(self, login: str) -> bool:
         return login in self.collaborators
 
