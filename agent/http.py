@@ -235,7 +235,8 @@ class ApiClient:
                  backoff: float = 1.0, transient_error: type[Exception] = AgentError,
                  rate_limited_error: type[Exception] = AgentError,
                  rate_limit_hint: Callable[[Any], float | None] | None = None,
-                 error: type[Exception] = AgentError, bad_answer_error: type[Exception] = AgentError):
+                 error: type[Exception] = AgentError, bad_answer_error: type[Exception] = AgentError,
+                 reauth: Callable[[], bool] | None = None):
         import time
 
         self.label = label                  # "gitlab grp/proj": starts every message
@@ -257,6 +258,7 @@ class ApiClient:
         self.rate_limit_hint = rate_limit_hint
         self.error = error                      # a refusal (another origin, a write redirected)
         self.bad_answer_error = bad_answer_error  # an answer not of the expected shape: retried next scan
+        self.reauth = reauth                    # on a 401: drop a cached short-lived token; True = try once more
         # remembers a rate-limit reset across scans (agent.forge.RateLimitHold): ``check(what)`` raises while it
         # is ahead, so no call is made; ``remember(until, what)`` stores one the in-pass wait could not cover
         self.hold = None
@@ -288,6 +290,7 @@ class ApiClient:
         if self.hold is not None:
             self.hold.check(what)
         attempt = 0
+        reauthed = False
         while True:
             attempt += 1
             try:
@@ -328,6 +331,10 @@ class ApiClient:
                 raise self.transient_error(f"{self.label}: {what} failed with {resp.status_code} "
                                            f"({redact(response_message(resp))[:120]}); it will be retried "
                                            "on the next scan")
+            if resp.status_code == 401 and self.reauth is not None and not reauthed:
+                reauthed = True
+                if self.reauth():           # a fresh token (a GitHub App's was revoked, or the clocks disagree)
+                    continue
             if resp.status_code >= 400:
                 self.check(resp, what)
                 raise self.error(f"{self.label}: {what} failed with {resp.status_code}: "

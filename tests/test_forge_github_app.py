@@ -222,3 +222,15 @@ def test_a_github_app_configuration_goes_from_error_to_draft_pr(sim, keys, tmp_p
     for path in home.rglob("*"):
         if path.is_file():
             assert b"PRIVATE KEY" not in path.read_bytes() and b"ghs_" not in path.read_bytes(), path
+
+
+def test_a_token_refused_before_its_time_is_bought_again_once(world, sim):
+    """The installation's tokens were revoked: one 401, a new token, the call succeeds; no task is blocked for it."""
+    forge = world["forge"]()
+    pr = forge.create_draft("agent/fix-app00004", "main", "t", "b")
+    start = sim.log()
+    assert requests.post(f"{sim.url}/_sim/app/revoke", timeout=10).status_code == 200
+    assert forge.state(pr.number).number == pr.number
+    log = sim.log()
+    assert log["issued"] == start["issued"] + 1
+    assert [r["why"] for r in log["rejected"][len(start["rejected"]):]] == ["unknown installation token"]

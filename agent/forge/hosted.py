@@ -61,7 +61,8 @@ class HostedForge:
                              check=self._check, session=session, headers=headers, sleep=sleep, clock=clock,
                              timeout=timeout, retries=retries, max_wait=max_wait, backoff=backoff,
                              transient_error=ForgeTransient, rate_limited_error=ForgeRateLimited,
-                             rate_limit_hint=rate_limit_hint, error=ForgeError, bad_answer_error=ForgeBadAnswer)
+                             rate_limit_hint=rate_limit_hint, error=ForgeError, bad_answer_error=ForgeBadAnswer,
+                             reauth=self._reauth)
 
     def __repr__(self) -> str:  # never shows the token
         return f"{type(self).__name__}(repo={self.repo!r}, api_url={self.api_url!r})"
@@ -118,6 +119,14 @@ class HostedForge:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared
+
+    def _reauth(self) -> bool:
+        """A 401: a renewing token source (a GitHub App) forgets its cached token and the call is tried once more."""
+        forget = getattr(self._token_source, "forget", None)
+        if getattr(self._token_source, "renews", False) and forget is not None:
+            forget()
+            return True
+        return False
 
     def _auth_headers(self) -> dict:
         if getattr(self._token_source, "renews", False):   # a GitHub App: its token changes; it caches it

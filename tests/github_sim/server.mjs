@@ -16,7 +16,8 @@
 // /app/... and /repos/:o/:r/installation need a JWT signed RS256 by the app's key, with iss = the app id, exp in
 // the future and at most 10 minutes ahead, iat not in the future; POST /app/installations/:id/access_tokens sells
 // "ghs_" tokens that expire after `lifetime` seconds (of the simulator's clock: POST /_sim/clock {advance} or {reset}) and
-// cover only the repositories asked for.  Every refused credential is logged (GET /_sim/app).
+// cover only the repositories asked for (POST /_sim/app/revoke drops them all).  Every refused credential is logged
+// (GET /_sim/app).
 // Reviews, review comments, issue comments, commit statuses and check runs are stateful here too (PR feedback and
 // CI, `agent watch pr-feedback`).
 
@@ -470,6 +471,10 @@ const app = simulation({
         Object.assign(ghApp, { id: req.body.id, slug: req.body.slug, publicKey: req.body.public_key,
           installationId: req.body.installation_id, permissions: req.body.permissions ?? {},
           lifetime: req.body.lifetime ?? 3600 });
+        res.json({ ok: true });
+      });
+      router.post("/_sim/app/revoke", (_req, res) => {
+        appTokens.clear(); // an admin revoked the installation's tokens
         res.json({ ok: true });
       });
       router.post("/_sim/clock", (req, res) => {
