@@ -197,11 +197,23 @@ class NotifyChannel:
 
 
 @dataclass(frozen=True)
+class DsnProject:
+    """``serve.dsn`` entry: a Sentry project id that unmodified SDKs send to, with its key and where errors go."""
+    project: str                  # the number at the end of the DSN
+    key_env: str                  # environment variable holding the DSN's public key
+    service: str                  # the service the project's errors belong to (config maps it to a repo)
+    repo: str | None = None       # a configured repo key, when the service alone does not name one
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     events_secret_env: str = "AGENT_HOOK_SECRET"      # HMAC-SHA256 of the body, X-Agent-Signature: sha256=<hex>
     sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
     alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
     max_body_bytes: int = 1048576
+    dsn: tuple[DsnProject, ...] = ()                  # Sentry ingest (/api/<project>/envelope/ and /store/)
+    max_events_per_minute: int = 600                  # Sentry ingest: over it, 429 with Retry-After
+    url: str | None = None                            # where SDKs reach `agent serve` (doctor prints DSNs with it)
 
 
 @dataclass(frozen=True)
@@ -493,7 +505,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                   forges=_forges(v, top.get("forges")),
                   review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
-                  serve=_serve(v, top.get("serve")),
+                  serve=_serve(v, top.get("serve"), repos),
                   ledger_url=_ledger_url(v, top.get("ledger")))
 
 
@@ -569,7 +581,7 @@ def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
     return tuple(channels)
 
 
-def _serve(v: _V, raw: Any) -> ServeConfig:
+def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
     d = v.mapping(raw, "serve", tuple(ServeConfig.__dataclass_fields__))
     dflt = ServeConfig()
     return ServeConfig(
@@ -577,7 +589,36 @@ def _serve(v: _V, raw: Any) -> ServeConfig:
         sentry_secret_env=v.string(d.get("sentry_secret_env", dflt.sentry_secret_env), "serve.sentry_secret_env"),
         alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
                                         "serve.alertmanager_token_env"),
-        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1))
+        max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1),
+        dsn=_dsn_projects(v, d.get("dsn"), repos),
+        max_events_per_minute=v.integer(d.get("max_events_per_minute", dflt.max_events_per_minute),
+                                        "serve.max_events_per_minute", 1),
+        url=None if d.get("url") is None else _api_url(v, d["url"], "serve.url"))
+
+
+def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
+    """``serve.dsn: [{project: 42, key_env: NAME, service: S, repo: KEY}]``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        v.fail("serve.dsn", "a list of {project, key_env, service, repo}", raw)
+    out: list[DsnProject] = []
+    for i, item in enumerate(raw):
+        p = f"serve.dsn[{i}]"
+        d = v.mapping(item, p, tuple(DsnProject.__dataclass_fields__))
+        project = d.get("project")
+        if isinstance(project, int) and not isinstance(project, bool) and project > 0:
+            project = str(project)
+        if not isinstance(project, str) or not project.isdigit() or len(project) > 20:
+            v.fail(f"{p}.project", "a positive integer (the number at the end of the DSN)", project)
+        if any(x.project == project for x in out):
+            raise ConfigError(f"{v.filename}: {p}.project: project {project} is listed twice; give each one entry")
+        repo = v.opt_string(d.get("repo"), f"{p}.repo")
+        if repo is not None and repo not in repos:
+            v.fail(f"{p}.repo", f"one of the repos configured under repos: ({', '.join(repos) or 'none'})", repo)
+        out.append(DsnProject(project=project, key_env=v.string(d.get("key_env"), f"{p}.key_env"),
+                              service=v.string(d.get("service"), f"{p}.service"), repo=repo))
+    return tuple(out)
 
 
 
@@ -771,4 +812,8 @@ DEFAULT_CONFIG = """\
 #   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
 #   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
 #   max_body_bytes: 1048576
+#   url: http://agent.internal:8080          # where SDKs reach it; `agent doctor` prints each project's DSN
+#   dsn:                                      # a Sentry DSN for unmodified SDKs: /api/<project>/envelope/ and /store/
+#     - {project: 1, key_env: AGENT_DSN_KEY, service: widgets-api}   # DSN http://<key>@host:port/1
+#   max_events_per_minute: 600                # over it: 429 with Retry-After, SDKs back off
 """

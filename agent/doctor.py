@@ -484,6 +484,37 @@ def check_forges(config, online: bool = False, environ: dict | None = None) -> l
     return checks
 
 
+def check_sentry_dsn(config, environ: dict | None = None) -> list[Check]:
+    """Each ``serve.dsn`` project: the DSN to paste into the SDK, and a warning when SDKs would reach `agent serve`
+    beyond loopback over plain HTTP (the key and the error text would travel in clear)."""
+    from urllib.parse import urlsplit
+
+    from agent.intake.dsn import dsn_url
+
+    env = os.environ if environ is None else environ
+    base = config.serve.url or "http://127.0.0.1:8080"
+    host = urlsplit(base).hostname or ""
+    clear = base.startswith("http://") and host not in ("127.0.0.1", "localhost", "::1")
+    checks = []
+    for p in config.serve.dsn:
+        label = f"sentry dsn {p.project}"
+        key = env.get(p.key_env)
+        if not key:
+            checks.append(Check(label, False, f"{p.key_env} (serve.dsn key_env) is not set: SDKs sending to project "
+                                              f"{p.project} get 503",
+                                f"export {p.key_env}=$(python3 -c 'import secrets; print(secrets.token_hex(16))') "
+                                "where agent serve runs, then paste the DSN doctor prints into the SDK"))
+            continue
+        where = f"DSN for {p.service}: {dsn_url(base, p.project, key)}"
+        if clear:
+            checks.append(Check(label, True, f"{where}; SDKs reach agent serve at {host} over plain HTTP", "put a TLS "
+                                "proxy in front of agent serve and set serve.url to its https:// address", warn=True))
+        else:
+            checks.append(Check(label, True, where + ("" if config.serve.url else
+                                                      " (set serve.url to the address SDKs reach)")))
+    return checks
+
+
 # ---------------------------------------------------------------------------------------------- disk
 
 
@@ -525,6 +556,7 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
             checks.append(check_vendor(config, vendor, roles))
             checks.append(check_vendor_auth(config, vendor, environ))
         checks += check_forges(config, online, environ)
+        checks += check_sentry_dsn(config, environ)
     checks.append(check_disk(home, min_free))
     return {"ok": all(c.ok for c in checks), "checks": [c.to_json() for c in checks]}
 

@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -40,13 +41,16 @@ from agent.ledger import Ledger, ledger_path
 REFRESH_S = 5
 STATUS = {200: "200 OK", 202: "202 Accepted", 400: "400 Bad Request", 401: "401 Unauthorized",
           404: "404 Not Found", 405: "405 Method Not Allowed", 413: "413 Payload Too Large",
-          500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+          415: "415 Unsupported Media Type", 429: "429 Too Many Requests", 500: "500 Internal Server Error",
+          503: "503 Service Unavailable"}
+SENTRY_API = re.compile(r"/api/(\d{1,20})/(envelope|store)/?")
 
 
 class Reply(Exception):
-    def __init__(self, code: int, message: str, **extra):
+    def __init__(self, code: int, message: str, headers: list[tuple[str, str]] | None = None, **extra):
         super().__init__(message)
         self.code = code
+        self.headers = headers or []
         self.body = {"error" if code >= 400 else "result": message, **extra}
 
 
@@ -62,7 +66,10 @@ class HookApp:
         self.config = config
         self.env = os.environ if env is None else env
         self._local = threading.local()
-        self._write_lock = threading.Lock()
+        self._commits = GroupCommit()
+        from agent.intake.dsn import SentryIngest
+
+        self.sentry = SentryIngest(config.serve, self.env)
 
     # ------------------------------------------------------------------ connections
 
@@ -83,13 +90,16 @@ class HookApp:
     def __call__(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/") or "/"
+        extra: list[tuple[str, str]] = []
         try:
             code, ctype, body = self.route(method, path, environ)
         except Reply as r:
             code, ctype, body = _json(r.code, r.body)
+            extra = r.headers
         except AgentError as exc:
             code, ctype, body = _json(503, {"error": str(exc)})
-        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
+                   *extra]
         if code == 405:
             headers.append(("Allow", "POST" if path.startswith("/hooks/") else "GET"))
         start_response(STATUS[code], headers)
@@ -107,6 +117,11 @@ class HookApp:
             if method not in ("GET", "HEAD"):
                 raise Reply(405, f"{path} is read-only; use GET")
             return pages[path]()
+        sentry = SENTRY_API.fullmatch(path)
+        if sentry:
+            if method != "POST":
+                raise Reply(405, f"{path} takes POST (Sentry's ingest protocol)")
+            return self.sentry_api(environ, sentry.group(1), sentry.group(2))
         raise Reply(404, f"no route {path}; see /healthz, /metrics, /, /hooks/events|sentry|alertmanager")
 
     # ------------------------------------------------------------------ hooks: common checks
@@ -144,13 +159,7 @@ class HookApp:
             raise Reply(400, f"body is not UTF-8 (byte {exc.start})") from None
 
     def _store(self, hook: str, key: str, events: list) -> tuple[int, str, bytes]:
-        from agent.intake.store import ingest
-        from agent.ledger.hooks import accept
-
-        led = self._ledger(write=True)
-        with self._write_lock:  # threads of this server queue here instead of in SQLite's sleeping busy handler
-            replay, result = accept(led, hook, key, lambda: ingest(led, events, actor="script",
-                                                                    source=f"hook:{hook}", batch=None))
+        replay, result = self._commits.submit(hook, key, events, lambda: self._ledger(write=True))
         if replay:
             return _json(200, {"result": "replay: this delivery was accepted before; nothing changed",
                                "replay": True})
@@ -221,6 +230,19 @@ class HookApp:
             return _json(200, {"result": "ignored: no firing alerts"})
         return self._store("alertmanager", hashlib.sha256(body).hexdigest(), parsed.events)
 
+    def sentry_api(self, environ, project: str, kind: str) -> tuple[int, str, bytes]:
+        """Sentry's ingest protocol for unmodified SDKs (agent/intake/dsn.py does the checks and parsing)."""
+        from agent.intake.dsn import Refused
+
+        try:
+            delivery = self.sentry.receive(project, kind, environ, self._body)
+        except Refused as r:
+            raise Reply(r.code, str(r), headers=r.headers) from None
+        if not delivery.events:
+            return _json(200, {"id": delivery.event_id})
+        self._store(delivery.hook, delivery.key, delivery.events)   # a replayed event id changes nothing
+        return _json(200, {"id": delivery.event_id})
+
     # ------------------------------------------------------------------ pages
 
     def page_status(self) -> tuple[int, str, bytes]:
@@ -239,7 +261,8 @@ class HookApp:
     def page_metrics(self) -> tuple[int, str, bytes]:
         from agent.ledger.metrics import gather
 
-        return 200, "text/plain; version=0.0.4; charset=utf-8", prometheus(gather(self._ledger(write=False))).encode()
+        text = prometheus(gather(self._ledger(write=False))) + self.sentry.metrics()
+        return 200, "text/plain; version=0.0.4; charset=utf-8", text.encode()
 
     def page_health(self) -> tuple[int, str, bytes]:
         led = self._ledger(write=False)
@@ -248,6 +271,77 @@ class HookApp:
         except Exception as exc:  # noqa: BLE001 - any failure to read is unhealthy
             return _json(503, {"ok": False, "error": f"ledger not readable: {type(exc).__name__}"})
         return _json(200, {"ok": True, "ledger": str(led.path)})
+
+
+class _Job:
+    __slots__ = ("hook", "key", "events", "done", "result", "error")
+
+    def __init__(self, hook: str, key: str, events: list):
+        self.hook, self.key, self.events = hook, key, events
+        self.done, self.result, self.error = False, None, None
+
+
+class GroupCommit:
+    """Hook deliveries arriving together share one write transaction and one fsync (group commit).
+
+    The first request to find no writer becomes the writer: it takes every delivery queued so far, stores them in
+    one transaction on its own connection (``ledger.hooks.accept_batch``), and wakes their requests; the others
+    wait meanwhile, so threads queue here, not in SQLite's sleeping busy handler. If the batch fails, each delivery
+    is retried alone, so one bad delivery fails only its own request. A request is answered only after the commit
+    that holds its events."""
+
+    def __init__(self, max_batch: int = 64):
+        self.max_batch = max_batch
+        self._cv = threading.Condition()
+        self._queue: list[_Job] = []
+        self._writing = False
+
+    def submit(self, hook: str, key: str, events: list, ledger: Callable[[], Ledger]) -> tuple[bool, object]:
+        job = _Job(hook, key, events)
+        with self._cv:
+            self._queue.append(job)
+            while not job.done:
+                if self._writing:
+                    self._cv.wait()
+                    continue
+                self._writing = True
+                batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+                self._cv.release()
+                try:
+                    self._write(ledger, batch)
+                finally:
+                    self._cv.acquire()
+                    self._writing = False
+                    self._cv.notify_all()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    @staticmethod
+    def _write(ledger: Callable[[], Ledger], batch: list[_Job]) -> None:
+        from agent.intake.store import ingest
+        from agent.ledger.hooks import accept, accept_batch
+
+        try:
+            led = ledger()
+        except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error, none waits forever
+            for job in batch:
+                job.error, job.done = exc, True
+            return
+
+        def store(job: _Job):
+            return lambda: ingest(led, job.events, actor="script", source=f"hook:{job.hook}", batch=None)
+
+        try:
+            results = accept_batch(led, [(j.hook, j.key, store(j)) for j in batch])
+        except Exception:  # noqa: BLE001 - retried one by one below: one bad delivery must not fail the others
+            results = None
+        for i, job in enumerate(batch):
+            try:
+                job.result = results[i] if results is not None else accept(led, job.hook, job.key, store(job))
+            except Exception as exc:  # noqa: BLE001 - raised again in the request that sent it
+                job.error = exc
+            job.done = True
 
 
 # --------------------------------------------------------------------------- Prometheus text format

@@ -63,6 +63,7 @@ class Event:
     platform: str | None = None
     excerpt: str = ""
     line: int = 1
+    grouping: list[str] | None = None                 # the SDK's own `fingerprint` values, when not the default
 
 
 @dataclass
@@ -750,6 +751,18 @@ def _exc_class(value: dict, platform: str | None) -> str:
     return typ
 
 
+DEFAULT_GROUPING = "{{ default }}"
+
+
+def _grouping(raw: Any) -> list[str] | None:
+    """An event's ``fingerprint`` (Sentry's custom grouping) when it says more than ``{{ default }}``."""
+    values = [_str(v, MAX_NAME) for v in _list(raw)[:MAX_TAGS] if isinstance(v, (str, int, float))]
+    values = [v for v in values if v is not None]
+    if not values or all(v.replace(" ", "") == DEFAULT_GROUPING.replace(" ", "") for v in values):
+        return None
+    return values
+
+
 def event_from_sentry(obj: dict) -> Event:
     """A Sentry event as SDKs send it (store/envelope payload), as webhooks wrap it, or as the web API
     returns it (``entries``, camelCase frames, tags as key/value objects).  A field of the wrong type is
@@ -805,7 +818,8 @@ def event_from_sentry(obj: dict) -> Event:
         environment=_str(d.get("environment")) or tags.get("environment"),
         level=(_str(d.get("level")) or tags.get("level") or "error").lower(),
         timestamp=iso_ts(d.get("timestamp") or d.get("dateCreated") or d.get("datetime") or d.get("received")),
-        repo=tags.get("repo"), release=_str(release) or tags.get("release"), platform=platform)
+        repo=tags.get("repo"), release=_str(release) or tags.get("release"), platform=platform,
+        grouping=_grouping(d.get("fingerprint")))
     ev.excerpt = _excerpt(ev, extra=[f"culprit: {_str(d['culprit'], MAX_NAME)}" if d.get("culprit") else "",
                                      f"transaction: {_str(d['transaction'], MAX_NAME)}" if d.get("transaction")
                                      else "",

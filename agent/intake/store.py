@@ -98,9 +98,16 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
                       in_app=f.in_app) for f in ev.frames[-MAX_FRAMES_STORED:]]
     causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
     sig = signature(frames, causes, message)
+    group_cls = cls
+    if ev.grouping:
+        # the SDK's own fingerprint replaces the grouping, as in Sentry: `{{ default }}` stands for the stack
+        # signature and class; without it, events of any class with the same values are one error
+        default = [g.replace(" ", "") == "{{default}}" for g in ev.grouping]
+        sig = "fingerprint: " + " | ".join(sig if d else clean(g, MAX_NAME) for g, d in zip(ev.grouping, default))
+        group_cls = cls if any(default) else ""
     ts = ev.timestamp if isinstance(ev.timestamp, str) and len(ev.timestamp) <= 64 else None
     return Prepared(
-        fingerprint=fingerprint(service, cls, sig, environment), service=service, environment=environment,
+        fingerprint=fingerprint(service, group_cls, sig, environment), service=service, environment=environment,
         cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
         repo=clean(ev.repo, MAX_SHORT) or None, level=clean(ev.level or "error", MAX_SHORT),
         release=clean(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),

@@ -25,3 +25,11 @@ def accept(ledger, hook: str, key: str, store: Callable[[], object]) -> tuple[bo
                   (hook, key, getattr(result, "new", 0) + getattr(result, "deduplicated", 0),
                    getattr(result, "new", 0), getattr(result, "deduplicated", 0), now()))
         return False, result
+
+
+def accept_batch(ledger, deliveries: list[tuple[str, str, Callable[[], object]]]) -> list[tuple[bool, object | None]]:
+    """Several deliveries in ONE transaction: one commit (one fsync) for requests that arrived together (group
+    commit). Each is ``accept``ed in turn, so a key seen before, or earlier in the same batch, is a replay. Any
+    failure rolls the whole batch back; the caller then retries each delivery alone."""
+    with ledger.tx():
+        return [accept(ledger, hook, key, store) for hook, key, store in deliveries]
