@@ -48,7 +48,7 @@ class Harness:
     def make(self, token: str | None = None, **kw):
         from agent.forge import forge_class
 
-        kw = {"retries": 1, "timeout": (2.0, 0.3), **kw}
+        kw = {"retries": 1, "timeout": (2.0, 10.0), **kw}
         return forge_class(self.name)(REPO, api_url=self.url, token=token or self.token, sleep=self.clock.sleep,
                                       clock=self.clock, **kw)
 
@@ -402,12 +402,12 @@ def test_a_dropped_answer_after_the_create_is_adopted_never_duplicated(hub):
 
 
 def test_timeouts_are_retried_only_for_idempotent_calls(hub):
-    forge = hub.make()
+    forge = hub.make(timeout=(2.0, 1.0))
     pr = forge.create_draft("agent/fix-slow01", "main", "t", "b")
-    hub.inject_kind("GET", hub.pr_path, "delay", delay=0.6)          # the read timeout is 0.3 s
+    hub.inject_kind("GET", hub.pr_path, "delay", delay=2.0)          # past the read timeout of 1 s
     assert forge.state(pr.number).number == pr.number and hub.clock.sleeps == [1.0]
     mark = hub.mark()
-    hub.inject_kind("POST", hub.comment_path, "delay", delay=0.6)
+    hub.inject_kind("POST", hub.comment_path, "delay", delay=2.0)
     with pytest.raises(ForgeTransient) as exc:
         forge.comment(pr.number, "hello")
     assert "timed out" in one_line(exc, hub)
