@@ -791,6 +791,7 @@ DEFAULT_CONFIG = """\
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
+# github: {app_id: 123456, private_key_file: ~/.config/agent/app.pem}   # or as a GitHub App (README)
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
 # gitea:  {api_url: https://git.example.com/api/v1, token_env: GITEA_TOKEN}       # also Forgejo
 # forges: {timeout: {connect: 10, read: 30}}      # seconds, every forge HTTP call
