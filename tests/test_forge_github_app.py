@@ -112,6 +112,10 @@ def test_the_app_buys_a_token_and_opens_the_draft_as_its_bot(world, sim):
     log = sim.log()
     assert log["issued"] == before["issued"] + 1 and log["rejected"] == before["rejected"]
     assert forge.app.installation_id == INSTALLATION                    # found from the repository
+    [(token, _)] = github_app._CACHE.values()                           # scoped to the configured repository
+    other = requests.get(f"{sim.url}/repos/acme/gadgets/pulls", headers={"Authorization": f"Bearer {token}"},
+                         timeout=10)
+    assert other.status_code == 404 and sim.log()["rejected"][-1]["why"] == "repository not covered by the token"
 
 
 def test_an_expired_installation_token_is_renewed_before_any_call_fails(world, sim):

@@ -3,10 +3,11 @@
 - A JWT (PyJWT, RS256 with the app's private key; ``iss`` = app id, issued 60 s in the past for clock drift,
   expiring after 9 minutes, under GitHub's 10) authenticates as the app; it only buys tokens and reads the app.
 - The installation is ``github.installation_id`` or found from the repository (``GET /repos/{o}/{r}/installation``).
-- ``POST /app/installations/{id}/access_tokens`` with ``repositories`` (the configured repositories of that owner)
-  buys a token (``Authorization: Bearer``) that expires after an hour.  It is cached in memory only (per process,
-  shared by every forge of those repositories) and replaced ``REFRESH_MARGIN`` seconds before it expires, so no
-  call ever goes out with an expired one.
+- ``POST /app/installations/{id}/access_tokens`` with ``repositories: [NAME]`` buys a token (``Authorization:
+  Bearer``) for that one configured repository, valid for an hour (one token per repository: a repository the app
+  is not installed on fails alone, never the others' tokens).  It is cached in memory only (per process, shared by
+  every forge of that repository) and replaced ``REFRESH_MARGIN`` seconds before it expires, so no call ever goes
+  out with an expired one.
 - PRs and comments then show as ``<slug>[bot]`` (``GET /app``): that is the agent's own login (``bot_login``).
 - ``describe()`` (``agent doctor --online``): the installation's account, permissions and what is missing of
   ``REQUIRED`` (pull requests: write, contents: write, checks: read).
@@ -66,13 +67,12 @@ def parse_expiry(text: str) -> float:
 
 
 class GithubApp:
-    """One GitHub App installation's tokens for ``repo`` (and the other configured ``repositories`` of its owner)."""
+    """One GitHub App installation's tokens for ``repo``."""
 
     renews = True                 # HostedForge asks for the token on every call (it changes)
 
     def __init__(self, api_url: str, app_id: int, private_key: Callable[[], str], repo: str,
-                 installation_id: int | None = None, repositories: tuple[str, ...] = (),
-                 clock: Callable[[], float] = time.time, timeout: tuple[float, float] = (10.0, 30.0), session=None):
+                 installation_id: int | None = None, clock: Callable[[], float] = time.time, timeout: tuple[float, float] = (10.0, 30.0), session=None):
         from agent.http import ApiClient
 
         self.api_url = api_url.rstrip("/")
@@ -82,7 +82,7 @@ class GithubApp:
         self.repo = repo
         self.owner, self.name = repo.split("/")
         self.installation_id = installation_id
-        self.repositories = tuple(sorted(set(repositories) | {self.name}))
+        self.repositories = (self.name,)
         self.clock = clock
         self.api = ApiClient(f"github app {self.app_id}", "GitHub", self.api_url, self._jwt_headers,
                              check=self._check, session=session, clock=clock, timeout=timeout, retries=2,
@@ -177,13 +177,8 @@ class GithubApp:
 
 def app_for(config, repo_name: str, clock: Callable[[], float] = time.time,
             environ: dict | None = None) -> GithubApp:
-    """The GithubApp of ``config.github`` for ``repo_name``, its token scoped to every configured GitHub
-    repository of the same owner."""
+    """The GithubApp of ``config.github`` for the configured repository ``repo_name``."""
     gh = config.github
-    owner = repo_name.split("/")[0]
-    siblings = tuple(r.name.split("/")[1] for r in config.repos.values()
-                     if r.forge == "github" and r.name.split("/")[0] == owner)
     return GithubApp(gh.api_url, gh.app_id,
                      lambda: load_private_key(gh.private_key_file, gh.private_key_env, environ), repo_name,
-                     installation_id=gh.installation_id, repositories=siblings, clock=clock,
-                     timeout=config.forges.timeout)
+                     installation_id=gh.installation_id, clock=clock, timeout=config.forges.timeout)
