@@ -265,3 +265,13 @@ def _process_wide_state_reset():
         sys.modules["agent.proc"].resume_starting()
     if "agent.shutdown" in sys.modules:
         sys.modules["agent.shutdown"].STOP.clear()
+
+
+@pytest.fixture(scope="session")
+def github_node(tmp_path_factory):
+    """One GitHub simulator (tests/github_sim) for the forge contract and GitHub App tests of a session (each uses
+    its own branch names); modules that need a fresh one start their own."""
+    from github_sim import running
+
+    with running(tmp_path_factory.mktemp("github-node")) as s:
+        yield s

@@ -174,14 +174,6 @@ class GiteaHarness(SimHarness):
         return f"{self.url}/repos/{REPO}/statuses/{sha}?limit=50"
 
 
-@pytest.fixture(scope="module")
-def github_node(tmp_path_factory):
-    from github_sim import running
-
-    with running(tmp_path_factory.mktemp("ghsim")) as s:
-        yield s
-
-
 @pytest.fixture(params=["github", "gitlab", "gitea"])
 def hub(request):
     clock = FakeClock()

@@ -17,7 +17,7 @@ import requests
 from agent.config import parse_config
 from agent.forge import ForgeAuthError, get_forge
 from agent.forge import github_app
-from github_sim import Sim, running
+from github_sim import Sim
 
 REPO = "acme/widgets"
 APP_ID, SLUG, INSTALLATION = 4242, "agent-fixer", 777
@@ -57,11 +57,10 @@ def keys():
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory, keys):
-    with running(tmp_path_factory.mktemp("appsim")) as s:
-        app_sim = AppSim(s.url)
-        app_sim.configure(keys[1])
-        yield app_sim
+def sim(github_node, keys):
+    app_sim = AppSim(github_node.url)
+    app_sim.configure(keys[1])
+    return app_sim
 
 
 class Clock:
