@@ -27,9 +27,11 @@ COMMANDS: dict[str, str] = {
     "pr": "agent.commands.pr:pr",
     "daemon": "agent.commands.watch:daemon",
     "lane": "agent.commands.lane:lane",
+    "lesson": "agent.commands.lesson:lesson",
     "notify": "agent.commands.serve:notify",
     "serve": "agent.commands.serve:serve",
     "runners": "agent.commands.runners:runners",
+    "bench": "agent.commands.bench:bench",
 }
 
 

@@ -197,6 +197,13 @@ class NotifyChannel:
 
 
 @dataclass(frozen=True)
+class LessonsConfig:
+    reviewers: bool = False        # reviewer specs carry accepted lessons too (default: implementers only)
+    per_service: int = 5           # accepted lessons a spec carries for one service or error, newest first
+    max_chars: int = 300           # a longer LESSON is refused
+
+
+@dataclass(frozen=True)
 class DsnProject:
     """``serve.dsn`` entry: a Sentry project id that unmodified SDKs send to, with its key and where errors go."""
     project: str                  # the number at the end of the DSN
@@ -236,6 +243,7 @@ class Config:
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
+    lessons: LessonsConfig = LessonsConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
     def repo_for_service(self, service: str | None) -> RepoConfig | None:
@@ -354,7 +362,8 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "forges", "sources", "review", "prices", "sandbox", "notify", "serve", "ledger"))
+                               "forges", "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
+                               "lessons"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
@@ -506,6 +515,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                   review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
+                  lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
 
 
@@ -620,6 +630,14 @@ def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
                               service=v.string(d.get("service"), f"{p}.service"), repo=repo))
     return tuple(out)
 
+
+def _lessons(v: _V, raw: Any) -> LessonsConfig:
+    d = v.mapping(raw, "lessons", tuple(LessonsConfig.__dataclass_fields__))
+    dflt = LessonsConfig()
+    return LessonsConfig(
+        reviewers=v.boolean(d.get("reviewers", dflt.reviewers), "lessons.reviewers"),
+        per_service=v.integer(d.get("per_service", dflt.per_service), "lessons.per_service", 0, 50),
+        max_chars=v.integer(d.get("max_chars", dflt.max_chars), "lessons.max_chars", 20, 2000))
 
 
 def _forges(v: _V, raw: Any) -> ForgesConfig:
@@ -787,6 +805,11 @@ DEFAULT_CONFIG = """\
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
+
+# lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
+#   reviewers: false           # reviewer specs carry lessons too
+#   per_service: 5             # accepted lessons per spec (same service or error), newest first
+#   max_chars: 300             # a longer LESSON is refused, like one holding a URL or a command
 
 # decide: {auto: false, min_count: 3, max_age_days: 14}
 # git: {author_name: agent, author_email: agent@localhost}

@@ -2,10 +2,10 @@
 
 For every PR agent recorded as open, ask its forge for the state now:
 - merged -> the PR row becomes merged, the error ``resolved``, the task ``done`` (if the state
-  machine allows it from where the task is);
+  machine allows it from where the task is), the task's candidate lesson ``accepted`` (a human accepted the work);
 - closed without merge -> the error becomes ``skipped`` with that reason (intake never proposes a
-  skipped error again), the task ``failed`` with the reason, and the task branch is pruned from the
-  remote (retried on later scans until it is gone).
+  skipped error again), the task ``failed`` with the reason, its candidate lesson ``discarded``, and the task
+  branch is pruned from the remote (retried on later scans until it is gone).
 Each change is written together with its event in one transaction.  A forge error for one PR is
 reported as that PR's item and does not stop the others.
 """
@@ -61,6 +61,14 @@ def _prune_task_ref(ledger: Ledger, row: dict, config) -> str:
     except AgentError as exc:
         return f"; hidden ref not pruned ({exc})"
     return ""
+
+
+def _remembered(ledger: Ledger, task_id: int) -> str:
+    """``; lesson N accepted`` when the merge made the task's lesson one later specs carry."""
+    from agent.ledger.lessons import task_lesson
+
+    lesson = task_lesson(ledger, task_id)
+    return f"; lesson {lesson['id']} accepted" if lesson and lesson["state"] == "accepted" else ""
 
 
 def owe_pr_text(ledger: Ledger, task_id: int, reason: str, claim_token: str | None = None) -> None:
@@ -147,7 +155,7 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
                 new = _apply(ledger, row, pr)
                 item.update(state=pr.state, changed=new is not None)
                 if new == "merged":
-                    item["pruned_ref"] = _prune_task_ref(ledger, row, config)
+                    item["pruned_ref"] = _prune_task_ref(ledger, row, config) + _remembered(ledger, row["task_id"])
             if item["state"] == "closed":
                 note = _prune(ledger, row, config, prune)
                 item["pruned"] = note

@@ -67,6 +67,7 @@ class PRData:
     ci_head: str | None = None
     ci_state: str | None = None                                # pending | success | failure | neutral
     feedback_rounds: list[dict] = field(default_factory=list)  # {round, trigger, keys}
+    lesson: dict | None = None         # the task's lesson: {id, state, text, reason}; None: it left none
 
     @classmethod
     def from_dict(cls, d: dict) -> "PRData":
@@ -185,6 +186,32 @@ def _check_phrase(checks: list[CheckResult]) -> tuple[str, str]:
                                                             "Stand fehlgeschlagen"
 
 
+def _memory(d: PRData) -> str:
+    """What agent will remember if this PR is merged (EN, then DE), so the human who merges decides it."""
+    les = d.lesson or {}
+    text = _one_line(les.get("text") or "")
+    if not text or les.get("state") not in ("candidate", "refused", "accepted"):
+        return ("**Memory:** if this pull request is merged, agent remembers nothing from it.\n\n"
+                "**Gedächtnis:** Wird dieser Pull Request zusammengeführt, merkt sich Agent daraus nichts.")
+    lid = int(les.get("id") or 0)
+    quoted = fence(_clip(guard(text), 600), "lesson")
+    if les.get("state") == "refused":
+        why = _clip(_one_line(guard(les.get("reason") or "")), 200)
+        return (f"**Memory:** the implementer left a lesson agent refused ({why}); it is never remembered:\n\n"
+                f"**Gedächtnis:** Der Implementierungs-Agent hat eine Lektion hinterlassen, die Agent abgelehnt hat "
+                f"({why}); sie wird nie gemerkt:\n\n{quoted}")
+    if les.get("state") == "accepted":
+        return (f"**Memory:** agent remembers this lesson (#{lid}) for later fixes of "
+                f"{_code(guard(d.service) or 'unknown')}; "
+                f"`agent lesson forget {lid}` drops it:\n\n"
+                f"**Gedächtnis:** Agent merkt sich diese Lektion (#{lid}) für spätere Korrekturen; "
+                f"`agent lesson forget {lid}` verwirft sie:\n\n{quoted}")
+    return (f"**Memory:** if this pull request is merged, agent remembers this lesson (#{lid}) and gives it to later "
+            f"fixes of {_code(guard(d.service) or 'unknown')}; `agent lesson forget {lid}` drops it either way:\n\n"
+            f"**Gedächtnis:** Wird dieser Pull Request zusammengeführt, merkt sich Agent diese Lektion (#{lid}) und "
+            f"gibt sie späteren Korrekturen mit; `agent lesson forget {lid}` verwirft sie in jedem Fall:\n\n{quoted}")
+
+
 def render_body(d: PRData) -> str:
     cls = _code(guard(d.error_class)) if d.error_class.strip() else "an error"
     cls_de = _code(guard(d.error_class)) if d.error_class.strip() else "einen Fehler"
@@ -266,7 +293,7 @@ def render_body(d: PRData) -> str:
                          f"({_code(guard(c.get('conclusion') or '')[:40])}){link}")
     parts += ["", "</details>", "", task_marker(d.task_id), ""]
 
-    body = "\n\n".join([en, de]) + "\n\n" + "\n".join(parts)
+    body = "\n\n".join([en, de, _memory(d)]) + "\n\n" + "\n".join(parts)
     if len(body) > BODY_MAX:  # keep the marker and the closing tag; shorten the middle
         tail = "\n\n</details>\n\n" + task_marker(d.task_id) + "\n"
         body = body[: BODY_MAX - len(tail) - 80] + "\n\n_(shortened: the full record is in the ledger)_" + tail
@@ -321,7 +348,9 @@ def pr_data_from_rows(inputs: dict) -> PRData:
                   cost_usd=float(cost or 0.0),
                   branch=t.get("branch") or "", base=t.get("base") or "",
                   ci=list(inputs.get("ci") or []), ci_head=inputs.get("ci_head"), ci_state=inputs.get("ci_state"),
-                  feedback_rounds=list(inputs.get("feedback_rounds") or []))
+                  feedback_rounds=list(inputs.get("feedback_rounds") or []),
+                  lesson={k: (inputs.get("lesson") or {}).get(k) for k in ("id", "state", "text", "reason")}
+                  if inputs.get("lesson") else None)
 
 
 # --------------------------------------------------------------------------- from the ledger

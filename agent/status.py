@@ -43,6 +43,7 @@ def gather(ledger: Ledger, home=None) -> dict:
         "errors": _counts(ledger, "errors", ERROR_STATES),
         "tasks": _counts(ledger, "tasks", TASK_STATES),
         "prs": _counts(ledger, "prs", PR_STATES),
+        "lessons": lesson_counts(ledger),
         "gate_blocked": blocked,
         "failed": failed,
         "waiting": ledger.waiting_tasks(),
@@ -54,6 +55,14 @@ def gather(ledger: Ledger, home=None) -> dict:
     if runners:
         data["runners"] = runners
     return data
+
+
+def lesson_counts(ledger: Ledger) -> dict[str, int]:
+    """Lessons by state: candidates wait for a human (their PR merged, or `agent lesson accept`); only accepted
+    ones reach a spec."""
+    from agent.lessons import counts
+
+    return counts(ledger)
 
 
 def runners_shown(ledger: Ledger) -> list[dict] | None:
@@ -129,6 +138,7 @@ def render_text(data: dict) -> str:
         return f"{name:<7}" + "  ".join(f"{k} {v}" for k, v in counts.items())
 
     lines = [row("errors", data["errors"]), row("tasks", data["tasks"]), row("prs", data["prs"]),
+             f"lessons candidate {data['lessons']['candidate']}  accepted {data['lessons']['accepted']}",
              f"cost   ${data['cost_usd']:.2f} spent on lanes"]
     if data.get("disk"):
         d = data["disk"]
@@ -178,6 +188,8 @@ def render_html(ledger: Ledger, data: dict) -> str:
                + "</tr></table>")
     out.append("<table><tr><th>errors</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["errors"].items())
                + "</tr><tr><th>PRs</th>" + "".join(f"<td>{e(k)} {v}</td>" for k, v in data["prs"].items())
+               + "</tr><tr id='lessons'><th>lessons</th>"
+               + "".join(f"<td>{e(k)} {data['lessons'][k]}</td>" for k in ("candidate", "accepted"))
                + f"</tr><tr><th>cost</th><td colspan='4'>${data['cost_usd']:.2f}</td></tr>"
                + ("<tr><th>disk</th>" + "".join(f"<td>{k} {v['count']} ({human_bytes(v['bytes'])})</td>"
                                                 for k, v in data["disk"].items()) + "</tr>" if data.get("disk") else "")

@@ -332,15 +332,15 @@ def test_touching_a_blocked_path_rejects_the_round(world):
     led.close()
 
 
-def test_lesson_of_a_done_task_reaches_the_next_spec_for_the_service(world):
+def test_lesson_of_a_done_task_is_a_candidate_that_no_later_spec_carries_until_its_pr_is_merged(world):
     ingest_and_decide(world)
     scan(world, "error-fix")
     run_until_settled(world)
     led = ledger(world)
-    lessons = led.all("SELECT service, text, task_id FROM lessons")
+    lessons = led.all("SELECT service, text, task_id, state FROM lessons")
     led.close()
     assert lessons == [{"service": demo.SERVICE, "text": "widgets-api: order lines may omit qty; it means one unit",
-                        "task_id": 1}]
+                        "task_id": 1, "state": "candidate"}]
     other = json.dumps({"service": demo.SERVICE, "environment": "production", "level": "error",
                         "message": "TypeError: unsupported operand", "class": "TypeError",
                         "stack": 'Traceback (most recent call last):\n  File "/srv/widgets/widgets/pricing.py", '
@@ -349,7 +349,7 @@ def test_lesson_of_a_done_task_reaches_the_next_spec_for_the_service(world):
     scan(world, "error-fix")
     scan(world, "error-fix-work")
     spec = (world["home"] / "specs" / "task-2" / "round-1.md").read_text()
-    assert "# Lessons" in spec and "order lines may omit qty" in spec
+    assert "# Lessons" not in spec and "order lines may omit qty" not in spec   # tests/test_lessons.py: merged
 
 
 def test_pr_limits_make_a_task_wait_not_drop(world):

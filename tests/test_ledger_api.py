@@ -18,7 +18,7 @@ import pytest
 
 from agent import chain
 from agent.fence import claim
-from agent.ledger import Ledger, errors, lanes, ledger_path, prs, tasks
+from agent.ledger import Ledger, errors, lanes, ledger_path, lessons, prs, tasks
 from agent.ledger.errors import ErrorStateRefused, transition_error
 from agent.tasks import ClaimLost
 
@@ -136,6 +136,8 @@ TASK_WRITES = [
      lambda led, t, e, tok, run: lanes.interrupt_run(led, run, "killed", task_id=t, claim_token=tok), True),
     ("record_pr", None, lambda led, t, e, tok, x: prs.record_pr(led, t, _pr_values(), "created", "script",
                                                                 claim_token=tok), True),
+    ("propose_lesson", None, lambda led, t, e, tok, x: lessons.propose_lesson(
+        led, t, "carts can be empty", None, lane_run_id=None, round_=1, claim_token=tok), True),
 ]
 
 

@@ -20,7 +20,7 @@ from agent.ledger import Ledger, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
 from agent.ledger.lanes import BudgetRefused, implementer_summary, inflight_run, interrupt_run
 from agent.ledger.prs import has_pr
-from agent.ledger.tasks import (finish_task, lessons_for, passing_check, record_check, record_commit, record_gate,
+from agent.ledger.tasks import (finish_task, passing_check, record_check, record_commit, record_gate,
                                 record_push, record_spec, task_commits)
 from agent.shutdown import STOP
 from agent.tasks import ClaimLost, LeaseLost, Refused, claimed_tx, snapshot
@@ -49,9 +49,10 @@ def _feedback(ctx: Ctx) -> list[str]:
 
 
 def _lessons(ctx: Ctx, error: dict | None) -> list[str]:
-    if not error:
-        return []
-    return lessons_for(ctx.ledger, error["service"], error["fingerprint"], ctx.task_id)
+    """Accepted lessons only (a human merged their PR or accepted them), each with its origin."""
+    from agent.lessons import for_spec
+
+    return for_spec(ctx.ledger, ctx.config, error, ctx.task_id)
 
 
 def _check_command(ctx: Ctx, repo: RepoConfig) -> str | None:
@@ -219,6 +220,10 @@ def step_implementer_done(ctx: Ctx) -> None:
     result = _lane(ctx, "implementer", spec, ctx.task["head_sha"] or ctx.task["base_sha"])
     _lane_outcome(ctx, "implementer", result)
     if result.status == "complete":
+        from agent.lessons import propose
+
+        propose(ctx.ledger, ctx.task_id, result.lesson, max_chars=ctx.config.lessons.max_chars,
+                lane_run_id=result.run_id, round_=ctx.task["round"], claim_token=ctx.token, clean=redact_text)
         close_step(ctx, "implementer_done", f"lane run #{result.run_id}: {(result.summary or '')[:300]}")
         return
     if result.status == "timeout":
@@ -368,12 +373,14 @@ def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> 
 
 
 def _review_spec(ctx: Ctx, dimension: str) -> Path:
-    from agent.spec import reviewer_spec, write_spec
+    from agent.spec import reviewer_spec, without_section, write_spec
 
     t = ctx.task
     spec_text = _round_spec(ctx).read_text(encoding="utf-8")   # this home's copy (another runner may have written it)
     check = passing_check(ctx.ledger, ctx.task_id, t["head_sha"])
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
+    if not ctx.config.lessons.reviewers:   # a reviewer judges the diff, not what earlier lanes left behind
+        spec_text = without_section(spec_text, "Lessons")
     text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
     return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
 
@@ -539,8 +546,7 @@ def finish(ctx: Ctx) -> None:
         owe_pr_text(ctx.ledger, ctx.task_id, str(exc), ctx.token)
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
     t = ctx.task
-    finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token,
-                clean=redact_text)
+    finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token)
     ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
     _reply_on_pr(ctx)
 

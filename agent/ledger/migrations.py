@@ -356,3 +356,23 @@ def m010_lane_budget_reservations(db) -> None:
     db["lane_runs"].add_column("reserved_usd", float)
     db["lane_runs"].create_index(["started_at"])
     db["lane_runs"].create_index(["role", "vendor"])
+
+
+@migration
+def m011_lessons_need_a_human(db) -> None:
+    """A lane's lesson steers later lanes only once a human accepted its work (DESIGN.md "Trust boundaries").
+
+    ``lessons.state``: ``candidate`` (its task's PR is not merged yet), ``accepted`` (the PR was merged, or
+    `agent lesson accept`), ``refused`` (it held a URL, a pipeline, a command or was too long: never offered),
+    ``discarded`` (its PR was closed unmerged, its task failed, or a later round left another lesson) or
+    ``forgotten`` (`agent lesson forget`). Every lesson stored so far becomes a candidate: nothing learnt before
+    steers a lane until a human accepts it. ``reason`` says why it is refused or discarded; ``lane_run_id`` is the
+    implementer run that wrote it; ``decided_by`` the actor of the last change.
+    """
+    db["lessons"].add_column("state", str, not_null_default="candidate")
+    db["lessons"].add_column("reason", str)
+    db["lessons"].add_column("lane_run_id", int)
+    db["lessons"].add_column("decided_by", str)
+    db["lessons"].add_column("updated_at", str)
+    db["lessons"].create_index(["state", "service"])
+    db["lessons"].create_index(["task_id"])

@@ -77,6 +77,7 @@ def record_pr_final(ledger: Ledger, row: dict, state: str, draft: bool) -> str |
     (merged: done; closed: failed, claim cleared) in one transaction. Returns the new state, or None when another
     scan recorded it first."""
     from agent.ledger.errors import transition_error
+    from agent.ledger.lessons import accept_merged_in, discard_in
     from agent.ledger.tasks import get_task, transition_in
 
     task_id = row["task_id"]
@@ -93,8 +94,10 @@ def record_pr_final(ledger: Ledger, row: dict, state: str, draft: bool) -> str |
                      task_id=task_id, error_id=error_id)
         if state == "merged":
             error_state, reason, target = chain.E_RESOLVED, f"PR {ref} merged", chain.DONE
+            accept_merged_in(ledger, c, task_id, ref)      # a human accepted the work: its lesson may steer lanes
         else:
             error_state, reason, target = chain.E_SKIPPED, f"PR {ref} closed without merge", chain.FAILED
+            discard_in(ledger, c, task_id, reason)
         if error_id:
             current = c.execute("SELECT state FROM errors WHERE id = ?", (error_id,)).fetchone()
             if current is not None and chain.check_error_transition(current[0], error_state) is None:
@@ -132,5 +135,7 @@ def pr_inputs(ledger: Ledger, task_id: int) -> dict | None:
                        "WHERE g.task_id = ? ORDER BY g.id", (task_id,))
     checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
     cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
+    from agent.ledger.lessons import task_lesson
+
     return {"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates, "checks": checks,
-            "cost_usd": cost, "summary": summary}
+            "cost_usd": cost, "summary": summary, "lesson": task_lesson(ledger, task_id)}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-COUNTED = ("errors", "tasks", "prs")   # the tables `agent status` counts by state
+COUNTED = ("errors", "tasks", "prs", "lessons")   # the tables `agent status` counts by state
 
 
 class StatusQueries:

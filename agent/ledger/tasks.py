@@ -1,5 +1,5 @@
 """Record operations of the tasks aggregate: tasks, their steps and the artifacts the guard reads (spec, commit,
-check, gate, push), rounds, resets, the workspace a task has, its lesson.
+check, gate, push), rounds, resets, the workspace a task has.
 
 Every function here that writes opens one ``Ledger.tx()`` (or joins the caller's), checks the caller's claim token
 in it (``check_claim``: a worker that lost its claim writes nothing), asks ``agent.chain`` (the one guard, the one
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
@@ -168,6 +168,10 @@ def transition_in(ledger: Ledger, c: sqlite3.Connection, task_id: int, current: 
     ledger.update(c, "tasks", {"id": task_id}, values)
     ledger.event(c, "task.state", actor, {"from": current, "to": target, "reason": reason,
                                           **({"evidence": list(evidence)} if evidence else {})}, task_id=task_id)
+    if target == chain.FAILED:  # a failed task's lesson never steers a lane (a reset makes a new one)
+        from agent.ledger.lessons import discard_in
+
+        discard_in(ledger, c, task_id, f"task failed: {reason[:200]}")
 
 
 def transition(ledger: Ledger, task_id: int, target: str, actor: str, reason: str,
@@ -404,13 +408,6 @@ def latest_check(ledger: Ledger, task_id: int, head: str | None) -> dict | None:
                       "ORDER BY id DESC LIMIT 1", (task_id, head))
 
 
-def lessons_for(ledger: Ledger, service: str | None, fingerprint: str | None, task_id: int) -> list[str]:
-    """Up to five lessons of other tasks on the same service or fingerprint, newest first."""
-    rows = ledger.all("SELECT text FROM lessons WHERE (service = ? OR fingerprint = ?) "
-                      "AND (task_id IS NULL OR task_id != ?) ORDER BY id DESC LIMIT 5", (service, fingerprint, task_id))
-    return [r["text"] for r in rows]
-
-
 # ------------------------------------------------------------------ artifacts: each written by one operation
 
 
@@ -532,19 +529,8 @@ def record_workspace_removed(ledger: Ledger, task_id: int, *, path: str, branch:
                                                         "kept_head": kept_head}, task_id=task_id)
 
 
-def finish_task(ledger: Ledger, task_id: int, reason: str, *, claim_token: str | None,
-                clean: Callable[[str], str] = str) -> None:
-    """All steps closed on one head: the implementer's LESSON is kept (once, ``clean``ed) for later specs of the
-    same service or fingerprint, and the task is done, in one transaction."""
+def finish_task(ledger: Ledger, task_id: int, reason: str, *, claim_token: str | None) -> None:
+    """All steps closed on one head: the task is done. (Its lesson stays a candidate until its PR is merged.)"""
     with claimed_tx(ledger, task_id, claim_token) as c:
         t = get_task(ledger, task_id, c)
-        lesson = c.execute("SELECT lesson FROM lane_runs WHERE task_id = ? AND role = 'implementer' AND "
-                           "status = 'complete' AND lesson IS NOT NULL AND lesson != '' ORDER BY id DESC LIMIT 1",
-                           (task_id,)).fetchone()
-        error = c.execute("SELECT service, fingerprint FROM errors WHERE id = ?", (t["error_id"],)).fetchone() \
-            if t["error_id"] else None
-        if lesson and not c.execute("SELECT 1 FROM lessons WHERE task_id = ?", (task_id,)).fetchone():
-            ledger.insert(c, "lessons", {"service": error[0] if error else None,
-                                         "fingerprint": error[1] if error else None,
-                                         "text": clean(lesson[0])[:500], "task_id": task_id, "created_at": now()})
         transition_in(ledger, c, task_id, t["state"], chain.DONE, "script", reason)

@@ -149,7 +149,14 @@ table lessons
   text TEXT NOT NULL
   task_id INTEGER
   created_at TEXT
+  state TEXT NOT NULL DEFAULT 'candidate'
+  reason TEXT
+  lane_run_id INTEGER
+  decided_by TEXT
+  updated_at TEXT
   fk task_id -> tasks.id
+  index (task_id) c
+  index (state, service) c
   index (service) c
 table local_pr_checks
   id INTEGER PK1
