@@ -278,3 +278,28 @@ def test_bench_with_the_real_codex_and_claude_clis_one_resolved_one_not(tmp_path
     assert not res["claude"]["resolved"] and res["claude"]["task_state"] == "done", res["claude"]
     assert res["claude"]["why"].startswith("the hidden test fails"), res["claude"]["why"]
     assert res["codex"]["lanes_by_role"]["implementer"] == 1 and server.model_calls()
+
+
+def test_shipped_cases_are_valid_and_name_their_upstream_fix():
+    """bench/cases: real bugs from tomli and more-itertools, each verified by the upstream fix's own test (checked
+    by hand against local mirrors: the hidden patch fails at base and passes at the fix commit)."""
+    cases = load_cases([Path(__file__).resolve().parent.parent / "bench" / "cases"])
+    assert len(cases) >= 5
+    for c in cases:
+        assert c.repo.startswith("https://github.com/") and len(c.base) == 40 and "/commit/" in c.source
+        assert "Traceback (most recent call last)" in c.error_text and c.error_format == "traceback"
+        assert c.hidden_files() and all(f.startswith("tests/") for f in c.hidden_files())
+
+
+@pytest.mark.slow
+def test_a_case_whose_repository_cannot_be_reached_says_so_and_the_run_goes_on(tmp_path):
+    cases, cfg = setup_bench(tmp_path)
+    doc = yaml.safe_load((cases / "widgets-qty.yaml").read_text())
+    (cases / "unreachable.yaml").write_text(yaml.safe_dump({**doc, "id": "unreachable",
+                                                            "repo": "http://127.0.0.1:9/gone.git"}))
+    out = tmp_path / "out"
+    proc = bench(["run", str(cases), "--vendor", "good", "--out", str(out)], cfg, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "unreachable x good" in ln)
+    assert "cannot fetch http://127.0.0.1:9/gone.git" in line, proc.stdout
+    assert "widgets-qty x good #1: resolved" in proc.stdout

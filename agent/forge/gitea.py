@@ -177,10 +177,6 @@ class GiteaForge(HostedForge):
     def state(self, number: int) -> PR:
         return self._pr_from_json(self._get_pr(number))
 
-    def own_login(self) -> str:
-        """The login the agent's PRs and comments show: the token's user."""
-        return self.user()["login"]
-
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``, own comments)."""
         if self._me is None:
@@ -235,6 +231,9 @@ class GiteaForge(HostedForge):
         items.sort(key=lambda f: (f.created_at, f.kind != "review", int(f.id) if f.id.isdigit() else 0))
         cursor = max([since or ""] + [f.created_at for f in items]) or None
         return FeedbackPage(items=items, cursor=cursor)
+
+    def own_login(self) -> str | None:
+        return str(self.user().get("login") or "") or None
 
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.

@@ -39,7 +39,8 @@ INLINE = {**COMMENT, "path?": TEXT, "line?": (int, None), "original_line?": (int
 STATUS = {**STATUS, "state": str}
 CHECK_RUNS = {"check_runs": [{"id": int, "name?": TEXT, "status?": TEXT, "conclusion?": TEXT,
                               "details_url?": TEXT, "html_url?": TEXT,
-                              "output?": ({"title?": TEXT, "summary?": TEXT}, None)}]}
+                              "output?": ({"title?": TEXT, "summary?": TEXT}, None),
+                              "app?": ({"slug?": TEXT}, None)}]}
 
 
 def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...] | None = None,
@@ -267,14 +268,15 @@ class GithubForge(HostedForge):
                                     state=ci_state(run.get("status"), run.get("conclusion")),
                                     conclusion=run.get("conclusion") or run.get("status") or "",
                                     summary=summary, url=run.get("details_url") or run.get("html_url"),
-                                    head_sha=sha))
+                                    head_sha=sha, app=str((run.get("app") or {}).get("slug") or "")))
             url, params = resp.links.get("next", {}).get("url"), None
             if not url:
                 break
         return out
 
-    def own_login(self) -> str:
-        """The login the agent's PRs and comments show: the app's ``<slug>[bot]``, else the token's user."""
+    def own_login(self) -> str | None:
+        """The login the agent's PRs and comments show: the app's ``<slug>[bot]``, else the token's user (GET /user,
+        once per forge object)."""
         if self.app is not None:
             return self.app.bot_login()
         if self._me is None:

@@ -183,10 +183,6 @@ class GitlabForge(HostedForge):
     def state(self, number: int) -> PR:
         return _pr_from_json(self._get_mr(number))
 
-    def own_login(self) -> str:
-        """The login the agent's MRs and comments show: the token's user."""
-        return self.user()["username"]
-
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``, own notes)."""
         if self._me is None:
@@ -228,6 +224,9 @@ class GitlabForge(HostedForge):
         items.sort(key=lambda f: (f.created_at, int(f.id) if f.id.isdigit() else 0))
         cursor = max([since or ""] + [f.created_at for f in items]) or None
         return FeedbackPage(items=items, cursor=cursor)
+
+    def own_login(self) -> str | None:
+        return str(self.user().get("username") or "") or None
 
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.

@@ -170,11 +170,11 @@ class LocalForge:
                           url=f"{self.md_path(number).as_uri()}#note-{r['id']}") for r in rows]
         return FeedbackPage(items=items, cursor=str(rows[-1]["id"]) if rows else since)
 
-    def own_login(self) -> str:
-        return AGENT_LOGIN
-
     def has_write_access(self, login: str) -> bool:
         return login in self.collaborators
+
+    def own_login(self) -> str:
+        return AGENT_LOGIN
 
     def reply(self, number: int, text: str, key: str) -> str:
         note = self.add_note(number, "comment", AGENT_LOGIN, with_own_mark(text, key))

@@ -376,3 +376,11 @@ def m011_lessons_need_a_human(db) -> None:
     db["lessons"].add_column("updated_at", str)
     db["lessons"].create_index(["state", "service"])
     db["lessons"].create_index(["task_id"])
+
+
+@migration
+def m013_ledger_keys(db) -> None:
+    """Secrets that belong to one ledger (shared by every runner on it), made on first use: ``own-mark`` keys the
+    hidden mark on the agent's own PR comments, so nobody without the ledger can sign as the agent."""
+    db["ledger_keys"].create({"name": str, "value": str, "created_at": str}, pk="name",
+                             not_null={"value", "created_at"})
