@@ -35,11 +35,12 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     """
     from agent.intake.store import ingest_text
 
-    if repo is not None and (repo.count("/") != 1 or not all(repo.split("/"))):
-        raise click.BadParameter(f"{repo!r} is not OWNER/NAME", param_hint="--repo")
+    from agent.config import repo_key_problem
     from agent.intake.formats import nothing_found
     from agent.textio import decode
 
+    if repo is not None and repo_key_problem(repo):
+        raise click.BadParameter(repo_key_problem(repo), param_hint="--repo")
     name = file if file != "-" else "stdin"
     if file == "-":
         data = sys.stdin.buffer.read()
