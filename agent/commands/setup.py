@@ -40,10 +40,10 @@ def status(as_json, html_file):
     from agent.status import gather, render_html, render_text, status_config, write_page
 
     app = get_app()
+    ledger = app.ledger   # a home or ledger that cannot be opened is the one error, not a config warning first
     config, problem = status_config(app)
     if problem:
         click.echo(f"status: {problem}", err=True)
-    ledger = app.ledger
     data = gather(ledger, app.home, config=config)
     if html_file:
         data["html"] = write_page(Path(html_file), render_html(ledger, data))
