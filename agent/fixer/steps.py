@@ -353,12 +353,64 @@ def step_local_check_pass(ctx: Ctx) -> None:
                  head=head, output_path=str(out), duration_s=round(res.duration_s, 3), status=res.status,
                  claim_token=ctx.token)
     if passed:
-        close_step(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s")
+        proven = _prove(ctx, command, folder)
+        if proven is None:
+            return
+        close_step(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s; {proven}")
         return
     tail = redact_text(res.tail(2500))
     what = "timed out" if res.timed_out else f"exit {res.exit_code}"
     reject_round(ctx, f"check failed ({what})", f"The check `{command}` failed ({what}) on the previous round's "
                                                 f"commit. Its output ends with:\n{tail}")
+
+
+def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
+    """The proof of the head (DESIGN.md "The proof"): the check once more on the base plus the round's test
+    changes, in the check's sandbox. Returns its summary line, or None when the round was sent back."""
+    from agent import proof as P
+    from agent.config import ProofSettings
+    from agent.fence import lease_keeper
+    from agent.lanes.sandbox import check_argv
+    from agent.ledger.proofs import proof_for_head, record_proof
+    from agent.proc import run
+    from agent.workspace import mirror_path
+
+    t = ctx.task
+    head = t["head_sha"]
+    done = proof_for_head(ctx.ledger, ctx.task_id, head)
+    if done is not None and done["verdict"] != P.REJECTED:   # recorded before a crash: never run twice
+        return P.summary(done)
+    settings = repo_settings(ctx)
+    wanted = settings.proof if settings else ProofSettings()
+
+    def run_check(tree: Path, cmd: str, name: str):
+        try:
+            argv, env = check_argv(ctx.config, ctx.home, tree, cmd, folder / "sandbox")
+        except AgentError as exc:
+            block(ctx, f"proof not started: {exc}")
+        out = folder / f"round-{t['round']}-{head[:8]}-{name}.log"
+        keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
+            else nullcontext()
+        with keeping as keeper:
+            res = run(argv, cwd=tree, env=env, timeout=ctx.config.limits.check_timeout, stdout_path=out,
+                      stderr_path=out.with_suffix(".err"))
+        _lease_held(ctx, keeper, "proof")
+        return res
+
+    p = P.prove(mode=wanted.mode, globs=wanted.tests, command=command, mirror=mirror_path(ctx.home, t["repo"]),
+                tree=folder / "proof-tree", base=t["base_sha"], head=head, run_check=run_check,
+                error=_error(ctx), redact=redact_text)
+    if STOP.is_set():  # killed by the daemon's second signal: prove it again next scan
+        ctx.say("proof interrupted by shutdown; the next scan runs it again")
+        raise Stop()
+    record_proof(ctx.ledger, ctx.task_id, t["round"], head=head, base=t["base_sha"], mode=p.mode,
+                 verdict=p.verdict, reproduces=p.reproduces, command=p.command, narrowed=p.narrowed,
+                 lists=p.lists(), base_exit=p.base_exit, base_status=p.base_status, base_tail=p.base_tail,
+                 duration_s=p.duration_s, claim_token=ctx.token)
+    if p.verdict == P.REJECTED:
+        reject_round(ctx, "no test proves the fix", P.feedback(p))
+        return None
+    return P.summary(p)
 
 
 def _diff(ctx: Ctx) -> str:
