@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
+from agent.ledger.proofs import summary  # noqa: F401  (the one wording of a proof, shared with the ledger reads)
+
 # What a test file looks like, per language. A pattern ending in "/" is a directory anywhere in the path; one
 # without "/" matches the file name; anything else is a path glob (``**`` crosses folders).
 DEFAULT_TESTS: tuple[str, ...] = (
@@ -409,18 +411,17 @@ def feedback(p: Proof) -> str:
     return "\n".join(lines)
 
 
-def summary(p: dict | Proof | None) -> str:
-    """One line for a spec, `task show` and the status: proven / unproven and why."""
+def spec_text(p: dict | None) -> str | None:
+    """The proof as reviewers read it (plain text; the spec fences it)."""
     if p is None:
-        return "not checked yet"
-    d = p.__dict__ if isinstance(p, Proof) else p
-    verdict = d.get("verdict")
-    if verdict == PROVEN:
-        n = len(d.get("flipped") or [])
-        what = "reproduces the error" if d.get("reproduces") else "regression test only"
-        return f"proven: {n} test{'s' if n != 1 else ''} fail on the base and pass on the head ({what})"
-    if verdict == OFF:
-        return "unproven: proof is off for this repository"
-    if verdict == UNPROVEN:
-        return "unproven: no test fails on the base (the repository says proof: optional)"
-    return "rejected: no test fails on the base"
+        return None
+    lines = [summary(p)]
+    if p.get("verdict") == PROVEN:
+        lines.append(f"Ran on the base: {p.get('command')} (exit {p.get('base_exit')})")
+        lines += [f"- flips: {name}" for name in p.get("flipped") or []]
+        if p.get("reproduces_why"):
+            lines.append(("Reproduces the error: " if p.get("reproduces") else "Regression test only: ")
+                         + str(p["reproduces_why"]))
+        if p.get("base_tail"):
+            lines += ["The base failure ends with:", str(p["base_tail"])]
+    return "\n".join(lines)

@@ -88,7 +88,8 @@ def implementer_spec(task: dict, error: dict | None, brief: str, check: str | No
     return "\n\n".join(parts) + "\n"
 
 
-def reviewer_spec(implementer_spec_text: str, diff: str, check_summary: str | None, dimension: str = "code") -> str:
+def reviewer_spec(implementer_spec_text: str, diff: str, check_summary: str | None, dimension: str = "code",
+                  proof: str | None = None) -> str:
     """A read-only review of the diff against base, given the spec the implementer had."""
     focus = {
         "code": "Does the diff fix what the spec asks, without breaking anything, within the constraints?",
@@ -102,6 +103,9 @@ def reviewer_spec(implementer_spec_text: str, diff: str, check_summary: str | No
              "# The diff against the base branch\n\n" + fence(diff or "(empty diff)", "diff")]
     if check_summary:
         parts.append("# Check result\n\n" + fence(check_summary))
+    if proof:  # DESIGN.md "The proof": which tests fail on the base and pass on the head (redacted run output)
+        parts.append("# Proof\n\nThe check ran on the base commit with only this change's test changes. "
+                     "Judge whether the tests that flip really pin the bug.\n\n" + fence(proof))
     parts.append("# Definition of Done\n\nEnd your last message with exactly one final report, nothing after it, "
                  "not in a code fence. List every problem that must be fixed before merge as a finding; "
                  "write `FINDINGS: none` to approve.\n\n" + REPORT_REVIEWER)

@@ -47,7 +47,7 @@ def gather(ledger: Ledger, home=None) -> dict:
         "gate_blocked": blocked,
         "failed": failed,
         "waiting": ledger.waiting_tasks(),
-        "open_prs": ledger.open_pr_rows(),
+        "open_prs": _with_proof(ledger, ledger.open_pr_rows()),
         "cost_usd": round(ledger.lane_cost_total(), 4),
         **({"disk": disk_use(home)} if home is not None else {}),
     }
@@ -55,6 +55,18 @@ def gather(ledger: Ledger, home=None) -> dict:
     if runners:
         data["runners"] = runners
     return data
+
+
+def _with_proof(ledger: Ledger, rows: list[dict]) -> list[dict]:
+    """Each open PR's proof word for its task's head (DESIGN.md "The proof"): proven, unproven or not checked."""
+    from agent.ledger.proofs import proof_states
+
+    states = proof_states(ledger)
+    for r in rows:
+        r["proof"] = {"proven": "proven", "rejected": "unproven"}.get(states.get(r["task_id"]),
+                                                                      "unproven" if r["task_id"] in states
+                                                                      else "not checked")
+    return rows
 
 
 def lesson_counts(ledger: Ledger) -> dict[str, int]:
@@ -161,7 +173,7 @@ def render_text(data: dict) -> str:
     if data["open_prs"]:
         lines.append("\ndraft PRs waiting for review:")
         for p in data["open_prs"]:
-            lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}: {p['url']}")
+            lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}: {p['url']} ({p.get('proof', '?')})")
     if data.get("runners"):
         stale = sum(1 for r in data["runners"] if not r["alive"])
         lines.append(f"\nrunners ({len(data['runners'])}{f', {stale} stale' if stale else ''}):")
@@ -222,12 +234,17 @@ def render_html(ledger: Ledger, data: dict) -> str:
         out.append("</table>")
     out.append("<h2>Tasks</h2>")
     tasks = ledger.recent_tasks(200)
+    from agent.ledger.proofs import proof_states
+
+    proofs = proof_states(ledger)
     resets = {t["id"]: t["reset_command"] for t in data["gate_blocked"] + data["failed"]}
     for t in tasks:
         cls = {"gate-blocked": "blocked", "failed": "failed", "done": "done"}.get(t["state"], "")
         why = t["blocked_reason"] or t["failed_reason"] or (t["wait_reason"] if t["state"] in ("open", "working")
                                                             else None) or ""
         pr = f" — <a href='{e(t['pr_url'])}'>{e(t['pr_url'])}</a>" if t["pr_url"] else ""
+        if t["id"] in proofs:
+            pr += " · " + ("proven" if proofs[t["id"]] == "proven" else "unproven")
         out.append(f"<details class='task {cls}' id='task-{t['id']}'><summary>task {t['id']} · {e(t['state'])} · "
                    f"round {t['round']}/{t['round_cap']} · {e(t['repo'])} · {e(t['title'])}{pr}</summary>")
         if why:

@@ -404,9 +404,9 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
         ctx.say("proof interrupted by shutdown; the next scan runs it again")
         raise Stop()
     record_proof(ctx.ledger, ctx.task_id, t["round"], head=head, base=t["base_sha"], mode=p.mode,
-                 verdict=p.verdict, reproduces=p.reproduces, command=p.command, narrowed=p.narrowed,
-                 lists=p.lists(), base_exit=p.base_exit, base_status=p.base_status, base_tail=p.base_tail,
-                 duration_s=p.duration_s, claim_token=ctx.token)
+                 verdict=p.verdict, reproduces=p.reproduces, reproduces_why=p.reproduces_why, command=p.command,
+                 narrowed=p.narrowed, lists=p.lists(), base_exit=p.base_exit, base_status=p.base_status,
+                 base_tail=p.base_tail, duration_s=p.duration_s, claim_token=ctx.token)
     if p.verdict == P.REJECTED:
         reject_round(ctx, "no test proves the fix", P.feedback(p))
         return None
@@ -424,6 +424,13 @@ def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> 
                 findings=result.findings, head=t["head_sha"], lane_run_id=result.run_id, claim_token=ctx.token)
 
 
+def _proof_text(ctx: Ctx) -> str | None:
+    from agent.ledger.proofs import proof_for_head
+    from agent.proof import spec_text
+
+    return spec_text(proof_for_head(ctx.ledger, ctx.task_id, ctx.task["head_sha"]))
+
+
 def _review_spec(ctx: Ctx, dimension: str) -> Path:
     from agent.spec import reviewer_spec, without_section, write_spec
 
@@ -433,7 +440,7 @@ def _review_spec(ctx: Ctx, dimension: str) -> Path:
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
     if not ctx.config.lessons.reviewers:   # a reviewer judges the diff, not what earlier lanes left behind
         spec_text = without_section(spec_text, "Lessons")
-    text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
+    text = reviewer_spec(spec_text, _diff(ctx), summary, dimension, proof=_proof_text(ctx))
     return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
 
 

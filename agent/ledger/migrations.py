@@ -385,12 +385,13 @@ def m019_proofs(db) -> None:
     ``verdict``: ``proven`` (a test fails on the base plus the round's test changes and the head passes),
     ``unproven`` (none did, and the repository says ``proof: optional``), ``rejected`` (none did: the round is sent
     back) or ``off``. ``reproduces``: 1 when the base failure shows the production error's class and a frame of it,
-    0 when not, NULL when nothing failed. ``flipped``/``passed_on_base``/``skipped``/``removed``: JSON lists of test
+    0 when not, NULL when nothing failed
+    (``reproduces_why``: what matched or not). ``flipped``/``passed_on_base``/``skipped``/``removed``: JSON lists of test
     names; ``base_tail``: the redacted end of the base run's output.
     """
     db["proofs"].create({
         "id": int, "task_id": int, "round": int, "head_sha": str, "base_sha": str, "mode": str, "verdict": str,
-        "reproduces": int, "command": str, "narrowed": int, "test_files": str, "flipped": str,
+        "reproduces": int, "reproduces_why": str, "command": str, "narrowed": int, "test_files": str, "flipped": str,
         "passed_on_base": str, "skipped": str, "removed": str, "base_exit": int, "base_status": str,
         "base_tail": str, "duration_s": float, "created_at": str,
     }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "verdict"})

@@ -350,6 +350,12 @@ def task_detail(ledger: Ledger, task_id: int) -> dict:
                             "FROM gates WHERE task_id = ? ORDER BY id", (task_id,))
     t["pr"] = ledger.one("SELECT forge, repo, number, url, head_sha, state, draft FROM prs WHERE task_id = ?",
                          (task_id,))
+    from agent.ledger.proofs import proof_for_head, summary
+
+    p = proof_for_head(ledger, task_id, t["head_sha"]) if t["head_sha"] else None
+    t["proof"] = None if p is None else {
+        "verdict": p["verdict"], "proven": p["verdict"] == "proven", "summary": summary(p),
+        "reproduces": p["reproduces"], "flipped": p["flipped"], "command": p["command"], "head_sha": p["head_sha"]}
     t["pr_feedback"] = [{k: r[k] for k in ("key", "kind", "author", "path", "line", "state", "decision", "reason",
                                             "round")} for r in ledger.feedback_items(task_id)]
     return t

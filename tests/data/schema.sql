@@ -292,6 +292,7 @@ table proofs
   mode TEXT
   verdict TEXT NOT NULL
   reproduces INTEGER
+  reproduces_why TEXT
   command TEXT
   narrowed INTEGER
   test_files TEXT
