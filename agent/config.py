@@ -631,10 +631,11 @@ def _proof(v: _V, value: Any) -> ProofSettings:
     """``proof: optional`` (a mode alone) or ``proof: {mode: required|optional|off, tests: [globs]}``."""
     if value is None:
         return ProofSettings()
-    if isinstance(value, str):
-        return ProofSettings(mode=v.string(value, "proof", PROOF_MODES))
+    if value is False or isinstance(value, str):   # YAML reads a bare `off` as false
+        return ProofSettings(mode=v.string("off" if value is False else value, "proof", PROOF_MODES))
     top = v.mapping(value, "proof", ("mode", "tests"))
-    mode = v.string(top["mode"], "proof.mode", PROOF_MODES) if "mode" in top else "required"
+    mode = top.get("mode", "required")
+    mode = v.string("off" if mode is False else mode, "proof.mode", PROOF_MODES)
     return ProofSettings(mode=mode, tests=v.strings(top.get("tests"), "proof.tests"))
 
 

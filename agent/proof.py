@@ -394,20 +394,20 @@ def prove(*, mode: str, globs: tuple[str, ...], command: str, mirror: Path, tree
 
 
 def feedback(p: Proof) -> str:
-    """What a rejected round's implementer reads: what ran, what passed on the base, what was skipped or removed."""
-    ran = f"`{p.command}` ran on the base commit with only this round's test changes"
-    ran += f" ({', '.join(p.test_files)})" if p.test_files else " (the round changed no test file)"
-    how = "timed out" if p.base_status == "timeout" else ("could not start" if p.base_status == "unavailable"
-                                                          else "passed")
-    lines = [f"No test proves the fix: {ran}, and it {how} there, so no test fails without the fix.",
-             "Add or adjust a test that fails on the base commit and passes with the fix, ideally one that raises "
-             "the production error; never skip, xfail or delete a failing test."]
+    """What a rejected round's implementer reads: the tests that count as nothing, what ran, what to do."""
+    lines = ["No test proves the fix: no test fails on the base commit without it."]
     if p.passed_on_base:
         lines.append("New or changed tests that already pass on the base: " + ", ".join(p.passed_on_base) + ".")
     if p.skipped:
         lines.append("Tests made to skip or xfail (they count as nothing): " + ", ".join(p.skipped) + ".")
     if p.removed:
         lines.append("Tests removed (they count as nothing): " + ", ".join(p.removed) + ".")
+    how = "timed out" if p.base_status == "timeout" else ("could not start" if p.base_status == "unavailable"
+                                                          else "passed")
+    ran = f" ({', '.join(p.test_files)})" if p.test_files else " (the round changed no test file)"
+    lines.append(f"What ran: `{p.command}` on the base commit with only this round's test changes{ran}; it {how}.")
+    lines.append("Add or adjust a test that fails on the base commit and passes with the fix, ideally one that "
+                 "raises the production error; never skip, xfail or delete a failing test.")
     return "\n".join(lines)
 
 
