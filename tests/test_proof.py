@@ -8,6 +8,7 @@ output, matching the production error) get unit tests with real runner output.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -311,8 +312,9 @@ def test_repo_globs_replace_the_defaults_and_config_is_validated():
 
 def _real_output(tmp_path: Path, runner: list[str], test: str) -> str:
     (tmp_path / "test_case.py").write_text(test)
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     res = subprocess.run([sys.executable, "-m", *runner, "test_case.py"], cwd=tmp_path, capture_output=True,
-                         text=True)
+                         text=True, env=env)
     return res.stdout + res.stderr
 
 
