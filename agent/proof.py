@@ -319,7 +319,8 @@ def base_tree(mirror: Path, tree: Path, base: str, head: str, changes: list[File
 
     drop_tree(mirror, tree)
     tree.parent.mkdir(parents=True, exist_ok=True)
-    git("worktree", "add", "-q", "--detach", str(tree), base, git_dir=mirror)
+    # -f: a tree left registered by a crash (its folder gone) is taken over, not refused
+    git("worktree", "add", "-f", "-q", "--detach", str(tree), base, git_dir=mirror)
     tg = TaskGit(tree, mirror)
     present = [c.path for c in changes if c.status != "D"]
     gone = [c.path for c in changes if c.status == "D"]
@@ -334,16 +335,21 @@ def drop_tree(mirror: Path, tree: Path) -> None:
 
     if tree.exists():
         git("worktree", "remove", "--force", str(tree), git_dir=mirror, check=False)
+    if tree.exists():   # not a registered worktree (a crash between mkdir and add): just files
         shutil.rmtree(tree, ignore_errors=True)
-    git("worktree", "prune", git_dir=mirror, check=False)
+        git("worktree", "prune", git_dir=mirror, check=False)
 
 
 def _output(res) -> str:
     return (res.stdout_text(400_000) + "\n" + res.stderr_text(200_000)).strip("\n")
 
 
-def _last_lines(text: str, n: int = TAIL_LINES) -> str:
-    lines = [ln.rstrip() for ln in text.splitlines()]
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def last_lines(text: str, n: int = TAIL_LINES) -> str:
+    """The last ``n`` non-empty-ended lines of a run's output, terminal escapes and control characters removed."""
+    lines = [_CONTROL.sub("", ln).rstrip() for ln in text.splitlines()]
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines[-n:])
@@ -381,7 +387,7 @@ def prove(*, mode: str, globs: tuple[str, ...], command: str, mirror: Path, tree
     proof.duration_s = round(took, 3)
     proof.base_exit, proof.base_status = res.exit_code, res.status
     text = _output(res).replace(f"{tree}/", "")   # paths as in the repository
-    proof.base_tail = redact(_last_lines(text))
+    proof.base_tail = redact(last_lines(text))
     if res.status == "failed":
         proof.flipped = failing_tests(text) or [f"`{proof.command}` (no test names recognised in its output)"]
         proof.verdict = PROVEN

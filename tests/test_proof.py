@@ -242,6 +242,9 @@ def test_optional_repo_without_tests_gets_a_pr_marked_unproven(world, tmp_path, 
     assert "**Proof:** unproven: no test fails on the base commit (the repository says proof: optional)." in body
     assert "**Nachweis:** unbewiesen" in body
     assert "(unproven)" in agent_proc("status").stdout
+    page = tmp_path / "status.html"
+    assert agent_proc("status", "--html", str(page)).returncode == 0
+    assert "· unproven</summary>" in page.read_text()
     assert json.loads(agent_proc("task", "show", "1", "--json").stdout)["proof"]["proven"] is False
 
 
@@ -368,6 +371,14 @@ def test_only_known_runners_are_narrowed():
     assert narrowed_command("go test ./...", ["x_test.go"]) is None
 
 
+def test_base_tail_is_the_last_lines_without_control_characters():
+    from agent.proof import last_lines
+
+    out = "\n".join(f"line {i}" for i in range(40)) + "\n\x1b[31mKeyError\x1b[0m: 'qty'\x07\r\n\n"
+    tail = last_lines(out, 3)
+    assert tail == "line 38\nline 39\nKeyError: 'qty'"
+
+
 def test_feedback_says_what_ran_and_what_passed():
     from agent.proof import Proof
 
@@ -376,3 +387,27 @@ def test_feedback_says_what_ran_and_what_passed():
     assert "What ran: `pytest -q` on the base commit with only this round's test changes (tests/test_a.py); " \
            "it passed." in text
     assert "already pass on the base: tests/test_a.py::test_new." in text
+
+
+def test_the_base_tree_takes_over_a_crash_leftover_and_leaves_nothing_registered(tmp_path):
+    import shutil
+
+    from agent.proof import FileChange, base_tree, drop_tree
+
+    project, remote = demo.make_project(tmp_path)
+    base = git(project, "rev-parse", "HEAD")
+    (project / "tests" / "test_new.py").write_text("X = 1\n")
+    (project / "tests" / "test_pricing.py").unlink()
+    git(project, "add", "-A")
+    git(project, "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "tests")
+    git(project, "push", "-q", str(remote), "HEAD:main")
+    head = git(project, "rev-parse", "HEAD")
+    tree = tmp_path / "checks" / "proof-tree"
+    git(remote, "worktree", "add", "-q", "--detach", str(tree), base)
+    shutil.rmtree(tree)                                    # a crash: registered, folder gone
+    base_tree(remote, tree, base, head, [FileChange("A", "tests/test_new.py"), FileChange("D", "tests/test_pricing.py")])
+    assert (tree / "tests" / "test_new.py").read_text() == "X = 1\n"          # the head's test change
+    assert not (tree / "tests" / "test_pricing.py").exists()                  # deleted at the head: gone here too
+    assert 'item["qty"]' in (tree / "widgets" / "pricing.py").read_text()     # the rest is the base
+    drop_tree(remote, tree)
+    assert not tree.exists() and str(tree) not in git(remote, "worktree", "list")
