@@ -245,6 +245,8 @@ def narrowed_command(command: str, test_files: list[str]) -> str | None:
 # ------------------------------------------------------------------ the production error
 
 _PY_FRAME = re.compile(r'File "([^"\n]+)", line \d+, in ([^\s]+)')
+_PYTEST_FRAME = re.compile(r"^([^\s:]+\.py):\d+: (?:in (\S+)|\w)", re.M)   # pytest's long tracebacks
+_PYTEST_SOURCE = re.compile(r"^ {4}(?:async )?def (\w+)\(", re.M)     # the frame's source pytest shows
 _JS_FRAME = re.compile(r"\bat (?:([\w.$<>\[\]]+) )?\(?([^\s()]+?):\d+:\d+\)?")
 _GO_FRAME = re.compile(r"^\s*([\w./-]+\.go):\d+", re.M)
 _GO_FUNC = re.compile(r"^([\w./*()-]+)\.(\w+)\(", re.M)
@@ -253,6 +255,8 @@ _GO_FUNC = re.compile(r"^([\w./*()-]+)\.(\w+)\(", re.M)
 def _frames(output: str) -> set[tuple[str, str]]:
     """(file name, function) pairs of the stack frames in ``output``."""
     found = {(PurePosixPath(f).name, fn) for f, fn in _PY_FRAME.findall(output)}
+    found |= {(PurePosixPath(f).name, fn) for f, fn in _PYTEST_FRAME.findall(output)}
+    found |= {("", fn) for fn in _PYTEST_SOURCE.findall(output)}
     found |= {(PurePosixPath(f).name, (fn or "").split(".")[-1]) for fn, f in _JS_FRAME.findall(output)}
     found |= {(PurePosixPath(f).name, "") for f in _GO_FRAME.findall(output)}
     found |= {("", fn) for _, fn in _GO_FUNC.findall(output)}

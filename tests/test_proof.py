@@ -354,6 +354,9 @@ def test_reproduces_needs_the_class_and_a_frame_of_the_production_stack(tmp_path
     assert reproduces(out, "ValueError", frames) == (False, "the base failure does not show ValueError")
     no, why = reproduces(out, "KeyError", ["/srv/other.py:checkout"])
     assert not no and "no frame of the production stack" in why
+    # pytest's own traceback format
+    pyout = _real_output(tmp_path, ["pytest", "-q", "-p", "no:cacheprovider"], FAILING)
+    assert reproduces(pyout, "KeyError", frames) == (True, "KeyError in line_total")
     # a frame in the same file counts too (another function of pricing.py)
     ok, _ = reproduces('File "widgets/pricing.py", line 3, in helper\nKeyError: x', "KeyError",
                        ["/srv/w/widgets/pricing.py:line_total"])
@@ -411,3 +414,15 @@ def test_the_base_tree_takes_over_a_crash_leftover_and_leaves_nothing_registered
     assert 'item["qty"]' in (tree / "widgets" / "pricing.py").read_text()     # the rest is the base
     drop_tree(remote, tree)
     assert not tree.exists() and str(tree) not in git(remote, "worktree", "list")
+
+
+def test_a_pytest_check_runs_only_the_new_test_module_on_the_base(world, tmp_path):
+    passing_base(world, tmp_path)
+    edit_config(world, lambda c: c["repos"][demo.REPO].update(check=f"{sys.executable} -m pytest -q"))
+    run(world, ADDS_FAILING_TEST)
+    t, proofs, _ = _task(world)
+    assert t["state"] == "done", t
+    [p] = proofs
+    assert p["verdict"] == "proven" and p["narrowed"] == 1 and p["reproduces"] == 1
+    assert p["command"] == f"{sys.executable} -m pytest -p no:cacheprovider tests/test_missing_qty.py"
+    assert json.loads(p["flipped"]) == ["tests/test_missing_qty.py::MissingQty::test_line_without_qty_is_one_unit"]
