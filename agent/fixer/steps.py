@@ -398,7 +398,7 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
         return res
 
     p = P.prove(mode=wanted.mode, globs=wanted.tests, command=command, mirror=mirror_path(ctx.home, t["repo"]),
-                tree=folder / "proof-tree", base=t["base_sha"], head=head, run_check=run_check,
+                tree=folder / f"proof-task-{ctx.task_id}", base=t["base_sha"], head=head, run_check=run_check,
                 error=_error(ctx), redact=redact_text)
     if STOP.is_set():  # killed by the daemon's second signal: prove it again next scan
         ctx.say("proof interrupted by shutdown; the next scan runs it again")
