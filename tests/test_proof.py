@@ -76,21 +76,20 @@ print("STATUS: complete")
 print("SUMMARY: default a missing qty to one unit")
 '''
 
-ADDS_FAILING_TEST = IMPL.format(more='''
-(cwd / "tests" / "test_missing_qty.py").write_text(
-    "import unittest\\n\\nfrom widgets.pricing import order_total\\n\\n\\n"
-    "class MissingQty(unittest.TestCase):\\n"
-    "    def test_line_without_qty_is_one_unit(self):\\n"
-    "        self.assertEqual(order_total([{'price': 5}]), 5)\\n")
-''')
+def adds_test(module: str, cls: str, method: str, assertion: str, indent: str = "") -> str:
+    """Implementer script lines writing a new unittest module (``indent``: inside an ``if``)."""
+    text = (f"import unittest\n\nfrom widgets.pricing import order_total\n\n\nclass {cls}(unittest.TestCase):\n"
+            f"    def {method}(self):\n        {assertion}\n")
+    return f"\n{indent}(cwd / 'tests' / '{module}').write_text({text!r})\n"
+
+
+FAILING_ASSERTION = "self.assertEqual(order_total([{'price': 5}]), 5)"
+ADDS_FAILING_TEST = IMPL.format(more=adds_test("test_missing_qty.py", "MissingQty",
+                                               "test_line_without_qty_is_one_unit", FAILING_ASSERTION))
 NO_TEST = IMPL.format(more="")
-ADDS_PASSING_TEST = IMPL.format(more='''
-(cwd / "tests" / "test_more.py").write_text(
-    "import unittest\\n\\nfrom widgets.pricing import order_total\\n\\n\\n"
-    "class More(unittest.TestCase):\\n"
-    "    def test_two_lines(self):\\n"
-    "        self.assertEqual(order_total([{'price': 2, 'qty': 2}, {'price': 1, 'qty': 1}]), 5)\\n")
-''')
+ADDS_PASSING_TEST = IMPL.format(more=adds_test(
+    "test_more.py", "More", "test_two_lines",
+    "self.assertEqual(order_total([{'price': 2, 'qty': 2}, {'price': 1, 'qty': 1}]), 5)"))
 SKIPS_FAILING_TEST = IMPL.format(more='''
 t = cwd / "tests" / "test_pricing.py"
 t.write_text(t.read_text().replace("    def test_missing_qty_means_one_unit",
@@ -102,14 +101,8 @@ t.write_text(t.read_text().replace("    def test_missing_qty_means_one_unit(self
                                    "        self.assertEqual(order_total([{\\"price\\": 5}]), 5)\\n", ""))
 ''')
 # Round 1 fixes without a test; round 2 (its spec carries the proof's feedback) adds the failing test.
-LEARNS = IMPL.format(more='''
-if "No test proves the fix" in spec:
-    (cwd / "tests" / "test_missing_qty.py").write_text(
-        "import unittest\\n\\nfrom widgets.pricing import order_total\\n\\n\\n"
-        "class MissingQty(unittest.TestCase):\\n"
-        "    def test_line_without_qty_is_one_unit(self):\\n"
-        "        self.assertEqual(order_total([{'price': 5}]), 5)\\n")
-''')
+LEARNS = IMPL.format(more='if "No test proves the fix" in spec:' + adds_test(
+    "test_missing_qty.py", "MissingQty", "test_line_without_qty_is_one_unit", FAILING_ASSERTION, indent="    "))
 
 
 def _task(world) -> tuple[dict, list[dict], list[str]]:
