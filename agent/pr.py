@@ -246,6 +246,10 @@ def _proof_details(d: PRData) -> list[str]:
              f"changes, {_code(guard(p.get('command') or ''))} failed (exit {p.get('base_exit')}); at the head it "
              "passes. Tests that flip:", ""]
     parts += [f"- {_code(guard(name)[:200])}" for name in (p.get("flipped") or [])[:20]]
+    for key, what in (("skipped", "made to skip or xfail"), ("removed", "removed")):
+        if p.get(key):   # proven by other tests; a reviewer still sees these
+            names = ", ".join(_code(guard(n)[:200]) for n in p[key][:20])
+            parts += ["", f"Tests this PR {what} (they prove nothing): {names}"]
     why = _one_line(guard(p.get("reproduces_why") or ""))
     if why:
         parts += ["", ("Reproduces the error: " if p.get("reproduces") else "Regression test only: ") + _clip(why, 300)]

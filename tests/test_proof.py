@@ -419,3 +419,21 @@ def test_a_pytest_check_runs_only_the_new_test_module_on_the_base(world, tmp_pat
     assert p["verdict"] == "proven" and p["narrowed"] == 1 and p["reproduces"] == 1
     assert p["command"] == f"{sys.executable} -m pytest -p no:cacheprovider tests/test_missing_qty.py"
     assert json.loads(p["flipped"]) == ["tests/test_missing_qty.py::MissingQty::test_line_without_qty_is_one_unit"]
+
+
+def test_pr_body_fences_the_base_output_and_names_skips_beside_a_proof():
+    from agent.pr import PRData, render_body
+
+    tail = "E   ```\n</details>\ntoken ghp_" + "a" * 36 + "\nFAILED"
+    d = PRData(task_id=3, error_id="ab12", fingerprint="f", service="s", head_sha="a" * 40, brief="b",
+               proof={"verdict": "proven", "flipped": ["tests/t.py::test_x"], "skipped": ["tests/t.py::test_y"],
+                      "removed": [], "base_sha": "b" * 40, "command": "pytest -q", "base_exit": 1,
+                      "reproduces": False, "reproduces_why": "the base failure does not show KeyError",
+                      "base_tail": tail})
+    body = render_body(d)
+    assert "a regression test only: the base failure does not show the production error." in body
+    assert "Tests this PR made to skip or xfail (they prove nothing): `tests/t.py::test_y`" in body
+    assert "ghp_" not in body                                  # the PR's secret guard runs over the output too
+    fenced = body.split("The base failure ends with:\n\n")[1]
+    assert fenced.startswith("````text\n") and "\n````\n" in fenced   # longer than the output's own ``` run
+    assert body.count("</details>") == 2 and body.index("</details>\n") < body.index("\n````\n")
