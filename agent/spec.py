@@ -51,7 +51,7 @@ def _context(task: dict, error: dict | None) -> str:
 
 def implementer_spec(task: dict, error: dict | None, brief: str, check: str | None,
                      blocked_paths: tuple[str, ...], findings: list[str], lessons: list[str],
-                     pr_feedback: list[str] | None = None) -> str:
+                     pr_feedback: list[str] | None = None, proof: bool = True) -> str:
     """The five-part spec (context, task, constraints, verification, definition of done) plus findings/lessons."""
     parts = [f"# Context\n\nYou are fixing a production error in this repository (your working directory).\n\n"
              f"{_context(task, error)}",
@@ -78,7 +78,11 @@ def implementer_spec(task: dict, error: dict | None, brief: str, check: str | No
                  "- Add no new dependencies unless the fix requires one; say so in SUMMARY if you do.\n"
                  "- Add or adjust a test that fails without the fix when the repository has tests.")
     parts.append("# Verification\n\n" + (f"The orchestrator runs this check on your change:\n\n{fence(check, 'sh')}"
-                                         "\n\nRun it yourself before you finish." if check else
+                                         "\n\nRun it yourself before you finish." + (
+                                             " It also runs it on the base commit with only your test changes "
+                                             "applied: there it must fail (a test that fails without the fix; a "
+                                             "skipped, xfailed or deleted test proves nothing)." if proof else "")
+                                         if check else
                                          "No check command is configured; run the repository's tests if it has any."))
     parts.append("# Definition of Done\n\n- The brief's error no longer happens and the check passes.\n"
                  "- The change is limited to what the fix needs.\n"

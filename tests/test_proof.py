@@ -171,6 +171,7 @@ def test_fix_without_a_test_is_sent_back_then_proven(world, tmp_path):
     assert "with only this round's test changes (the round changed no test file); it passed." in fb[0]
     spec2 = (world["home"] / "specs" / "task-1" / "round-2.md").read_text()
     assert "No test proves the fix" in spec2
+    assert "It also runs it on the base commit with only your test changes" in spec2   # told up front, too
     led = ledger(world)
     try:
         steps = led.all("SELECT key, status, evidence FROM steps WHERE task_id = 1 AND key = 'local_check_pass'")
@@ -249,6 +250,7 @@ def test_proof_off_runs_nothing_more(world, tmp_path):
     logs = sorted(p.name for p in (world["home"] / "checks" / "task-1").glob("*.log"))
     assert logs and not [n for n in logs if "proof" in n]
     assert "**Proof:** unproven: proof is off for this repository." in _pr_body(world)
+    assert "on the base commit" not in (world["home"] / "specs" / "task-1" / "round-1.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- the guard

@@ -68,6 +68,12 @@ def _blocked_paths(ctx: Ctx, repo: RepoConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(repo.blocked_paths + extra))
 
 
+def _proof_wanted(ctx: Ctx) -> bool:
+    """Whether the repository wants the proof (``proof:`` in its .agent/config.yaml at the base; default yes)."""
+    settings = repo_settings(ctx)
+    return settings is None or settings.proof.mode != "off"
+
+
 def _require_lane(ctx: Ctx, role: str) -> None:
     """No lane for the role is a config problem: gate-block at once with the fix; it clears by itself once the
     config has the lane again (see ``lift_config_blocks``)."""
@@ -181,7 +187,7 @@ def step_spec_written(ctx: Ctx) -> None:
     repo = repo_config(ctx)
     error = _error(ctx)
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
-                            [], _lessons(ctx, error))
+                            [], _lessons(ctx, error), proof=_proof_wanted(ctx))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
     record_spec(ctx.ledger, ctx.task_id, str(path), t["round"], claim_token=ctx.token)
     snap = snapshot(ctx.ledger, ctx.task_id)
@@ -208,7 +214,7 @@ def _round_spec(ctx: Ctx) -> Path:
 
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
                             _feedback(ctx), _lessons(ctx, error),
-                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
+                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id), proof=_proof_wanted(ctx))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
     record_spec(ctx.ledger, ctx.task_id, str(path), t["round"], claim_token=ctx.token)
     return path
