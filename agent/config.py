@@ -37,6 +37,7 @@ class RepoConfig:
     check: str | None = None
     branch_prefix: str = "agent/fix-"
     blocked_paths: tuple[str, ...] = (".github/", ".agent/")
+    allow_bidi: bool = False       # a round whose change adds bidi control characters is rejected unless true
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Limits:
     workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
     feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
+    shutdown_grace: int = 10           # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,13 @@ class DecideConfig:
     auto: bool = False
     min_count: int = 3
     max_age_days: int = 14
+    max_per_scan: int = 10        # decider lanes one scan runs at most (each under the daily budget)
+
+
+@dataclass(frozen=True)
+class FeedbackConfig:
+    ci_wait: int = 3600                       # seconds a pushed head may have no CI result before that is reported
+    ci_apps: tuple[str, ...] = ("github-actions",)   # GitHub Apps whose check runs count as the PR's CI
 
 
 @dataclass(frozen=True)
@@ -186,6 +195,9 @@ class ServeConfig:
     sentry_secret_env: str = "SENTRY_CLIENT_SECRET"   # Sentry-Hook-Signature
     alertmanager_token_env: str = "ALERTMANAGER_TOKEN"  # Authorization: Bearer <token>
     max_body_bytes: int = 1048576
+    read_token_env: str | None = None                 # Authorization: Bearer <token> for /, /tasks/*, /metrics
+    require_timestamp: bool = False                   # /hooks/events must carry a signed X-Agent-Timestamp
+    replay_window: int = 300                          # seconds a signed hook timestamp may be off from now
     dsn: tuple[DsnProject, ...] = ()                  # Sentry ingest (/api/<project>/envelope/ and /store/)
     max_events_per_minute: int = 600                  # Sentry ingest: over it, 429 with Retry-After
     url: str | None = None                            # where SDKs reach `agent serve` (doctor prints DSNs with it)
@@ -205,6 +217,7 @@ class Config:
     gitea: GiteaConfig = GiteaConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
@@ -213,11 +226,11 @@ class Config:
     lessons: LessonsConfig = LessonsConfig()
     ledger_url: str | None = None            # ledger.url: a PostgreSQL ledger (AGENT_LEDGER_URL wins)
 
-    def repo_for_service(self, service: str | None) -> RepoConfig | None:
-        for repo in self.repos.values():
-            if service and service in repo.services:
-                return repo
-        return None
+    def repo_for_service(self, service: str | None, hint: str | None = None) -> RepoConfig | None:
+        """The repository whose ``services`` lists ``service``: only config maps a service to a repository. An
+        event's own ``repo`` field (a Sentry tag, a JSONL field) is a ``hint`` that only picks among those."""
+        serving = [repo for repo in self.repos.values() if service and service in repo.services]
+        return next((r for r in serving if r.name == hint), serving[0] if serving else None)
 
     def lane(self, role: str, repo: "RepoSettings | None" = None) -> LaneConfig | None:
         if repo is not None and role in repo.lanes:
@@ -342,12 +355,13 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
                                "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
-                               "lessons"))
+                               "lessons", "feedback"))
 
     repos: dict[str, RepoConfig] = {}
     for name, raw in v.mapping(top.get("repos"), "repos").items():
         p = f"repos.{name}"
-        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths"))
+        d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
+                               "allow_bidi"))
         nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
         if (not isinstance(name, str) or not all(name.split("/"))
                 or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
@@ -362,6 +376,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             check=v.opt_string(d.get("check"), f"{p}.check"),
             branch_prefix=v.string(d.get("branch_prefix", "agent/fix-"), f"{p}.branch_prefix"),
             blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
+            allow_bidi=v.boolean(d.get("allow_bidi", False), f"{p}.allow_bidi"),
         )
 
     lanes = _lanes(v, top.get("lanes"), "lanes")
@@ -406,15 +421,21 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                      "limits.workspace_failures", 1),
         feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
+        shutdown_grace=v.integer(ld.get("shutdown_grace", dflt.shutdown_grace), "limits.shutdown_grace", 0),
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
     review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
+    fd = v.mapping(top.get("feedback"), "feedback", ("ci_wait", "ci_apps"))
+    feedback = FeedbackConfig(
+        ci_wait=v.integer(fd.get("ci_wait", FeedbackConfig.ci_wait), "feedback.ci_wait", 1),
+        ci_apps=v.strings(fd["ci_apps"], "feedback.ci_apps") if "ci_apps" in fd else FeedbackConfig.ci_apps)
 
-    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days"))
+    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
     decide = DecideConfig(
         auto=v.boolean(dd.get("auto", False), "decide.auto"),
         min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
         max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
+        max_per_scan=v.integer(dd.get("max_per_scan", DecideConfig.max_per_scan), "decide.max_per_scan", 1),
     )
 
     gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
@@ -478,7 +499,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  review=review, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
                   lessons=_lessons(v, top.get("lessons")),
@@ -566,6 +587,9 @@ def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
         alertmanager_token_env=v.string(d.get("alertmanager_token_env", dflt.alertmanager_token_env),
                                         "serve.alertmanager_token_env"),
         max_body_bytes=v.integer(d.get("max_body_bytes", dflt.max_body_bytes), "serve.max_body_bytes", 1),
+        read_token_env=v.opt_string(d.get("read_token_env"), "serve.read_token_env"),
+        require_timestamp=v.boolean(d.get("require_timestamp", dflt.require_timestamp), "serve.require_timestamp"),
+        replay_window=v.integer(d.get("replay_window", dflt.replay_window), "serve.replay_window", 1),
         dsn=_dsn_projects(v, d.get("dsn"), repos),
         max_events_per_minute=v.integer(d.get("max_events_per_minute", dflt.max_events_per_minute),
                                         "serve.max_events_per_minute", 1),
@@ -754,9 +778,13 @@ DEFAULT_CONFIG = """\
 #   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
 #   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+#   shutdown_grace: 10               # seconds the first Ctrl-C/SIGTERM lets running lanes finish (then stopped)
 
 # review:
 #   allowed_users: [your-login]   # may steer PRs by comments, besides people with write access
+# feedback:
+#   ci_wait: 3600                 # seconds a pushed PR head may have no CI result before that is reported
+#   ci_apps: [github-actions]     # GitHub Apps whose check runs count as the PR's CI (others are ignored)
 
 # prices:                             # USD per million tokens, for vendors that report tokens only
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
@@ -768,7 +796,7 @@ DEFAULT_CONFIG = """\
 #   per_service: 5             # accepted lessons per spec (same service or error), newest first
 #   max_chars: 300             # a longer LESSON is refused, like one holding a URL or a command
 
-# decide: {auto: false, min_count: 3, max_age_days: 14}
+# decide: {auto: false, min_count: 3, max_age_days: 14, max_per_scan: 10}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
@@ -791,6 +819,10 @@ DEFAULT_CONFIG = """\
 #   sentry_secret_env: SENTRY_CLIENT_SECRET   # /hooks/sentry: Sentry-Hook-Signature
 #   alertmanager_token_env: ALERTMANAGER_TOKEN  # /hooks/alertmanager: Authorization: Bearer <token>
 #   max_body_bytes: 1048576
+#   read_token_env: AGENT_READ_TOKEN          # Authorization: Bearer <token> for /, /tasks/N, /metrics (unset:
+#                                             # loopback only, unless `--public`)
+#   require_timestamp: false                  # /hooks/events must send a signed X-Agent-Timestamp
+#   replay_window: 300                        # seconds a hook's timestamp may differ from now (Sentry, events)
 #   url: http://agent.internal:8080          # where SDKs reach it; `agent doctor` prints each project's DSN
 #   dsn:                                      # a Sentry DSN for unmodified SDKs: /api/<project>/envelope/ and /store/
 #     - {project: 1, key_env: AGENT_DSN_KEY, service: widgets-api}   # DSN http://<key>@host:port/1

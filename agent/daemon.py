@@ -1,8 +1,8 @@
 """`agent daemon`: loop the one-shot scans; stop cleanly on SIGTERM/SIGINT.
 
 Signals are handled by ``agent.shutdown.graceful_stop``, as in every `agent watch` command: the first one lets the
-running step finish and starts nothing new; a second one kills the running lanes' and checks' process groups; their
-tasks resume from the ledger on the next start. The daemon then exits 0 (a requested stop).
+running step finish (lanes and checks for up to ``limits.shutdown_grace``) and starts nothing new; a second one
+kills the running lanes' and checks' process groups at once; their tasks resume from the ledger on the next start. The daemon then exits 0 (a requested stop).
 
 The runner's heartbeat is beaten at every pass and, while the daemon waits between passes, every task lease, so a
 live daemon never looks stale (`agent runners`, `agent doctor`) whatever its ``--interval``.
@@ -15,18 +15,19 @@ from typing import Callable
 
 
 def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None = None,
-               echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None) -> int:
+               echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None,
+               public: bool = False) -> int:
     from agent import AgentError
     from agent.fence import beat
     from agent.ledger.leases import claim_lease_s
     from agent.scans import SCANS, news, run_scan
-    from agent.shutdown import STOP, graceful_stop
+    from agent.shutdown import STOP, grace_of, graceful_stop
 
     app.require_home()
     ticks = 0
-    server = _start_server(app, serve, echo) if serve else None
+    server = _start_server(app, serve, echo, public) if serve else None
     try:
-        with graceful_stop(echo, who="daemon"):
+        with graceful_stop(echo, who="daemon", grace=grace_of(app)):
             while not STOP.is_set():
                 try:  # one heartbeat per tick: `agent runners` shows this runner alive
                     beat(app.ledger, app.home)
@@ -66,11 +67,14 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
     return ticks
 
 
-def _start_server(app, where: tuple[str, int], echo: Callable[[str], None]):
+def _start_server(app, where: tuple[str, int], echo: Callable[[str], None], public: bool = False):
     """`agent daemon --serve`: the server on a thread of this process (notifications go out every daemon pass)."""
-    from agent.serve import HookApp, Server
+    from agent.serve import HookApp, Server, check_exposure
 
+    warning = check_exposure(where[0], app.config, public)
     app.ledger  # noqa: B018 - creates or migrates the ledger before the server threads open theirs
     server = Server(HookApp(app.home, app.config), *where).start()
+    if warning:
+        echo(warning)
     echo(f"daemon: serving on {server.url}")
     return server

@@ -3,8 +3,8 @@
 ``decide()`` is the one write path for a conclusion, human or lane, and validates it:
 - one conclusion per error (the unique index backs this up);
 - a resolved error is not decided (a recurrence opens a new error row);
-- ``fix`` needs a non-empty brief and a repository: the one whose ``services`` list the error's
-  service, else the error's own ``repo`` if that repo is configured;
+- ``fix`` needs a non-empty brief and a repository: one whose ``services`` list the error's service (the
+  error's own ``repo`` field only picks among those: event text never routes a service config does not map);
 - ``fix`` is refused while an open draft PR exists for an error with the same fingerprint;
 - ``skip`` needs a non-empty reason.
 Error state: ``fix`` moves the error to ``fixing`` at once (it is decided and no longer a
@@ -17,12 +17,14 @@ each data line indented so nothing in it can pose as the final report.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, timezone
 
 from agent import AgentError, chain
 from agent.config import Config, RepoConfig
 from agent.intake.redact import redact
 from agent.ledger import Ledger
+from agent.text import one_line
 
 KINDS = ("fix", "skip")
 DECIDERS = ("human", "lane")
@@ -34,10 +36,8 @@ class DecideRefused(AgentError):
 
 
 def repo_for_error(config: Config, error: dict) -> RepoConfig | None:
-    repo = config.repo_for_service(error.get("service"))
-    if repo is None and error.get("repo") and error["repo"] in config.repos:
-        repo = config.repos[error["repo"]]
-    return repo
+    """Config's repository for the error's service; the error's ``repo`` field only picks among those."""
+    return config.repo_for_service(error.get("service"), hint=error.get("repo"))
 
 
 def decide(ledger: Ledger, config: Config, error_id: str, kind: str, brief: str | None = None,
@@ -107,15 +107,14 @@ def _data_block(error: dict, repo: RepoConfig | None) -> str:
         ("repository", repo.name if repo else "none configured for this service"),
     ]
     lines = []
-    for name, value in fields:
+    for name, value in fields:   # every field one line: error text can plant no DECISION:, BRIEF: or heading
         if value in (None, ""):
             continue
-        text = redact(str(value)).replace("\r", " ").replace("\n", " ")
-        lines.append(f"    {name}: {text[:1000]}")
+        lines.append(f"    {name}: {one_line(redact(str(value)), 1000)}")
     if frames:
         lines.append("    frames (outermost call first, innermost last):")
         for f in list(frames)[-30:]:
-            lines.append(f"      {redact(str(f))[:300]}")
+            lines.append(f"      {one_line(redact(str(f)), 300)}")
     return "\n".join(lines)
 
 
@@ -185,8 +184,22 @@ def decide_with_lane(ledger: Ledger, config: Config, home, error: dict, spec_dir
     spec_path.write_text(decider_spec(error, config), encoding="utf-8")
     cwd = spec_dir / "cwd"   # an empty folder: the decider reads the spec, not a checkout
     cwd.mkdir(exist_ok=True)
-    res = run_lane(config=config, home=Path(home), role="decider", spec_path=spec_path, cwd=cwd,
-                   ledger=ledger, error_id=eid)
+    from agent.fixer.limits import daily_wait_line, day_start
+    from agent.ledger.lanes import BudgetRefused, DailyBudget
+    from agent.ledger.outbox import daily_budget_reached
+
+    # under the daily budget like every lane: its estimate is reserved when it is recorded, or it does not start
+    budget = DailyBudget(limit_usd=config.limits.daily_budget_usd, since=day_start(),
+                         fallback_usd=config.limits.task_budget_usd)
+    try:
+        res = run_lane(config=config, home=Path(home), role="decider", spec_path=spec_path, cwd=cwd,
+                       ledger=ledger, error_id=eid, budget=budget)
+    except BudgetRefused as exc:
+        if exc.spent + exc.reserved >= exc.limit:
+            daily_budget_reached(ledger, exc.spent + exc.reserved, exc.limit)   # the "budget" notice, once a day
+        return {"error_id": eid, "ok": False, "budget": True,
+                "line": f"error-decide: {eid[:8]}: " + daily_wait_line(exc.spent, exc.reserved, exc.inflight,
+                                                                         exc.limit, "decider", exc.estimate)}
     report = res.report
     decision = getattr(report, "decision", None) if report is not None else None
     item = {"error_id": eid, "lane_run_id": res.run_id, "lane_status": res.status}
@@ -218,9 +231,10 @@ def decide_scan(app, jobs: int = 1) -> list[dict]:
     if config.lane("decider") is None:
         return [{"ok": False, "line": "error-decide: decide.auto is true but lanes.decider is not configured; "
                                       "add lanes: {decider: {vendor: ...}} to config.yaml"}]
-    todo = candidates(app.ledger, config)
+    todo = candidates(app.ledger, config)[:config.decide.max_per_scan]   # the rest waits for the next scan
     if not todo:
         return []
+    out_of_budget = threading.Event()
 
     def one(error: dict, ledger: Ledger) -> dict:
         from agent.shutdown import STOP
@@ -228,7 +242,13 @@ def decide_scan(app, jobs: int = 1) -> list[dict]:
         if STOP.is_set():  # SIGINT/SIGTERM: the running decision finishes, no new one starts
             return {"error_id": error["id"], "ok": False, "line": f"error-decide: {error['id'][:8]}: not started: "
                                                                   "shutting down"}
-        return decide_with_lane(ledger, config, app.home, error, app.path("decide", error["id"]))
+        if out_of_budget.is_set():
+            return {"error_id": error["id"], "ok": False, "budget": True, "quiet": True,
+                    "line": f"error-decide: {error['id'][:8]}: waits for the daily budget"}
+        item = decide_with_lane(ledger, config, app.home, error, app.path("decide", error["id"]))
+        if item.get("budget"):
+            out_of_budget.set()
+        return item
 
     if jobs <= 1 or len(todo) == 1:
         return [one(e, app.ledger) for e in todo]

@@ -210,9 +210,16 @@ def check_config(config_path: Path, required: bool):
         return Check("config", False, str(exc)[:400], f"fix {config_path} at the key named above, then rerun "
                      "`agent doctor`"), None
     if config.path is None:
-        return Check("config", True, f"{config_path}: not there; built-in defaults (no repos, no lanes)"), config
-    return Check("config", True, f"{config_path}: valid; {len(config.repos)} repo(s), {len(config.lanes)} lane "
-                 f"role(s), {len(config.sources)} source(s)"), config
+        detail = f"{config_path}: not there; built-in defaults (no repos, no lanes)"
+    else:
+        detail = (f"{config_path}: valid; {len(config.repos)} repo(s), {len(config.lanes)} lane role(s), "
+                  f"{len(config.sources)} source(s)")
+    missing = [what for what, have in (("no repo", config.repos), ("no lane role", config.lanes)) if not have]
+    if missing:  # valid, but nothing would ever be fixed: not "healthy"
+        return Check("config", True, f"{detail}; {' and '.join(missing)}, so nothing will be fixed",
+                     f"add `repos:` and `lanes:` to {config_path} (`agent init` wrote commented examples), then "
+                     "rerun `agent doctor`", warn=True), config
+    return Check("config", True, detail), config
 
 
 def check_sandbox(config) -> Check:
@@ -359,7 +366,9 @@ def check_remote(repo) -> Check:
     res, out, err = _run(["git", "ls-remote", "--heads", repo.url, repo.base], LS_REMOTE_TIMEOUT, env=env)
     fix = f"check repos.{repo.name}.url in config.yaml and access to it: `git ls-remote {repo.url}`"
     if res.status != "ok":
-        why = "timed out" if res.timed_out else _last_line(err) or res.error or f"exit {res.exit_code}"
+        from agent.workspace import git_error_line
+
+        why = "timed out" if res.timed_out else git_error_line(err) or res.error or f"exit {res.exit_code}"
         return Check(label, False, f"git ls-remote {repo.url}: {why}", fix)
     if not out.strip():
         return Check(label, False, f"{repo.url}: reachable, but has no branch {repo.base!r}",
@@ -523,7 +532,9 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
         checks += check_forges(config, online, environ)
         checks += check_sentry_dsn(config, environ)
     checks.append(check_disk(home, min_free))
-    return {"ok": all(c.ok for c in checks), "checks": [c.to_json() for c in checks]}
+    unset = config is not None and not (config.repos and config.lanes)
+    return {"ok": all(c.ok for c in checks), "checks": [c.to_json() for c in checks],
+            **({"not_set_up": cfg_check.detail.rsplit("; ", 1)[-1]} if unset else {})}
 
 
 def render_text(result: dict) -> str:
@@ -537,5 +548,7 @@ def render_text(result: dict) -> str:
     warned = [c for c in result["checks"] if c["ok"] and c.get("warn")]
     lines.append("")
     note = f" ({len(warned)} warning(s): {', '.join(c['name'] for c in warned)})" if warned else ""
-    lines.append(("healthy" if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad)) + note)
+    # valid but with no repo or no lane nothing would ever be fixed: never "healthy"
+    verdict = f"not set up yet: {result['not_set_up']}" if result.get("not_set_up") else "healthy"
+    lines.append((verdict if not bad else f"{len(bad)} problem(s): " + ", ".join(c["name"] for c in bad)) + note)
     return "\n".join(lines)

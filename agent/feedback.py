@@ -27,10 +27,13 @@ from typing import Callable
 from agent import AgentError, chain
 from agent.fence import crashpoint
 from agent.ledger import Ledger, ledger_path
+from agent.text import one_line
 
 STOP_COMMAND = "/agent stop"
 BODY_MAX = 4000           # stored per item (redacted)
 SPEC_ITEMS_MAX = 30       # findings from PR feedback put in one spec
+OWN_MARK_KEY = "own-mark" # the ledger secret that signs the agent's own marks
+CI_TEXT_MAX = 2000        # a CI result's text kept for the spec (fenced there)
 
 
 def _redact(text: str) -> str:
@@ -40,8 +43,7 @@ def _redact(text: str) -> str:
 
 
 def _one_line(text: str, limit: int = 200) -> str:
-    s = " ".join((text or "").split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    return one_line(text, limit)
 
 
 # ---------------------------------------------------------------------------------------------- deciding
@@ -55,9 +57,32 @@ def stop_reason(body: str) -> str | None:
     return None
 
 
-def decide(item, may_steer: Callable[[str], bool]) -> tuple[str, str | None]:
-    """``(decision, reason)`` for one ``Feedback``: own | ignored | stop | taken."""
-    if item.own_key is not None:
+def own_checker(login: str | None, secret: str) -> Callable[[object], str | None]:
+    """Whether a ``Feedback`` is the agent's own: by its author (the forge's ``own_login``) first, else by an own
+    mark signed with the ledger's secret. Returns the reply key it answers ('' for an own comment without one), or
+    None: not the agent's (an outsider's copy of a mark is just a comment from an outsider)."""
+    from agent.forge import verified_key
+
+    def own(item) -> str | None:
+        marked = item.own_key
+        if login and (item.author or "").lower() == login.lower():
+            return verified_key(marked, secret) or marked or ""
+        return verified_key(marked, secret)
+
+    return own
+
+
+def _own_for(ledger: Ledger, forge) -> Callable[[object], str | None]:
+    from agent.forge import own_login
+    from agent.ledger.keys import ledger_key
+
+    return own_checker(own_login(forge), ledger_key(ledger, OWN_MARK_KEY))
+
+
+def decide(item, may_steer: Callable[[str], bool], own: Callable[[object], str | None] | None = None
+           ) -> tuple[str, str | None]:
+    """``(decision, reason)`` for one ``Feedback``: own | ignored | stop | taken (``own``: see ``own_checker``)."""
+    if own is not None and own(item) is not None:
         return "own", "the agent's own comment"
     if not may_steer(item.author):
         return "ignored", f"{item.author} has no write access and is not in review.allowed_users"
@@ -165,7 +190,8 @@ def read_feedback(ledger: Ledger, forge, config, task_id: int, token: str | None
     crashpoint("feedback.read")  # fault injection (tests): read from the forge, nothing recorded yet
     known = ledger.feedback_keys(task_id)
     may_steer = allowed_checker(forge, config.review.allowed_users)
-    decided = [(item, *decide(item, may_steer)) for item in page.items if item.key not in known]
+    own = _own_for(ledger, forge)
+    decided = [(item, *decide(item, may_steer, own)) for item in page.items if item.key not in known]
     if not decided:
         if page.cursor != watch["cursor"]:
             with claimed_tx(ledger, task_id, token) as c:
@@ -207,6 +233,33 @@ def _ci_rows(results) -> list[dict]:
             for r in results]
 
 
+def _no_ci(ledger: Ledger, task_id: int, token: str | None, sha: str, watch: dict, wait_s: int) -> list[str]:
+    """No CI result for the pushed head: wait ``feedback.ci_wait`` from its push, then say so once (state
+    ``missing``): a CI that never ran (a skip directive, no CI configured) is news, not "nothing to do"."""
+    import time
+    from datetime import datetime, timezone
+
+    from agent.tasks import claimed_tx
+
+    if watch["ci_sha"] == sha and watch["ci_state"] == "missing":
+        return []
+    pushed = [e for e in ledger.events(task_id=task_id) if e["kind"] == "branch.pushed"
+              and e["payload"].get("sha") == sha]
+    if not pushed:
+        return []
+    at = datetime.strptime(pushed[-1]["ts"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    waited = time.time() - at
+    if waited < wait_s:
+        return []
+    with claimed_tx(ledger, task_id, token) as c:
+        ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state="missing", ci_results="[]")
+        ledger.event(c, "pr.ci_missing", "script", {"head": sha, "waited_s": int(waited)}, task_id=task_id)
+    number = int(ledger.pr_row(task_id)["number"])
+    return [f"task {task_id}: PR #{number} has no CI result for {sha[:12]} {int(waited)}s after the push "
+            f"(feedback.ci_wait={wait_s}s): its CI did not run (a skip directive? no CI for the repository?); "
+            "a result that comes later is still read"]
+
+
 def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> tuple[list[str], bool]:
     """The PR's CI for the task's pushed head. Returns (lines, refresh_pr_body)."""
     import json
@@ -220,9 +273,10 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
     watch = ledger.pr_watch(task_id)
     if watch["ci_sha"] == sha and watch["ci_state"] in ("success", "failure", "neutral"):
         return [], False  # acted on already
-    results = forge.ci_results(sha)
+    apps = set(config.feedback.ci_apps)   # a check run counts only from a configured CI app (anyone may add one)
+    results = [r for r in forge.ci_results(sha) if r.kind != "check_run" or r.app is None or r.app in apps]
     if not results:
-        return [], False  # no CI reports for this head (yet, or none configured)
+        return _no_ci(ledger, task_id, token, sha, watch, config.feedback.ci_wait), False
     states = {r.state for r in results}
     state = "pending" if "pending" in states else "failure" if "failure" in states else \
         "success" if "success" in states else "neutral"
@@ -233,9 +287,9 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
         if task["state"] != chain.DONE or task["pushed_sha"] != sha:
             return [], False
         if state == "failure":
-            rows = [{"key": f"ci:{sha[:12]}:{r.kind}:{r.name}"[:200], "kind": "ci", "author": r.name,
-                     "path": None, "line": None, "state": r.conclusion or r.state, "url": r.url,
-                     "body": _redact(r.summary)[:BODY_MAX], "decision": "taken", "reason": None,
+            rows = [{"key": f"ci:{sha[:12]}:{r.kind}:{r.name}"[:200], "kind": "ci", "author": one_line(r.name, 120),
+                     "path": None, "line": None, "state": one_line(r.conclusion or r.state, 40), "url": r.url,
+                     "body": _redact(r.summary)[:CI_TEXT_MAX], "decision": "taken", "reason": None,
                      "round": task["round"]} for r in results if r.state == "failure"]
             _record_items(ledger, c, task_id, number, rows)
             ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state=state, ci_results=json.dumps(_ci_rows(results)))
@@ -260,6 +314,7 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
 def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) -> str:
     """What the round changed for which comment, the new head, the check (plain data, redacted)."""
     from agent.pr import _code as code
+    from agent.text import fence
 
     rnd = int(reply["round"])
     if reply["kind"] == "cap":
@@ -269,7 +324,7 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     lines = [f"Round {rnd} addressed this feedback:"]
     for r in items:
         if r["kind"] == "ci":
-            lines.append(f"- CI {code(_one_line(r['author'], 80))} ({_one_line(r['state'], 30)})")
+            lines.append(f"- CI {code(_one_line(r['author'], 80))} ({code(_one_line(r['state'], 30))})")
         else:
             kind = {"review": "review", "inline": "review comment", "comment": "comment"}[r["kind"]]
             where = f" on {code(_one_line(r['path'], 120))}" + (f" line {r['line']}" if r["line"] else "") \
@@ -279,9 +334,10 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     from agent.ledger.tasks import latest_check
 
     summaries = implementer_summaries_since(ledger, task["id"], rnd)
-    if summaries:
-        lines += ["", "What changed:"]
-        lines += [f"- round {s['round']}: {_one_line(_redact(s['summary'] or ''), 400)}" for s in summaries]
+    if summaries:   # the lane's words: only inside a fence (no mentions, images, HTML or links rendered)
+        lines += ["", "What changed, as the implementer lane reported it:", "",
+                  fence("\n".join(f"round {s['round']}: {_one_line(_redact(s['summary'] or ''), 400)}"
+                                   for s in summaries))]
     fr = next((r for r in ledger.feedback_rounds(task["id"]) if r["round"] == rnd), None)
     if fr and fr["base_head"] and repo_path is not None and task["head_sha"]:
         try:
@@ -314,11 +370,17 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
                                        and task["pushed_sha"] == task["head_sha"])]
     if not due:
         return []
+    from agent.forge import signed_key
+    from agent.ledger.keys import ledger_key
+
     number = int(pr["number"])
+    own = _own_for(ledger, forge)
     posted = {}
     for item in forge.feedback(number, None).items:  # replies posted just before a kill carry their key
-        if item.own_key:
-            posted[item.own_key] = item.id
+        key = own(item)
+        if key:
+            posted[key] = item.id
+    secret = ledger_key(ledger, OWN_MARK_KEY)
     lines = []
     for r in due:
         found = r["key"] in posted
@@ -326,7 +388,7 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
             reply_id = posted[r["key"]]
         else:
             text = reply_text(ledger, task, r, Path(task["worktree"]) if task["worktree"] else None)
-            reply_id = forge.reply(number, text, r["key"])
+            reply_id = forge.reply(number, text, signed_key(r["key"], secret))
             crashpoint("feedback.replied")  # fault injection (tests): posted, not recorded yet
         if ledger.record_reply(task_id, r["key"], reply_id, task["head_sha"], found):
             what = f"round {r['round']}" if r["kind"] == "round" else "a human must take over"

@@ -28,6 +28,7 @@ from agent.fence import crashpoint
 from agent.intake.redact import redact
 from agent.ledger import Ledger, now
 from agent.ledger import outbox
+from agent.text import one_line
 
 BACKOFF_S = (30, 60, 120, 300, 600, 1800, 3600)   # after attempt 1, 2, ...; the last repeats
 MAX_ATTEMPTS = 10
@@ -66,7 +67,8 @@ def render(ledger: Ledger, key: str, kinds: tuple[str, ...], payload: dict, task
     from agent.ledger.tasks import find_task
 
     task = find_task(ledger, task_id) if task_id is not None else None
-    where = f"task {task_id} ({task['repo']}: {task['title']})" if task else (f"task {task_id}" if task_id else "")
+    where = f"task {task_id} ({one_line(task['repo'], 100)}: {one_line(task['title'], 120)})" if task else \
+        (f"task {task_id}" if task_id else "")
     event = payload.get("event")
     url = payload.get("url")
     command = None
@@ -77,12 +79,12 @@ def render(ledger: Ledger, key: str, kinds: tuple[str, ...], payload: dict, task
                 "until it falls below the limit; raise the limit in config.yaml to go on now.")
         command = "agent status"
     elif "gate-blocked" in kinds:
-        reason = payload.get("reason") or ""
+        reason = _quoted(payload.get("reason"))
         title = f"agent: {where} is gate-blocked: {reason}"
         text = f"{where} waits for a human. Reason: {reason}\nWhen it is fixed, run the command below."
         command = reset_command(task_id, "gate-blocked")
     elif "failed" in kinds:
-        reason = payload.get("reason") or ""
+        reason = _quoted(payload.get("reason"))
         title = f"agent: {where} failed: {reason[:200]}"
         text = f"{where} failed. Reason: {reason}\nTo let it go on with more rounds, run the command below."
         command = reset_command(task_id, "failed")
@@ -97,9 +99,16 @@ def render(ledger: Ledger, key: str, kinds: tuple[str, ...], payload: dict, task
         title = f"agent: PR closed without merge for {where}: {url}"
         text = f"The PR {url} was closed without merge; the error is skipped and never proposed again."
         command = f"agent error show {error_id}" if error_id else None
-    # the last guard: reasons can quote lane output or error text
-    return Message(key=key, kinds=kinds, title=redact(title)[:300], text=redact(text)[:4000], command=command,
-                   url=url, task_id=task_id, error_id=error_id, at=at)
+    # the last guard: reasons can quote lane output or error text (one line each: see _quoted)
+    return Message(key=key, kinds=kinds, title=one_line(redact(title), 300), text=redact(text)[:4000],
+                   command=command, url=one_line(url, 500) or None if url else None, task_id=task_id,
+                   error_id=error_id, at=at)
+
+
+def _quoted(reason) -> str:
+    """A reason (it can quote lane output or error text) as one line in quotes: a newline in it can never start
+    a line of the message, such as a fake ``Run:``."""
+    return f'"{one_line(reason, 1000)}"' if reason else '""'
 
 
 def sample_message() -> Message:
@@ -149,13 +158,16 @@ def email_message(channel: NotifyChannel, msg: Message, user: str | None):
     from email.message import EmailMessage
     from email.utils import formatdate
 
-    m = EmailMessage()
-    m["Subject"] = msg.title[:200]
-    m["From"] = channel.sender or user or "agent@localhost"
-    m["To"] = ", ".join(channel.to)
+    from email import policy
+
+    # headers: one line each, whatever the text (a CR/LF in an error field would make Python refuse the header)
+    m = EmailMessage(policy=policy.SMTP)
+    m["Subject"] = one_line(msg.title, 200) or "agent"
+    m["From"] = one_line(channel.sender or user or "agent@localhost")
+    m["To"] = one_line(", ".join(channel.to))
     m["Date"] = formatdate(localtime=False)
-    m["Message-ID"] = f"<{msg.key}@agent>"
-    m["X-Agent-Delivery"] = msg.key
+    m["Message-ID"] = f"<{one_line(msg.key)}@agent>"
+    m["X-Agent-Delivery"] = one_line(msg.key)
     body = [msg.text, ""]
     if msg.command:
         body += ["Run:", f"    {msg.command}", ""]
@@ -251,6 +263,10 @@ def deliver(ledger: Ledger, config: Config, env: Mapping[str, str] | None = None
     outbox.expand(ledger, {cid: c.on for cid, c in channels.items()})
     token = _claimant()
     items = []
+    for d in outbox.dead_letter_stuck(ledger, clock(), _dead, MAX_ATTEMPTS):
+        items.append({"key": d["key"], "state": outbox.DEAD,
+                      "line": f"notify {d['key']} ({d['kinds']}): dead after {d['attempts']} attempts that never "
+                              f"finished; `agent notify retry {d['key']}` tries again"})
     for d in outbox.claim_due(ledger, token, clock(), LEASE_S, _dead):
         channel = channels.get(d["channel"])
         kinds = tuple(d["kinds"].split(","))
@@ -259,16 +275,23 @@ def deliver(ledger: Ledger, config: Config, env: Mapping[str, str] | None = None
             outbox.record(ledger, d["id"], token, "failed", "channel no longer configured")
             items.append({"key": d["key"], "state": "failed", "line": f"{label}: channel no longer configured"})
             continue
-        msg = render(ledger, d["key"], kinds, json.loads(d["payload"] or "{}"), d["task_id"], d["error_id"],
-                     d["event_at"])
-        crashpoint("notify.before_send")  # fault injection (tests): claimed, nothing sent yet
-        try:
+        try:   # anything that goes wrong with this one delivery fails it alone; the pass goes on
+            msg = render(ledger, d["key"], kinds, json.loads(d["payload"] or "{}"), d["task_id"], d["error_id"],
+                         d["event_at"])
+            crashpoint("notify.before_send")  # fault injection (tests): claimed, nothing sent yet
             sender(channel, msg, env, ssl_context=ssl_context)
-        except NotifyFailed as exc:
-            last = not exc.retry or d["attempts"] >= MAX_ATTEMPTS
-            if last:
+        except Exception as exc:  # noqa: BLE001 - one poison row never silences the others
+            if not isinstance(exc, NotifyFailed):
+                exc = NotifyFailed(f"{channel.id}: {type(exc).__name__}: {one_line(redact(str(exc)), 200)}",
+                                   retry=True)
+            if not exc.retry:
                 outbox.record(ledger, d["id"], token, "failed", str(exc))
                 items.append({"key": d["key"], "state": "failed", "line": f"{label}: failed for good: {exc}"})
+            elif d["attempts"] >= MAX_ATTEMPTS:
+                outbox.record(ledger, d["id"], token, outbox.DEAD, str(exc))
+                items.append({"key": d["key"], "state": outbox.DEAD,
+                              "line": f"{label}: dead after {d['attempts']} attempts: {exc}; "
+                                      f"`agent notify retry {d['key']}` tries again"})
             else:
                 wait = backoff(d["attempts"])
                 outbox.record(ledger, d["id"], token, "pending", str(exc), next_at=clock() + wait)
@@ -279,6 +302,26 @@ def deliver(ledger: Ledger, config: Config, env: Mapping[str, str] | None = None
         outbox.record(ledger, d["id"], token, "delivered")
         items.append({"key": d["key"], "state": "delivered", "line": f"{label}: delivered to {channel.id}"})
     return items
+
+
+def list_deliveries(ledger: Ledger, state: str | None = None, limit: int = 100) -> list[dict]:
+    """`agent notify list`: deliveries, newest first (``state``: pending | sending | delivered | failed | dead)."""
+    if state is not None and state not in outbox.DELIVERY_STATES:
+        raise AgentError(f"unknown delivery state {state!r}; use one of {', '.join(outbox.DELIVERY_STATES)}")
+    return outbox.deliveries(ledger, state, limit)
+
+
+def retry(ledger: Ledger, keys: tuple[str, ...] = (), every: bool = False) -> list[dict]:
+    """`agent notify retry`: failed or dead deliveries (the named ones, or all) go back to pending, due now, with
+    a fresh attempt count."""
+    if not keys and not every:
+        raise AgentError("name the deliveries to retry (their key, from `agent notify list`) or pass --all")
+    done = outbox.requeue(ledger, keys, every)
+    missing = [k for k in keys if k not in {d["key"] for d in done}]
+    if missing:
+        raise AgentError(f"no failed or dead delivery with key {', '.join(missing)}; see `agent notify list "
+                         "--state dead`")
+    return done
 
 
 def scan(app, jobs: int = 1) -> list[dict]:

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.text import BACKTICKS, fence, forge_safe, ident, one_line, visible  # noqa: F401 - fence: re-exported
+
 TITLE_MAX = 72
 BODY_MAX = 60000          # GitHub refuses bodies over 65536 characters
 FIELD_MAX = 8000          # one brief / findings block
@@ -128,24 +130,17 @@ def _word(value: Any) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text or "").split())
+    return one_line(text)
 
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def fence(text: str, info: str = "text") -> str:
-    """``text`` in a backtick fence longer than any backtick run inside it."""
-    runs = [len(m) for m in re.findall(r"`+", text)]
-    ticks = "`" * max(3, max(runs, default=0) + 1)
-    return f"{ticks}{info}\n{text.rstrip()}\n{ticks}"
-
-
 def _code(text: str) -> str:
-    """An inline code span that survives backticks in ``text``."""
-    text = _one_line(text)
-    runs = [len(m) for m in re.findall(r"`+", text)]
+    """An inline code span that survives backticks (and look-alikes) in ``text``; invisible characters spelled."""
+    text = visible(_one_line(text))
+    runs = [len(m) for m in re.findall("[" + BACKTICKS + "]+", text)]
     ticks = "`" * (max(runs, default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text}{pad}{ticks}"
@@ -165,15 +160,27 @@ def parse_task_marker(body: str) -> int | None:
 
 
 def render_title(d: PRData) -> str:
+    """The agent's own words from a template: ``fix(SERVICE): CLASS (agent task N)``; the error's message and the
+    lane's text never reach the title (a squash merge makes it the commit subject)."""
     if d.title and d.title.strip():
-        raw = d.title
+        raw = forge_safe(_one_line(guard(d.title)))
     else:
-        cls, msg = _one_line(d.error_class), _one_line(d.message)
-        if cls and msg.startswith(cls):  # "KeyError: 'qty'" already names the class
-            cls = ""
-        what = ": ".join(x for x in (cls, msg) if x) or "production error"
-        raw = f"fix({_one_line(d.service) or 'service'}): {what}"
-    return _clip(_one_line(guard(raw)), TITLE_MAX)
+        raw = f"fix({ident(d.service, 40) or 'service'}): {ident(d.error_class, 60) or 'production error'} " \
+              f"(agent task {int(d.task_id)})"
+    return _clip(_one_line(raw), TITLE_MAX)
+
+
+def commit_message(task_id: int, round_no: int, error_class: str | None, service: str | None,
+                   error_id: str | None = None) -> str:
+    """A round's commit message, from a template only: the lane's SUMMARY (untrusted) goes to the PR's fenced
+    sections, never into history a merge carries (no closing keywords, CI-skip directives, mentions, trailers)."""
+    cls = ident(error_class, 60) or "production error"
+    svc = ident(service, 40) or "service"
+    err = _hexid(error_id, 16) if error_id else None
+    lines = [f"fix({svc}): {cls} (agent task {int(task_id)}, round {int(round_no)})", "",
+             f"Proposed by agent for {'error ' + err if err and err != 'unknown' else 'a production error'} "
+             f"in {svc}; the implementer's summary and every review are in the pull request."]
+    return "\n".join(lines) + "\n"
 
 
 def _check_phrase(checks: list[CheckResult]) -> tuple[str, str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from agent.text import fence
+
 REPORT_IMPLEMENTER = """\
 STATUS: complete | partial | blocked
 SUMMARY: <one paragraph: what you changed and why>
@@ -19,13 +21,6 @@ REPORT_REVIEWER = """\
 STATUS: complete | partial | blocked
 FINDINGS:
 - <one finding per line; write "FINDINGS: none" when you approve>"""
-
-
-def fence(text: str, info: str = "text") -> str:
-    """Wrap ``text`` in a backtick fence longer than any backtick run inside it."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    ticks = "`" * max(3, longest + 1)
-    return f"{ticks}{info}\n{text.rstrip()}\n{ticks}"
 
 
 def _context(task: dict, error: dict | None) -> str:

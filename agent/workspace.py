@@ -31,16 +31,18 @@ class WorkspaceError(AgentError):
 
 
 def git_error_line(exc) -> str:
-    """Git's first error line (``fatal: repository '/x' does not exist``) from a failed git command's stderr.
+    """Git's first error line (``fatal: repository '/x' does not exist``) from a failed git command's stderr (an
+    exception's ``stderr``, or the text itself).
 
     Git may print progress first and hints after: the first ``fatal:``/``error:`` line is the one that says what
-    went wrong (the last line can be a hint, or, as GitPython quoted it, a lone ``'``)."""
-    text = str(getattr(exc, "stderr", "") or "")
+    went wrong (the last line can be a hint, "...and the repository exists.", or, as GitPython quoted it, a lone
+    ``'``)."""
+    text = exc if isinstance(exc, str) else str(getattr(exc, "stderr", "") or "")
     lines = [line.strip() for line in text.splitlines() if line.strip().strip("'")]
     for line in lines:
-        if line.lower().startswith(("fatal:", "error:")):
+        if line.lower().removeprefix("remote:").lstrip().startswith(("fatal:", "error:")):
             return line
-    return lines[0] if lines else str(exc)
+    return lines[0] if lines else ("" if isinstance(exc, str) else str(exc))
 
 
 def _fix_for(line: str, repo: str) -> str:
@@ -154,8 +156,7 @@ def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = 
     res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push), timeout=timeout,
                        input=input)
     if check and res.exit_code != 0:
-        lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-        what = "timed out" if res.timed_out else (lines[-1] if lines else f"exit {res.exit_code}")
+        what = "timed out" if res.timed_out else (git_error_line(res.stderr)[:300] or f"exit {res.exit_code}")
         raise GitError(f"git {args[0] if args else ''}: {what}", res.stderr, res.exit_code)
     return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
 

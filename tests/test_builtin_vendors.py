@@ -178,8 +178,14 @@ def test_aider_last_response_parser():
 
 def test_aider_read_turn_usage_and_cost(tmp_path):
     c = ctx(tmp_path, True)
-    ADAPTERS["aider"].build(c)
-    out = ADAPTERS["aider"].read_turn("Tokens: 2.5k sent, 30 received. Cost: $0.01 message, $0.02 session.\n",
+    argv = ADAPTERS["aider"].build(c).argv
+    events = Path(argv[argv.index("--analytics-log") + 1])
+    events.write_text("\n".join(json.dumps(e) for e in (
+        {"event": "launched", "properties": {}},
+        {"event": "message_send", "properties": {"prompt_tokens": 2500, "completion_tokens": 30, "cost": 0.01}},
+    )) + "\n")
+    # stdout's own token line (and any the model's reply quotes) is not read: the event log is
+    out = ADAPTERS["aider"].read_turn("Tokens: 900k sent, 30 received. Cost: $750.00 message, $750 session.\n",
                                       "", 0, c)
     assert out.usage == {"input_tokens": 2500, "output_tokens": 30} and out.cost_usd == 0.01
     assert out.message == ""          # this turn's LLM log is empty: no reply, not the last turn's

@@ -63,8 +63,9 @@ def test_refused_fix_without_a_mapped_repository(ledger):
     b = _error(ledger, service="billing", repo="acme/unknown", fn="x")
     with pytest.raises(AgentError, match="no repository"):
         decide(ledger, CONFIG, b, "fix", brief="b")
-    c = _error(ledger, service="billing", repo="acme/other", fn="y")   # its own repo is configured: fine
-    assert decide(ledger, CONFIG, c, "fix", brief="b") > 0
+    c = _error(ledger, service="billing", repo="acme/other", fn="y")   # an event's repo field routes nothing
+    with pytest.raises(AgentError, match="no repository"):
+        decide(ledger, CONFIG, c, "fix", brief="b")
     assert ledger.one("SELECT state FROM errors WHERE id = ?", (a,))["state"] == "open"
 
 

@@ -340,3 +340,28 @@ def test_gitlab_and_gitea_credentials_access_and_remote(tmp_path, forge):
         bad = refused[f"forge acme/widgets ({forge})"]
         assert not bad.ok and "token was refused (401)" in bad.detail and "stale" not in bad.detail
         sim.assert_clean()
+
+
+def test_doctor_on_a_home_with_no_repo_and_no_lane_is_not_healthy(agent):
+    assert agent("init").exit_code == 0
+    out = agent("doctor")
+    last = out.stdout.rstrip().splitlines()[-1]
+    assert "healthy" not in last and last.startswith("not set up yet: no repo and no lane role"), out.stdout
+    assert "WARN  config:" in out.stdout and "add `repos:` and `lanes:`" in out.stdout
+
+
+def test_a_git_error_names_the_problem_not_the_end_of_gits_advice(tmp_path):
+    """A failed fetch ends with "Please make sure you have the correct access rights / and the repository
+    exists."; the line kept is the one saying what failed (real git, a path with no repository)."""
+    from agent.config import parse_config
+    from agent.doctor import check_remote
+    from agent.workspace import GitError, git
+
+    gone = tmp_path / "gone.git"
+    with pytest.raises(GitError) as err:
+        git("ls-remote", str(gone), network=True)
+    assert "does not appear to be a git repository" in str(err.value), str(err.value)
+    assert "and the repository exists" not in str(err.value)
+    repo = parse_config({"repos": {"acme/widgets": {"url": str(gone)}}}).repos["acme/widgets"]
+    check = check_remote(repo)
+    assert check.ok is False and "does not appear to be a git repository" in check.detail, check.detail

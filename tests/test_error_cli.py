@@ -94,3 +94,19 @@ def test_watch_errors_and_error_decide_scans_are_registered(tmp_path):
     assert item["quiet"] is True and "0 new, 0 deduplicated, 0 rejected" in item["line"]
     p = run(home, "watch", "error-decide", "--json")   # decide.auto is false: nothing to do
     assert p.returncode == 0 and json.loads(p.stdout) == []
+
+
+def test_error_list_and_show_name_the_class_once(agent, tmp_path):
+    from agent.intake.formats import error_headline
+
+    assert agent("init").exit_code == 0
+    src = tmp_path / "e.jsonl"
+    src.write_text('{"message": "KeyError: \'qty\'", "class": "KeyError", "service": "widgets-api"}\n'
+                   '{"message": "division by zero", "class": "ZeroDivisionError", "service": "widgets-api"}\n')
+    assert agent("error", "ingest", str(src)).exit_code == 0
+    listing = agent("error", "list").stdout
+    assert "KeyError: 'qty'" in listing and "KeyError: KeyError" not in listing
+    assert "ZeroDivisionError: division by zero" in listing
+    first = agent.json("error", "list")[0]["id"]
+    assert "KeyError: KeyError" not in agent("error", "show", first).stdout + agent("status").stdout
+    assert error_headline("KeyError", "KeyError") == "KeyError" and error_headline(None, "boom") == "boom"

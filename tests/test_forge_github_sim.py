@@ -321,6 +321,11 @@ def test_pr_feedback_end_to_end_on_the_simulator(sim, tmp_path):
     env = {"GITHUB_TOKEN": "sim-token-not-secret"}
     p = build(tmp_path / "w", tasks=1, forge="github", github_api_url=sim.url, limits={"feedback_rounds": 2})
     home, remote = p["home"], p["remote"]
+    import yaml
+
+    doc = yaml.safe_load((home / "config.yaml").read_text())
+    doc["feedback"] = {"ci_apps": ["octoapp"]}     # the simulator's check runs all come from the spec's example app
+    (home / "config.yaml").write_text(yaml.safe_dump(doc))
 
     def agent(*args):
         out = subprocess.run([*agent_bin(), "--home", str(home), *args], capture_output=True, text=True,

@@ -44,7 +44,7 @@ def sentences(p: str) -> int:
 
 def test_layout_en_de_details_marker():
     title, body = render_pr(data())
-    assert title == "fix(widgets-api): KeyError: 'cart'"
+    assert title == "fix(widgets-api): KeyError (agent task 42)"
     en, de = paragraphs(body)
     assert en.startswith("This draft pull request proposes a fix for `KeyError` in the service `widgets-api`")
     assert "2 rounds" in en and "passed" in en
@@ -61,7 +61,7 @@ def test_layout_en_de_details_marker():
 
 
 def test_title_is_clipped_and_single_line():
-    title, _ = render_pr(data(message="x" * 300 + "\nsecond line"))
+    title, _ = render_pr(data(error_class="x" * 300 + "\nsecond line"))
     assert len(title) == TITLE_MAX and title.endswith("…") and "\n" not in title
     title, _ = render_pr(data(title="  Fix\nthe   cart  "))
     assert title == "Fix the cart"
@@ -135,7 +135,7 @@ def test_accepts_dataclasses_too():
                verdicts=[Verdict(round=1, stage="review", dimension="code", verdict="approve")],
                checks=[CheckResult(round=1, command="true", passed=True)])
     title, body = render_pr(d)
-    assert title == "fix(s): production error" and parse_task_marker(body) == 1
+    assert title == "fix(s): production error (agent task 1)" and parse_task_marker(body) == 1
 
 
 def test_pr_data_from_ledger(ledger):

@@ -159,15 +159,16 @@ def test_agent_runners_shows_each_runner_its_heartbeat_and_the_tasks_it_holds(sh
     page = a_home / "status.html"
     assert agent("status", "--html", str(page)).exit_code == 0
     html = page.read_text()
-    assert "<h2>Runners</h2><table id='runners'>" in html and rb in html and "stale" in html
+    assert "<h2>Runners (2)</h2><table id='runners'>" in html and rb in html and "stale" in html
 
 
-def test_status_of_a_single_live_runner_has_no_runners_section(agent, home):
+def test_status_of_a_single_live_runner_shows_it_alive(agent, home):
     assert agent("init").exit_code == 0
-    before = agent("status").stdout
+    assert "runners" not in agent("status").stdout and agent.json("status")["runners"] == []
     assert agent("watch", "errors").exit_code == 0   # one runner registered, alive
-    assert len(agent.json("runners")) == 1
-    assert agent("status").stdout == before and "runners" not in agent.json("status")
+    [runner] = agent.json("runners")
+    assert "runners (1):" in agent("status").stdout and f"{runner['id']}  alive" in agent("status").stdout
+    assert [r["alive"] for r in agent.json("status")["runners"]] == [True]
 
 
 # --------------------------------------------------------------------------- claims and fencing tokens

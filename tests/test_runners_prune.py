@@ -134,10 +134,12 @@ def test_doctor_cli_keeps_exit_0_for_stale_runner_warnings(agent, home):
     assert out.exit_code == 0, out.output
     assert "WARN  runner box-d:idle: host box-d" in out.stdout
     assert "WARN  runner box-b:dead: host box-b" in out.stdout and "holds lease pr-open (expired 10m ago)" in out.stdout
-    assert out.stdout.rstrip().splitlines()[-1] == "healthy (2 warning(s): runner box-b:dead, runner box-d:idle)"
+    assert out.stdout.rstrip().splitlines()[-1] == (  # a fresh home has no repo and no lane: not "healthy"
+        "not set up yet: no repo and no lane role, so nothing will be fixed (3 warning(s): "
+        "runner box-b:dead, runner box-d:idle, config)")
     doc = json.loads(agent("doctor", "--json").stdout)
     assert doc["ok"] is True
-    assert {c["name"] for c in doc["checks"] if c["warn"]} == {"runner box-d:idle", "runner box-b:dead"}
+    assert {c["name"] for c in doc["checks"] if c["warn"]} == {"config", "runner box-d:idle", "runner box-b:dead"}
 
 
 def test_doctor_does_not_report_fresh_runners(home, monkeypatch):

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def test_python_sdk_capture_and_unhandled_become_one_error_and_other_items_are_d
     body = json.dumps({"action": "created", "data": {"event": {**event, "tags": {"service": "widgets-api"}}}})
     code, out, _ = call(srv.url, "/hooks/sentry", body.encode(),
                         {"Sentry-Hook-Signature": sig("hook-secret", body.encode(), ""),
-                         "Sentry-Hook-Resource": "event_alert", "Content-Type": "application/json"})
+                         "Sentry-Hook-Resource": "event_alert", "Content-Type": "application/json",
+                         "Sentry-Hook-Timestamp": str(int(time.time()))})
     assert code == 202, out
     assert json.loads(out)["errors"] == [rows[0]["id"]] and json.loads(out)["new"] == 0
     assert errors(ledger)[0]["count"] == 2

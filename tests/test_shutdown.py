@@ -72,5 +72,36 @@ def test_second_signal_kills_the_lane_group_records_it_interrupted_and_leaves_no
     runs = [dict(r) for r in con.execute("SELECT status, reason FROM lane_runs")]
     state = con.execute("SELECT state FROM tasks").fetchone()[0]
     con.close()
-    assert runs == [{"status": "interrupted", "reason": "interrupted by shutdown (malformed)"}], runs
+    assert runs == [{"status": "interrupted", "reason": "interrupted by shutdown"}], runs
     assert state in ("open", "working")  # not judged: the next scan runs the lane again
+
+
+def test_first_signal_stops_a_long_lane_after_the_grace_and_logs_only_the_interruption(tmp_path):
+    """limits.shutdown_grace: the first signal lets the 60 s lane run for 1 s, then stops it. It is recorded as
+    interrupted, with no "malformed" report and no refused repair turn before that, and runs again next time."""
+    from agent.fence import pid_alive
+
+    log = tmp_path / "lanes.log"
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)), limits={"shutdown_grace": 1})
+    w = watcher(p["home"], command=("watch", "error-fix-work"), log=tmp_path / "w.log")
+    assert wait_for(lambda: read_log(log)), (tmp_path / "w.log").read_text()
+    lane_pid = lane_host_pid(p["home"])
+    w.send_signal(signal.SIGINT)  # once
+    assert w.wait(30) == 130
+    assert not pid_alive(lane_pid)
+    assert [(r["role"], r["event"]) for r in read_log(log)] == [("implementer", "start")]  # stopped, not finished
+    out = (tmp_path / "w.log").read_text()
+    assert "SIGINT received; finishing the running step for up to 1 s" in out, out
+    assert "1 s grace over (limits.shutdown_grace), stopping 1 running process group(s)" in out, out
+    assert "Traceback" not in out and "malformed" not in out and "refused" not in out, out
+    con = _ledger(p["home"])
+    runs = [dict(r) for r in con.execute("SELECT status, reason FROM lane_runs")]
+    events = [(r[0], r[1]) for r in con.execute("SELECT kind, payload FROM events WHERE task_id = 1 AND kind LIKE "
+                                                "'lane.%' ORDER BY id")]
+    state = con.execute("SELECT state FROM tasks").fetchone()[0]
+    con.close()
+    assert runs == [{"status": "interrupted", "reason": "interrupted by shutdown"}], runs
+    kinds = [k for k, _ in events]
+    assert kinds == ["lane.started", "lane.finished", "lane.interrupted"], events
+    assert '"status": "interrupted"' in events[1][1] and "malformed" not in events[1][1]
+    assert state == "working"  # not judged: the next scan runs the lane again

@@ -63,3 +63,25 @@ def test_status_html_is_self_contained_with_timelines(agent, home, tmp_path):
     text = "".join(page.text)
     assert "task.created" in text and "task.state" in text  # the timeline from events
     assert "<script>alert(1)</script>" in text  # shown as text, not markup
+
+
+def test_status_html_into_a_missing_folder_is_one_line(agent_proc, tmp_path):
+    assert agent_proc("init").returncode == 0
+    r = agent_proc("status", "--html", str(tmp_path / "no" / "such" / "status.html"))
+    out = (r.stderr + r.stdout).strip()
+    assert r.returncode != 0 and "Traceback" not in out, out
+    assert out.splitlines()[-1].endswith("does not exist; create it or pick another path") and str(tmp_path) in out
+
+
+def test_status_says_when_its_config_is_missing_or_broken(agent_proc, home, tmp_path):
+    assert agent_proc("init").returncode == 0
+    missing = agent_proc("--config", str(tmp_path / "nope.yaml"), "status")
+    assert missing.returncode != 0 and "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("limits: {lane_timeout: soon}\n")
+    r = agent_proc("--config", str(broken), "status")
+    assert r.returncode != 0 and "lane_timeout" in r.stderr and "Traceback" not in r.stderr
+    (home / "config.yaml").write_text("limits: [\n")  # the default config broken: status still shows, and says so
+    r = agent_proc("status")
+    assert r.returncode == 0 and "tasks" in r.stdout
+    assert r.stderr.startswith("status: config not loaded") and "config.yaml" in r.stderr

@@ -1,6 +1,7 @@
 """The live status page in a real headless Chromium (Debian's `chromium`, installed by scripts/ci-chromium):
 scripts/status-screenshot starts the real server, pushes events over HTTP, and takes the screenshot README shows;
-this test runs it and checks the picture and the DOM Chromium rendered (a gate-blocked task with its reset command)."""
+this test runs it and checks the picture and the DOM Chromium rendered (a gate-blocked task with its reset command,
+a task stuck on a dead runner, the runners)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def png_pixels(path: Path) -> tuple[int, int, bytes]:
 
 
 @pytest.mark.slow
-def test_status_page_screenshot_shows_the_gate_blocked_task_and_its_reset_command(tmp_path):
+def test_status_page_screenshot_shows_the_gate_blocked_task_the_stuck_one_and_the_runners(tmp_path):
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
         pytest.skip("chromium not installed: run scripts/ci-chromium (needs root and Debian's registry)")
     out = tmp_path / "status.png"
@@ -39,20 +40,26 @@ def test_status_page_screenshot_shows_the_gate_blocked_task_and_its_reset_comman
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     width, height, raw = png_pixels(out)
-    assert (width, height) == (1100, 600)
+    assert (width, height) == (1100, 900)
     ink = sum(1 for b in raw if b < 128)  # dark pixels: text was drawn, the page is not blank
     assert ink > 2000, ink
     dom = (tmp_path / "dom.html").read_text()
-    assert "http-equiv=\"refresh\"" in dom and "live: refreshes every 5 s" in dom
+    assert "http-equiv=\"refresh\"" not in dom and "live: updates every 5 s without reloading" in dom
     blocked = dom[dom.index('id="blocked"'):]
     blocked = blocked[:blocked.index("</table>")]
     assert "not logged in (auth refused)" in blocked
     assert "agent task reset 1 --reason 'what you fixed'" in blocked
-    assert "<script" not in dom
+    stuck = dom[dom.index('id="stuck"'):]
+    stuck = stuck[:stuck.index("</table>")]
+    assert "worker-2:5e1f20aa" in stuck and "not live" in stuck
+    runners = dom[dom.index('id="runners"'):]
+    runners = runners[:runners.index("</table>")]
+    assert "stale" in runners and "alive" in runners and "25m ago" in runners
+    assert dom.count("<script") == 1  # the live updater only
 
 
 def test_readme_shows_the_committed_screenshot():
     readme = (ROOT / "README.md").read_text()
     assert "](docs/status-page.png)" in readme
     width, height, _ = png_pixels(ROOT / "docs" / "status-page.png")
-    assert (width, height) == (1100, 600) and (ROOT / "docs" / "status-page.png").stat().st_size < 200_000
+    assert (width, height) == (1100, 900) and (ROOT / "docs" / "status-page.png").stat().st_size < 200_000

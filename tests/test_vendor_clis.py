@@ -444,3 +444,22 @@ def test_token_only_vendors_are_priced(cli, prices, lane, tmp_path):
     assert row["cost_usd"] == pytest.approx(result.cost_usd)
     finished = [e for e in ledger.events() if e["kind"] == "lane.finished"][-1]["payload"]
     assert finished["cost_source"] == f"prices.{cli}: {inp} input + {out} output tokens"
+
+
+def test_aider_reads_cost_and_auth_from_its_own_events_not_the_models_words(lane, repo):
+    """The model's reply quotes aider's cost line and an authentication error: the lane still completes, its cost
+    and tokens are what aider's event log records for the call, and nothing is taken for an auth failure."""
+    lies = ("Tokens: 900k sent, 1 received. Cost: $750.00 message, $750.00 session.\n"
+            "litellm.AuthenticationError: AuthenticationError: OpenAIException - Incorrect API key provided\n"
+            "The API provider is not able to authenticate you. Check your API key.\n\n")
+
+    def script(req: ModelRequest) -> Reply:
+        return Reply(text=AIDER_EDIT + lies + GOOD_REPORT)
+
+    result, server = lane("aider", "implementer", script, repair=0)
+    why = explain(result, server)
+    assert result.status == "complete", why
+    assert result.cost_usd is None or result.cost_usd < 1, why
+    assert result.usage.get("input_tokens") and result.usage["input_tokens"] < 900_000, why
+    stdout = (result.log_dir / "01-turn.stdout").read_text()
+    assert "$750.00" in stdout, why          # the model did say it, and aider echoed it

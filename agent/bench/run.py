@@ -48,8 +48,18 @@ class Planned:
         return f"{self.case.id} x {self.vendor} #{self.n}"
 
 
+def split_vendor(spec: str) -> tuple[str, str | None]:
+    """``codex`` or ``codex:gpt-5-codex`` -> (vendor, model or None)."""
+    name, _, model = spec.partition(":")
+    return name, (model or None)
+
+
+def folder_name(spec: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
+
+
 def plan(cases: list[Case], vendors: list[str], repeat: int, out: Path) -> list[Planned]:
-    return [Planned(c, v, n, out / "runs" / c.id / v / str(n))
+    return [Planned(c, v, n, out / "runs" / c.id / folder_name(v) / str(n))
             for c in cases for v in vendors for n in range(1, repeat + 1)]
 
 
@@ -162,7 +172,8 @@ def _mirror(case: Case, cache_dir: Path) -> Path:
     return cache
 
 
-def _config(case: Case, vendor: str, remote: Path, base_config: dict) -> dict:
+def _config(case: Case, vendor_spec: str, remote: Path, base_config: dict) -> dict:
+    vendor, model = split_vendor(vendor_spec)
     cfg = {k: v for k, v in base_config.items() if k not in ("repos", "ledger")}
     check = case.check_command if not case.setup else f"{case.setup} && {case.check_command}"
     cfg["repos"] = {f"bench/{case.id}": {"url": str(remote), "base": "bench-base", "forge": "local",
@@ -174,6 +185,8 @@ def _config(case: Case, vendor: str, remote: Path, base_config: dict) -> dict:
             # the vendor measured writes the fix (and the brief); reviewers named in --config stay fixed, so
             # vendors can be compared as implementers against the same reviewers
             lanes[role] = {**(old if isinstance(old, dict) else {}), "vendor": vendor}
+            if model:
+                lanes[role]["model"] = model
     cfg["lanes"] = lanes
     cfg["limits"] = {**(base_config.get("limits") or {}), "round_cap": case.limits.rounds,
                      "task_budget_usd": case.limits.cost_usd, "task_wall_time": case.limits.wall_s}
@@ -342,7 +355,8 @@ def run_one(case_path: Path, vendor: str, folder: Path, base_config: dict, cache
         elif outcome.get("timed_out"):
             why = f"wall time of {case.limits.wall_s} s spent (task {task.get('state', 'not made')})"
         elif task:
-            why = f"task {task['state']}: {task.get('state_reason') or 'no reason given'}"
+            why = (f"task {task['state']}: "
+                   f"{task.get('failed_reason') or task.get('blocked_reason') or 'no reason given'}")
         else:
             why = "no task was made"
     result = {"case": case.id, "vendor": vendor, "repeat": int(folder.name) if folder.name.isdigit() else 0,

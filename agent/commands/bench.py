@@ -25,7 +25,7 @@ def bench():
 @click.argument("cases", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--vendor", "vendors", multiple=True, required=True,
               help="A vendor to measure (repeat for several): a built-in (codex, claude, ...) or one defined "
-                   "under vendors: in --config. It is the implementer (and the decider when a case has no "
+                   "under vendors: in --config, optionally with a model (codex:gpt-5-codex). It is the implementer (and the decider when a case has no "
                    "brief), and every reviewer role --config's lanes: does not name.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 100), help="Runs per case and vendor.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Runs at once.")
@@ -101,3 +101,43 @@ def report_cmd(folders, as_json, html_file):
     if html_file:
         Path(html_file).write_text(render_html(summary), encoding="utf-8")
     click.echo(json.dumps(summary, indent=2) if as_json else render_text(summary))
+
+
+@bench.group("import")
+def import_group():
+    """Turn other benchmarks' instances into bench cases.
+
+    \b
+    Example:
+      agent bench import swebench swe-bench-lite.jsonl --out cases/
+    """
+
+
+@import_group.command("swebench")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", default="cases", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the case files (one per instance; an existing one is kept).")
+@click.option("--repo-root", type=click.Path(exists=True, file_okay=False),
+              help="Offline: find each repository here (OWNER__NAME or NAME) instead of cloning from GitHub.")
+@click.option("--test-command", default="python -m pytest -q -p no:cacheprovider --tb=native {tests}",
+              show_default=True, help="How to run tests; {tests} becomes the test ids.")
+@click.option("--setup", help="Command that prepares the environment before the tests (e.g. pip install -e .).")
+def import_swebench(file, out_dir, repo_root, test_command, setup):
+    """SWE-bench instances (JSON or JSONL) become cases: the hidden patch is test_patch, verification runs
+    FAIL_TO_PASS plus PASS_TO_PASS, and the error is the FAIL_TO_PASS traceback at the base commit, captured once
+    in the check sandbox.
+
+    \b
+    Example:
+      agent bench import swebench instances.jsonl --out cases/ --setup "pip install -e ."
+    """
+    from agent.bench.swebench import import_instances
+    from agent.config import Config, load_config
+
+    if "{tests}" not in test_command:
+        raise click.BadParameter("must contain {tests}", param_hint="--test-command")
+    app = click.get_current_context().find_root().obj
+    config = load_config(app.config_file, required=True) if app is not None and app.config_file else Config()
+    written = import_instances(Path(file), Path(out_dir), config, repo_root=Path(repo_root) if repo_root else None,
+                               test_command=test_command, setup=setup, echo=click.echo)
+    click.echo(f"{len(written)} case(s) in {out_dir}")

@@ -66,13 +66,14 @@ def error_list(state, as_json):
       agent error list --state open --json
     """
     from agent.intake.store import list_errors
+    from agent.intake.formats import error_headline
 
     rows = list_errors(get_app().ledger, state)
 
     def human(rows):
         for r in rows:
             click.echo(f"{r['id']}  {r['state']:<8} x{r['count']:<6} {r['service']}/{r['environment']}  "
-                       f"{r['class'] or '-'}: {(r['message'] or '')[:80]}")
+                       f"{error_headline(r['class'], r['message'])[:100]}")
         if not rows:
             click.echo("no errors")
 
@@ -91,6 +92,7 @@ def error_show(error_id, as_json):
     """
     from agent.intake.store import error_detail
     from agent.ledger.errors import resolve_error
+    from agent.intake.formats import error_headline
 
     app = get_app()
     e = error_detail(app.ledger, resolve_error(app.ledger, error_id)["id"])
@@ -98,7 +100,7 @@ def error_show(error_id, as_json):
     def human(e):
         click.echo(f"error {e['id']}  [{e['state']}]  seen {e['count']} times  {e['first_seen']} .. {e['last_seen']}")
         click.echo(f"service {e['service']}  environment {e['environment']}  fingerprint {e['fingerprint']}")
-        click.echo(f"{e['class'] or '-'}: {e['message']}")
+        click.echo(error_headline(e["class"], e["message"]))
         if e["frames"]:
             click.echo("frames (outermost first):")
             for f in e["frames"]:

@@ -37,14 +37,16 @@ def status(as_json, html_file):
     """
     from pathlib import Path
 
-    from agent.status import gather, render_html, render_text
+    from agent.status import gather, render_html, render_text, status_config, write_page
 
     app = get_app()
+    config, problem = status_config(app)
+    if problem:
+        click.echo(f"status: {problem}", err=True)
     ledger = app.ledger
-    data = gather(ledger, app.home)
+    data = gather(ledger, app.home, config=config)
     if html_file:
-        Path(html_file).write_text(render_html(ledger, data), encoding="utf-8")
-        data["html"] = str(Path(html_file).resolve())
+        data["html"] = write_page(Path(html_file), render_html(ledger, data))
     emit(data, as_json, lambda d: click.echo(render_text(d) + (f"\n\nwrote {d['html']}" if html_file else "")))
 
 

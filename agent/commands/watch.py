@@ -15,15 +15,14 @@ def _print(items):
 
 def run_scans(names: list[str], jobs: int, as_json: bool) -> None:
     """Run scans in order and print them; SIGINT/SIGTERM stop like the daemon (agent.shutdown), then exit 128+N."""
-    from agent.shutdown import STOP, graceful_stop
-
     from agent.fence import beat
+    from agent.shutdown import STOP, grace_of, graceful_stop
 
     app = get_app()
     app.require_home()
     beat(app.ledger, app.home)  # this runner is alive (`agent runners`)
     items: list[dict] = []
-    with graceful_stop(lambda line: click.echo(line, err=True)) as stopping:
+    with graceful_stop(lambda line: click.echo(line, err=True), grace=grace_of(app)) as stopping:
         for name in names:
             if STOP.is_set():
                 break
@@ -88,7 +87,9 @@ def watch_all(jobs, as_json):
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --serve: address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="With --serve: TCP port.")
-def daemon(interval, jobs, max_ticks, with_serve, host, port):
+@click.option("--public", is_flag=True, help="With --serve: allow a non-loopback --host without "
+                                             "serve.read_token_env (prints a warning).")
+def daemon(interval, jobs, max_ticks, with_serve, host, port, public):
     """Loop `agent watch all` until SIGTERM/SIGINT.
 
     The first signal stops new work and lets the running step finish; a second one kills running lanes.
@@ -101,4 +102,4 @@ def daemon(interval, jobs, max_ticks, with_serve, host, port):
     from agent.daemon import run_daemon
 
     run_daemon(get_app(), interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo,
-               serve=(host, port) if with_serve else None)
+               serve=(host, port) if with_serve else None, public=public)

@@ -84,7 +84,7 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
     for r in rows:
         if STOP.is_set():  # SIGINT/SIGTERM: the workspace being made is finished, no new one is started
             break
-        repo = config.repo_for_service(r["service"]) or config.repos.get(r["repo"] or "")
+        repo = config.repo_for_service(r["service"], hint=r["repo"])
         if repo is None:
             items.append({"error_id": r["error_id"], "line": f"error {r['error_id'][:8]}: no repository configured "
                           f"for service {r['service']!r}; add it to repos.<name>.services"})

@@ -18,7 +18,8 @@ from agent.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, 
                                  lane_budget, pr_limits_reached)
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
-from agent.ledger.lanes import BudgetRefused, implementer_summary, inflight_run, interrupt_run
+from agent.ledger.lanes import BudgetRefused, inflight_run, interrupt_run
+from agent.pr import commit_message
 from agent.ledger.prs import has_pr
 from agent.ledger.tasks import (finish_task, passing_check, record_check, record_commit, record_gate,
                                 record_push, record_spec, task_commits)
@@ -153,7 +154,8 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     if STOP.is_set() and result.status not in ("complete", "partial", "blocked"):
         # the daemon's second signal killed it (or no report came while shutting down): not a verdict on the
         # work; mark the run interrupted so the next scan runs it again instead of failing or blocking the task
-        interrupt_run(ctx.ledger, result.run_id, f"interrupted by shutdown ({result.status})", task_id=ctx.task_id,
+        why = "interrupted by shutdown" + ("" if result.status == "interrupted" else f" ({result.status})")
+        interrupt_run(ctx.ledger, result.run_id, why, task_id=ctx.task_id,
                       claim_token=ctx.token, only_running=False, ended=False)
         ctx.say(f"{role} lane interrupted by shutdown; the next scan runs it again")
         raise Stop()
@@ -306,10 +308,19 @@ def step_committed(ctx: Ctx) -> None:
                       f"The previous round made blocked changes ({shown}); never touch these paths, never add "
                       "symlinks that point outside the repository and never add submodules.")
         return
-    summary = redact_text(implementer_summary(ctx.ledger, ctx.task_id, t["round"]) or t["title"]).strip()
-    subject = summary.splitlines()[0] if summary else t["title"]
-    subject = subject if len(subject) <= 72 else subject[:69].rstrip() + "..."
-    message = f"{subject}\n\n{summary}\n\nagent task {ctx.task_id}, round {t['round']}\n"
+    bidi = [] if repo_cfg.allow_bidi else _bidi_in_change(g)
+    if bidi:
+        g("reset", "-q", "--hard", "HEAD")
+        g("clean", "-fdq")
+        shown = ", ".join(f"{path} ({', '.join(chars)})" for path, chars in bidi[:10])
+        reject_round(ctx, f"added bidi control characters in {shown}",
+                     f"The previous round added invisible bidirectional control characters ({shown}); they make "
+                     "code read differently than it runs. Never write them; use plain text or escapes.")
+        return
+    error = _error(ctx) or {}
+    # the agent's own words only: the lane's SUMMARY goes to the PR's fenced sections, never into history
+    message = commit_message(ctx.task_id, t["round"], error.get("class"), error.get("service"), t["error_id"])
+    subject = message.splitlines()[0]
     name, email = ctx.config.git.author_name, ctx.config.git.author_email
     # hardened git: no hooks (core.hooksPath=/dev/null, --no-verify); COMMIT_EDITMSG lands in the worktree's own
     # git dir, so parallel tasks (--jobs) never share it
@@ -323,6 +334,27 @@ def step_committed(ctx: Ctx) -> None:
     _record_commit(ctx, sha, parent, message)
     crashpoint("commit.recorded")
     close_step(ctx, "committed", f"commit {sha[:12]}: {subject}")
+
+
+def _bidi_in_change(g) -> list[tuple[str, list[str]]]:
+    """``(path, [U+XXXX, ...])`` for every staged file whose added lines (or new name) hold bidi controls."""
+    from agent.text import bidi_controls
+
+    found: dict[str, set[str]] = {}
+    path = None
+    diff = g("-c", "core.quotePath=false", "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
+             "-U0", "--no-renames", "--text")
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].removeprefix("b/")
+            chars = bidi_controls(path)
+        elif line.startswith("+") and path is not None:
+            chars = bidi_controls(line[1:])
+        else:
+            continue
+        if chars:
+            found.setdefault(path, set()).update(chars)
+    return [(p, sorted(c)) for p, c in sorted(found.items())]
 
 
 def step_local_check_pass(ctx: Ctx) -> None:

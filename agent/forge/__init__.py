@@ -85,6 +85,36 @@ def own_key(body: str | None) -> str | None:
     return None
 
 
+def signed_key(key: str, secret: str) -> str:
+    """``key:SIG``: the reply key with an HMAC keyed by the ledger's own-mark secret, for ``with_own_mark``; only a
+    holder of the ledger can write a mark ``verified_key`` accepts."""
+    import hmac
+
+    return f"{key}:{hmac.new(secret.encode(), str(key).encode(), hashlib.sha256).hexdigest()[:32]}"
+
+
+def verified_key(marked: str | None, secret: str) -> str | None:
+    """The reply key of an own mark's ``key:SIG`` when SIG is the ledger's, else None (a forged or old mark)."""
+    import hmac
+
+    key, _, sig = (marked or "").rpartition(":")
+    if not key or not sig:
+        return None
+    return key if hmac.compare_digest(signed_key(key, secret), marked) else None
+
+
+def own_login(forge) -> str | None:
+    """The login the forge shows on the agent's own comments (the token's user, or a GitHub App's bot), or None
+    when the forge cannot say now (then only a verified mark counts)."""
+    login = getattr(forge, "own_login", None)
+    if login is None:
+        return None
+    try:
+        return login() or None
+    except ForgeError:
+        return None
+
+
 @dataclass(frozen=True)
 class Feedback:
     """One thing a person wrote on a PR: a review, an inline review comment, or a conversation comment.
@@ -108,7 +138,8 @@ class Feedback:
 
     @property
     def own_key(self) -> str | None:
-        """Not None when the text carries the agent's own mark (see ``own_mark``)."""
+        """The key of an own mark on the text's last line (see ``own_mark``); anyone can write one, so the caller
+        trusts it only from the agent's own login or with a verified signature (``verified_key``)."""
         return own_key(self.body)
 
     def to_dict(self) -> dict:
@@ -132,6 +163,7 @@ class CIResult:
     summary: str                   # description / output title + summary (untrusted text)
     url: str | None                # details URL
     head_sha: str
+    app: str | None = None         # a check run's GitHub App (slug); None where the forge names none
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -214,6 +246,10 @@ class Forge(Protocol):
     def has_write_access(self, login: str) -> bool:
         """Whether ``login`` may push to the repository (GitHub: collaborator permission admin/maintain/write).
         An unknown user is False, not an error."""
+
+    def own_login(self) -> str | None:
+        """The author login of the comments this forge's credentials post (GitHub: the token's user, or an App's
+        ``slug[bot]``); None when unknown.  The agent knows its own comments by this author first."""
 
     def reply(self, number: int, text: str, key: str) -> str:
         """Post a conversation comment marked as the agent's own (``with_own_mark(text, key)``); returns its id.

@@ -210,6 +210,12 @@ class GithubForge(HostedForge):
         return (data.get("permission") in ("admin", "write")
                 or data.get("role_name") in ("admin", "maintain", "write"))
 
+    def own_login(self) -> str | None:
+        """The token user's login (GET /user, once per forge object)."""
+        if getattr(self, "_own_login", None) is None:
+            self._own_login = str(self.user().get("login") or "") or None
+        return self._own_login
+
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
         resp = self._request("POST", f"{self._pulls()}/issues/{int(number)}/comments",
@@ -240,7 +246,7 @@ class GithubForge(HostedForge):
                                     state=ci_state(run.get("status"), run.get("conclusion")),
                                     conclusion=run.get("conclusion") or run.get("status") or "",
                                     summary=summary, url=run.get("details_url") or run.get("html_url"),
-                                    head_sha=sha))
+                                    head_sha=sha, app=str((run.get("app") or {}).get("slug") or "")))
             url, params = resp.links.get("next", {}).get("url"), None
             if not url:
                 break

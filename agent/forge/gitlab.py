@@ -213,6 +213,9 @@ class GitlabForge(HostedForge):
         cursor = max([since or ""] + [f.created_at for f in items]) or None
         return FeedbackPage(items=items, cursor=cursor)
 
+    def own_login(self) -> str | None:
+        return str(self.user().get("username") or "") or None
+
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
         resp = self.api.request("POST", f"{self._mr(number)}/notes", json={"body": with_own_mark(text, key)},

@@ -173,6 +173,9 @@ class LocalForge:
     def has_write_access(self, login: str) -> bool:
         return login in self.collaborators
 
+    def own_login(self) -> str:
+        return AGENT_LOGIN
+
     def reply(self, number: int, text: str, key: str) -> str:
         note = self.add_note(number, "comment", AGENT_LOGIN, with_own_mark(text, key))
         return str(note)

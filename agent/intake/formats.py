@@ -827,8 +827,19 @@ def event_from_sentry(obj: dict) -> Event:
     return ev
 
 
+def error_headline(cls: str | None, message: str | None) -> str:
+    """``KeyError: 'qty'``: the class, then the message, without the class twice when the message already starts
+    with it (as a Python exception's text does)."""
+    cls, message = (cls or "").strip(), (message or "").strip()
+    if not cls:
+        return message or "-"
+    if message == cls or message.startswith(cls + ":"):
+        return message
+    return f"{cls}: {message}" if message else cls
+
+
 def _excerpt(ev: Event, extra: Iterable[str] = ()) -> str:
-    lines = [cap(f"{ev.cls}: {ev.message}" if ev.cls else ev.message, MAX_EXCERPT // 2)]
+    lines = [cap(error_headline(ev.cls, ev.message) if ev.cls else ev.message, MAX_EXCERPT // 2)]
     for f in ev.frames[-30:]:
         where = f"{f.file or f.module}" + (f":{f.lineno}" if f.lineno is not None else "")
         lines.append(f"  at {where} in {f.function}")

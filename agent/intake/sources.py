@@ -224,7 +224,7 @@ def pull_sentry(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | 
                 rejected.append(Rejected(index + 1, f"page {pages} event {eid[:64] or index + 1}: "
                                                     f"could not be read ({type(exc).__name__})"))
                 continue
-            ev.service = ev.service or src.service or src.project
+            ev.service = src.service or ev.service or src.project   # config's service beats the event's tags
             ev.environment = ev.environment or src.environment
             events.append(ev)
             if newest is None or when > newest:

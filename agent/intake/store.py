@@ -21,6 +21,7 @@ from agent.intake.fingerprint import fingerprint, signature
 from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
 from agent.intake.redact import redact
 from agent.ledger import Ledger, now
+from agent.text import one_line
 # the error rows, their occurrences and the source cursors are written by the errors aggregate's record operations
 from agent.ledger.errors import (error_detail, get_cursor, list_errors, new_error_id,  # noqa: F401
                                  record_occurrences, set_cursor)
@@ -89,13 +90,15 @@ def _clean_short(text: str) -> str:
 
 def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     """Cap, clean and redact every field of an event, then fingerprint the redacted values."""
-    service = clean((ev.service or "").strip(), MAX_SHORT) or "unknown"
-    environment = clean((ev.environment or "").strip(), MAX_SHORT) or "unknown"
-    cls = clean(ev.cls, MAX_NAME)
+    # names are one line without controls: they reach titles, email headers, specs and commit templates
+    service = one_line(clean(ev.service, MAX_SHORT)) or "unknown"
+    environment = one_line(clean(ev.environment, MAX_SHORT)) or "unknown"
+    cls = one_line(clean(ev.cls, MAX_NAME))
     message = cap(clean(ev.message, PRE_MESSAGE), MAX_MESSAGE)
-    frames = [type(f)(file=clean(f.file, MAX_NAME), function=clean(f.function, MAX_NAME),
-                      lineno=f.lineno if isinstance(f.lineno, int) else None, module=clean(f.module, MAX_NAME),
-                      in_app=f.in_app) for f in ev.frames[-MAX_FRAMES_STORED:]]
+    frames = [type(f)(file=one_line(clean(f.file, MAX_NAME)), function=one_line(clean(f.function, MAX_NAME)),
+                      lineno=f.lineno if isinstance(f.lineno, int) else None,
+                      module=one_line(clean(f.module, MAX_NAME)), in_app=f.in_app)
+              for f in ev.frames[-MAX_FRAMES_STORED:]]
     causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
     sig = signature(frames, causes, message)
     group_cls = cls
@@ -109,8 +112,8 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     return Prepared(
         fingerprint=fingerprint(service, group_cls, sig, environment), service=service, environment=environment,
         cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
-        repo=clean(ev.repo, MAX_SHORT) or None, level=clean(ev.level or "error", MAX_SHORT),
-        release=clean(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),
+        repo=one_line(clean(ev.repo, MAX_SHORT)) or None, level=one_line(clean(ev.level or "error", MAX_SHORT)),
+        release=one_line(clean(ev.release, MAX_SHORT)) or None, timestamp=valid_text(ts or default_ts or now()),
         raw_excerpt=valid_text(cap(ev.excerpt or message, PRE_EXCERPT)))
 
 

@@ -368,11 +368,18 @@ class Aider(_Base):
         path.write_text("")   # exists even if aider dies early, so read_turn never reads an old turn
         return path
 
+    @staticmethod
+    def _events_log(llm_log: Path) -> Path:
+        """The turn's analytics event log (JSONL, written by aider itself): the structured record of its usage,
+        cost and API errors, next to the turn's LLM log."""
+        return llm_log.with_name(llm_log.name.replace("aider.llm.", "aider.events.").replace(".log", ".jsonl"))
+
     def _argv(self, ctx: LaneContext, chat: Path, message_file: Path, restore: bool) -> list[str]:
+        llm_log = self._llm_log(ctx, new=True)
         argv = [ctx.bin, *_model("--model", ctx), *self.COMMON,
                 "--chat-history-file", str(chat),
                 "--input-history-file", str(ctx.run_dir / "aider.input.history"),
-                "--llm-history-file", str(self._llm_log(ctx, new=True))]
+                "--llm-history-file", str(llm_log), "--analytics-log", str(self._events_log(llm_log))]
         if not ctx.writable:
             argv += ["--dry-run", "--no-suggest-shell-commands", "--map-tokens", "0"]
         if restore:
@@ -409,22 +416,60 @@ class Aider(_Base):
                 out.append("")
         return "\n".join(out)
 
+    @staticmethod
+    def responses(llm_log: str) -> list[str]:
+        """Every ``LLM RESPONSE`` block of a turn's LLM log (the model's words, as aider logged them)."""
+        out = []
+        for block in re.split(r"(?m)^(?=LLM RESPONSE |TO LLM )", llm_log):
+            if block.startswith("LLM RESPONSE "):
+                out.append(Aider.last_response(block) or "")
+        return out
+
+    @staticmethod
+    def events(path: Path) -> list[dict]:
+        """aider's own analytics events of one turn (``--analytics-log``): one JSON object per line."""
+        out = []
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return out
+        for line in lines:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("properties"), dict):
+                out.append(doc)
+        return out
+
     def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
+        """Usage, cost and API errors come from aider's structured event log, never from stdout, which echoes the
+        model's reply (a reply quoting "Cost: $750" or "AuthenticationError" must not count). Only aider's own
+        error lines are read from its output, with every line of the model's replies taken out first."""
         log = self._llm_log(ctx, new=False)
         text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
         message = self.last_response(text)
         usage: dict = {}
         cost = None
-        toks = re.findall(r"Tokens: ([\d.]+)(k?) sent,.*?([\d.]+)(k?) received\.(?: Cost: \$([\d.]+) message)?",
-                          stdout)
-        for sent, sk, recv, rk, c in toks:
-            usage["input_tokens"] = usage.get("input_tokens", 0) + int(float(sent) * (1000 if sk else 1))
-            usage["output_tokens"] = usage.get("output_tokens", 0) + int(float(recv) * (1000 if rk else 1))
-            if c:
-                cost = (cost or 0.0) + float(c)
         api_error = None
-        m = re.search(r"^(litellm\.\w+(?:Error|Exception)\b.*|.*The API provider .*)$", stdout + "\n" + stderr,
-                      re.MULTILINE)
+        for ev in self.events(self._events_log(log)):
+            props = ev["properties"]
+            if ev.get("event") == "message_send":
+                for key, field in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")):
+                    if isinstance(props.get(field), (int, float)):
+                        usage[key] = usage.get(key, 0) + int(props[field])
+                if isinstance(props.get("cost"), (int, float)):
+                    cost = (cost or 0.0) + float(props["cost"])
+            elif ev.get("event") == "message_send_exception":
+                api_error = str(props.get("exception") or "aider: the model call failed")[:500]
+        # aider echoes each reply to stdout (wrapped at its terminal width): cut the replies out, whitespace-blind
+        own = " ".join((stdout + "\n" + stderr).split())
+        for reply in sorted(self.responses(text), key=len, reverse=True):
+            flat = " ".join(reply.split())
+            if flat:
+                own = own.replace(flat, "\x00")
+        m = None if api_error else re.search(r"(litellm\.\w+(?:Error|Exception)\b[^\x00]*|The API provider [^\x00]*)",
+                                             own)
         if m:
             api_error = m.group(1).strip()[:500]
         elif exit_code not in (0, None) and message is None:

@@ -10,6 +10,7 @@ Outcomes (``LaneResult.status``):
 - timeout                       the deadline passed (the whole process group was killed)
 - unavailable                   binary missing, exit 127, or authentication refused -> gate-blocked
 - rejected                      a read-only lane changed the worktree, or ``capability_drift``
+- interrupted                   shutdown stopped it before it reported (no repair turn; the next scan reruns it)
 A run found still 'running' and passed as ``resume_run_id`` is marked 'interrupted' (superseded).
 
 The run is recorded in ``lane_runs`` (status 'running' + manifest before the child starts, pid when
@@ -37,7 +38,7 @@ from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutp
 
 WRITABLE_ROLES = ("implementer",)
 REPORT_STATUSES = ("complete", "partial", "blocked")
-FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected")
+FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected", "interrupted")
 CAPABILITY_DRIFT = "capability_drift"
 MIRROR_TAMPERED = "git_tampered"
 VERSION_TIMEOUT = 20.0
@@ -598,6 +599,11 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     # -- the first turn and the repair loop
     res, out = r.turn(first, "turn", ctx)
     status, reason, report = r.classify(res, out)
+    from agent import proc
+
+    if status is None and proc.halted():
+        # shutting down stopped it: no report is not a malformed one, and no repair turn may start
+        status, reason = "interrupted", "stopped by shutdown before it reported"
     fresh_used = False
     n = 0
     while status is None and n < repair_budget:

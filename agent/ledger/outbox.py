@@ -14,6 +14,10 @@ import sqlite3
 # What a channel can ask for in `notify: [{on: [...]}]`.
 KINDS = ("gate-blocked", "failed", "pr-opened", "pr-merged", "pr-closed", "budget")
 
+# A delivery's states: pending -> sending -> delivered | failed (refused for good) | dead (attempts used up)
+DEAD = "dead"
+DELIVERY_STATES = ("pending", "sending", "delivered", "failed", DEAD)
+
 # The fixer's reason when a task's own budget is spent; such a gate-block is also a "budget" notification.
 TASK_BUDGET_SPENT = "task budget spent"
 
@@ -112,6 +116,51 @@ def claim_due(ledger, token: str, now_s: float, lease_s: float, dead: "callable"
             due)]
 
 
+def dead_letter_stuck(ledger, now_s: float, dead: "callable", max_attempts: int) -> list[dict]:
+    """Deliveries stuck in ``sending`` (lease over or claimant dead) that used up their attempts: each claim was
+    lost mid-send (a crash every time), so they go to ``dead`` instead of being claimed again."""
+    out = []
+    with ledger.tx() as c:
+        for r in c.execute("SELECT d.id, d.key, d.attempts, d.lease_until, d.claimed_by, o.kinds, o.task_id "
+                           "FROM notify_deliveries d JOIN outbox o ON o.id = d.outbox_id "
+                           "WHERE d.state = 'sending' AND d.attempts >= ?", (max_attempts,)).fetchall():
+            if (r["lease_until"] or 0) < now_s or dead(r["claimed_by"] or ""):
+                error = f"{r['attempts']} attempts never finished (the sender died each time)"
+                c.execute("UPDATE notify_deliveries SET state = ?, last_error = ?, claimed_by = NULL, "
+                          "lease_until = NULL WHERE id = ?", (DEAD, error, r["id"]))
+                ledger.event(c, "notify.dead", "script", {"key": r["key"], "kinds": r["kinds"],
+                                                          "attempts": r["attempts"], "error": error},
+                             task_id=r["task_id"])
+                out.append(dict(r))
+    return out
+
+
+def deliveries(ledger, state: str | None, limit: int) -> list[dict]:
+    where, params = ("WHERE d.state = ?", (state,)) if state else ("", ())
+    return ledger.all("SELECT d.key, d.channel, d.state, d.attempts, d.last_error, d.created_at, d.delivered_at, "
+                      f"o.kinds, o.task_id, o.error_id FROM notify_deliveries d JOIN outbox o ON o.id = d.outbox_id "
+                      f"{where} ORDER BY d.id DESC LIMIT ?", (*params, int(limit)))
+
+
+def requeue(ledger, keys: tuple[str, ...], every: bool) -> list[dict]:
+    """Failed or dead deliveries (``keys``, or all with ``every``) back to pending, due now, attempts 0."""
+    with ledger.tx() as c:
+        if every:
+            rows = c.execute("SELECT id, key, state FROM notify_deliveries WHERE state IN ('failed', ?) "
+                             "ORDER BY id", (DEAD,)).fetchall()
+        else:
+            marks = ",".join("?" for _ in keys)
+            rows = c.execute(f"SELECT id, key, state FROM notify_deliveries WHERE state IN ('failed', ?) "
+                             f"AND key IN ({marks}) ORDER BY id", (DEAD, *keys)).fetchall()
+        out = []
+        for r in rows:
+            c.execute("UPDATE notify_deliveries SET state = 'pending', attempts = 0, next_at = 0, last_error = NULL "
+                      "WHERE id = ?", (r["id"],))
+            ledger.event(c, "notify.retry", "human", {"key": r["key"], "was": r["state"]})
+            out.append({"key": r["key"], "was": r["state"], "state": "pending"})
+        return out
+
+
 def record(ledger, delivery_id: int, token: str, state: str, error: str | None = None,
            next_at: float | None = None) -> bool:
     """Record a claimed delivery's outcome (delivered | pending with next_at | failed); False if the claim was lost."""
@@ -120,7 +169,7 @@ def record(ledger, delivery_id: int, token: str, state: str, error: str | None =
                       "claimed_by = NULL, lease_until = NULL, delivered_at = ? WHERE id = ? AND claimed_by = ?",
                       (state, error, next_at, ledger_now() if state == "delivered" else None, delivery_id,
                        token)).rowcount
-        if n and state in ("delivered", "failed"):
+        if n and state in ("delivered", "failed", DEAD):
             row = c.execute("SELECT d.channel, d.key, d.attempts, o.task_id, o.kinds FROM notify_deliveries d "
                             "JOIN outbox o ON o.id = d.outbox_id WHERE d.id = ?", (delivery_id,)).fetchone()
             ledger.event(c, f"notify.{state}", "script", {"channel": row["channel"], "key": row["key"],

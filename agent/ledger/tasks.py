@@ -60,7 +60,10 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
     """Find or create the task for an error (never two); returns (task_id, created)."""
     if not repo or repo.count("/") != 1 or not all(repo.split("/")):
         raise AgentError(f"repo {repo!r} is not OWNER/NAME; pass e.g. --repo acme/widgets")
-    if not (title or "").strip():
+    from agent.text import one_line
+
+    title = one_line(title, 200)     # a title is one line: it reaches email subjects, messages and the PR
+    if not title:
         raise AgentError("title is empty; pass --title TEXT")
     with ledger.tx() as c:
         if error_id is not None:
@@ -72,7 +75,7 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
         ts = now()
         task_id = ledger.insert(c, "tasks", {
             "error_id": error_id, "conclusion_id": conclusion_id, "repo": repo, "base": base,
-            "branch": branch, "title": title.strip(), "state": chain.OPEN, "round": 1,
+            "branch": branch, "title": title, "state": chain.OPEN, "round": 1,
             "round_cap": round_cap, "created_at": ts, "updated_at": ts,
         })
         for step in chain.STEPS:

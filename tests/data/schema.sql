@@ -142,6 +142,11 @@ table leases
   until REAL
   updated_at TEXT
   index unique (name) pk
+table ledger_keys
+  name TEXT PK1
+  value TEXT NOT NULL
+  created_at TEXT NOT NULL
+  index unique (name) pk
 table lessons
   id INTEGER PK1
   service TEXT
