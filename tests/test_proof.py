@@ -238,7 +238,7 @@ def test_optional_repo_without_tests_gets_a_pr_marked_unproven(world, tmp_path, 
     assert "(unproven)" in agent_proc("status").stdout
     page = tmp_path / "status.html"
     assert agent_proc("status", "--html", str(page)).returncode == 0
-    assert "· unproven</summary>" in page.read_text()
+    assert "<td class='proof'>unproven</td>" in page.read_text()
     assert json.loads(agent_proc("task", "show", "1", "--json").stdout)["proof"]["proven"] is False
 
 
