@@ -13,6 +13,7 @@ takes the check runner as a parameter (the fixer's sandboxed ``check_argv`` + ``
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -23,8 +24,8 @@ from typing import Callable
 
 from agent.ledger.proofs import summary  # noqa: F401  (the one wording of a proof, shared with the ledger reads)
 
-# What a test file looks like, per language. A pattern ending in "/" is a directory anywhere in the path; one
-# without "/" matches the file name; anything else is a path glob (``**`` crosses folders).
+# What a test file looks like, per language, in gitignore's syntax: "tests/" is a folder anywhere, "test_*.py" a
+# file name anywhere.
 DEFAULT_TESTS: tuple[str, ...] = (
     "tests/", "test/", "__tests__/", "spec/", "testdata/",
     "test_*.py", "*_test.py", "conftest.py",
@@ -42,38 +43,17 @@ PROVEN, UNPROVEN, REJECTED, OFF = "proven", "unproven", "rejected", "off"
 # ------------------------------------------------------------------ which files are tests
 
 
-def _glob_re(pattern: str) -> re.Pattern:
-    out, i = "", 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out, i = out + "(?:.*/)?", i + 3
-        elif pattern.startswith("**", i):
-            out, i = out + ".*", i + 2
-        elif pattern[i] == "*":
-            out, i = out + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            out, i = out + "[^/]", i + 1
-        else:
-            out, i = out + re.escape(pattern[i]), i + 1
-    return re.compile(out + r"\Z")
+@functools.lru_cache(maxsize=64)
+def _spec(globs: tuple[str, ...]):
+    import pathspec  # gitignore's syntax, which is what people already write for "these files"
+
+    return pathspec.GitIgnoreSpec.from_lines(globs or DEFAULT_TESTS)
 
 
 def is_test_path(path: str, globs: tuple[str, ...] = DEFAULT_TESTS) -> bool:
-    p = PurePosixPath(path)
-    for pattern in globs or DEFAULT_TESTS:
-        if pattern.endswith("/"):
-            name = pattern.rstrip("/")
-            if "/" in name:
-                if path.startswith(name + "/"):
-                    return True
-            elif any(_glob_re(name).match(part) for part in p.parts[:-1]):
-                return True
-        elif "/" not in pattern:
-            if _glob_re(pattern).match(p.name):
-                return True
-        elif _glob_re(pattern.lstrip("/")).match(path):
-            return True
-    return False
+    """Whether ``path`` is a test file: ``globs`` are gitignore lines (``tests/`` a folder anywhere, ``test_*.py``
+    a file name anywhere, ``a/**/b.py`` from the top, ``!`` excludes); empty means the defaults."""
+    return _spec(tuple(globs)).match_file(path)
 
 
 @dataclass(frozen=True)

@@ -296,6 +296,7 @@ def test_repo_globs_replace_the_defaults_and_config_is_validated():
     assert s.proof.mode == "optional" and s.proof.tests == ("checks/**/*.py", "qa/")
     assert is_test_path("checks/a/b.py", s.proof.tests) and is_test_path("qa/x.txt", s.proof.tests)
     assert not is_test_path("tests/test_x.py", s.proof.tests)
+    assert not is_test_path("tests/fixtures/data.py", ("tests/", "!tests/fixtures/"))   # gitignore's negation
     assert parse_repo_settings({"proof": "off"}).proof.mode == "off"
     assert parse_repo_settings(yaml.safe_load("proof: off")).proof.mode == "off"      # YAML 1.1: off is false
     assert parse_repo_settings(yaml.safe_load("proof: {mode: off}")).proof.mode == "off"
