@@ -20,6 +20,7 @@ BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
 FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
 SANDBOXES = ("bwrap", "none")
+NETWORKS = ("proxy", "none", "host")      # sandbox.network (agent.lanes.egress)
 DEFAULT_BLOCKED = (".github/", ".agent/")
 
 
@@ -58,6 +59,7 @@ class VendorConfig:
     resume: tuple[str, ...] | None = None
     args: tuple[str, ...] = ()               # extra argv appended for a built-in vendor
     writable: tuple[str, ...] = ()           # paths the vendor must write besides the worktree (sandbox binds)
+    hosts: tuple[str, ...] = ()              # HOST[:PORT] its lanes may reach through the egress proxy
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,8 @@ class Config:
     feedback: FeedbackConfig = FeedbackConfig()
     sandbox: str = "bwrap"                   # bwrap | none (explicit; doctor warns)
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
+    sandbox_network: str = "proxy"           # sandbox.network: proxy | none | host (agent.lanes.egress)
+    sandbox_allow_hosts: tuple[str, ...] = ()   # sandbox.allow_hosts: HOST[:PORT] every lane may reach
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
@@ -384,7 +388,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     vendors: dict[str, VendorConfig] = {}
     for name, raw in v.mapping(top.get("vendors"), "vendors").items():
         p = f"vendors.{name}"
-        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args", "writable"))
+        d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args", "writable", "hosts"))
         vendors[name] = VendorConfig(
             name=name,
             bin=v.opt_string(d.get("bin"), f"{p}.bin"),
@@ -393,6 +397,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             resume=v.argv(d.get("resume"), f"{p}.resume"),
             args=v.strings(d.get("args"), f"{p}.args"),
             writable=v.strings(d.get("writable"), f"{p}.writable"),
+            hosts=_hosts(v, d.get("hosts"), f"{p}.hosts"),
         )
     for role, lane in lanes.items():
         if lane.vendor not in BUILTIN_VENDORS and lane.vendor not in vendors:
@@ -484,7 +489,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
-    sandbox = v.string(top.get("sandbox", "bwrap"), "sandbox", SANDBOXES)
+    sandbox, network, allow_hosts = _sandbox(v, top.get("sandbox", "bwrap"))
 
     prices = {}
     for name, raw in v.mapping(top.get("prices"), "prices").items():
@@ -500,10 +505,34 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
                   review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  sandbox_network=network, sandbox_allow_hosts=allow_hosts,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
                   lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
+
+
+def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...]]:
+    """``sandbox: bwrap|none``, or ``sandbox: {mode: bwrap|none, network: proxy|none|host, allow_hosts: [...]}``."""
+    if isinstance(raw, str) or raw is None:
+        return v.string(raw, "sandbox", SANDBOXES), "proxy", ()
+    d = v.mapping(raw, "sandbox", ("mode", "network", "allow_hosts"))
+    return (v.string(d.get("mode", "bwrap"), "sandbox.mode", SANDBOXES),
+            v.string(d.get("network", "proxy"), "sandbox.network", NETWORKS),
+            _hosts(v, d.get("allow_hosts"), "sandbox.allow_hosts"))
+
+
+def _hosts(v: _V, raw: Any, path: str) -> tuple[str, ...]:
+    """A list of ``HOST``, ``HOST:PORT`` or ``*.DOMAIN`` entries (the egress proxy's allowlist)."""
+    from agent.lanes.egress import HostRule
+
+    hosts = v.strings(raw, path)
+    for h in hosts:
+        try:
+            HostRule.parse(h)
+        except ValueError as exc:
+            raise ConfigError(f"{v.filename}: {path}: expected HOST, HOST:PORT or *.DOMAIN, got \"{h}\" ({exc})")
+    return hosts
 
 
 def _ledger_url(v: _V, raw: Any) -> str | None:
@@ -790,6 +819,9 @@ DEFAULT_CONFIG = """\
 #   codex: {input: 1.25, output: 10.0}  # (codex, gemini); key: a model or vendor name; defaults built in
 
 # sandbox: bwrap                               # every lane runs in bubblewrap; `none` only if you must (doctor warns)
+# sandbox: {mode: bwrap, network: proxy, allow_hosts: [pypi.org, "llm.corp.example:8443"]}
+#                    # network: proxy (default: own network namespace, only the vendor's model hosts and these through
+#                    # the agent's egress proxy) | none (no network) | host (the host's network; doctor warns)
 
 # lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
 #   reviewers: false           # reviewer specs carry lessons too

@@ -222,6 +222,37 @@ def check_config(config_path: Path, required: bool):
     return Check("config", True, detail), config
 
 
+def check_network(config, environ=None) -> Check:
+    """`sandbox.network: proxy` (default) needs socat, and a base URL a vendor is given must be on its allowlist;
+    `host` is allowed but warned; `none` says what it means."""
+    from agent.lanes.egress import INSTALL_FIX, mode, socat_path, unlisted_base_urls
+    from agent.lanes.sandbox import mode as sandbox_mode
+
+    net = mode(config)
+    if sandbox_mode(config) == "none":
+        return Check("network", True, "sandbox: none: lanes share the host's network, its loopback services and "
+                     "unix sockets", "install bubblewrap and remove `sandbox: none`", warn=True)
+    if net == "host":
+        return Check("network", True, "sandbox.network: host: lanes reach the host's loopback services (agent "
+                     "serve, databases), the LAN and any host on the internet",
+                     "remove `network: host` (default proxy: only the vendors' model hosts)", warn=True)
+    if net == "none":
+        return Check("network", True, "sandbox.network: none: lanes have no network (a vendor CLI cannot reach its "
+                     "model)")
+    found = socat_path()
+    if found is None:
+        return Check("network", False, "sandbox.network: proxy, but socat is not installed: every lane refuses to "
+                     "start", INSTALL_FIX)
+    unlisted = unlisted_base_urls(config, lane_vendors(config), os.environ if environ is None else environ)
+    if unlisted:
+        vendor, var, hostport = unlisted[0]
+        return Check("network", False, f"vendors.{vendor}: {var} points at {hostport}, which is not on its "
+                     "allowlist: the egress proxy refuses it and its lanes cannot reach their model",
+                     f'add "{hostport}" to vendors.{vendor}.hosts in config.yaml')
+    return Check("network", True, "sandbox.network: proxy: lanes reach only their vendor's model hosts, "
+                 "vendors.X.hosts and sandbox.allow_hosts, through the agent's egress proxy")
+
+
 def check_sandbox(config) -> Check:
     """`sandbox: bwrap` needs bwrap (lanes refuse to start without it); `sandbox: none` is allowed but warned."""
     from agent.lanes.sandbox import INSTALL_FIX, bwrap_path, mode
@@ -524,6 +555,7 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
     checks.append(cfg_check)
     if config is not None:
         checks.append(check_sandbox(config))
+        checks.append(check_network(config, environ))
         checks += check_lane_secrets(config)
         checks += check_roles(config)
         for vendor, roles in lane_vendors(config).items():

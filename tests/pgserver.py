@@ -46,17 +46,18 @@ def free_port() -> int:
 
 
 class PgServer:
-    def __init__(self, bindir: Path, root: Path, port: int, user: str | None):
+    def __init__(self, bindir: Path, root: Path, port: int, user: str | None, socket_dirs: tuple[Path, ...] = ()):
         self.bindir, self.root, self.port, self.user = bindir, root, port, user
         self.data = root / "data"
         self.sockets = root / "sock"
+        self.socket_dirs = tuple(socket_dirs)     # more unix socket dirs (made by the caller; chowned here)
         self._counter = 0
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def start(cls) -> "PgServer":
+    def start(cls, socket_dirs: tuple[Path, ...] = ()) -> "PgServer":
         bindir = find_bindir()
         if bindir is None:
             raise Unavailable("PostgreSQL is not installed (no initdb); run `bash scripts/ci-postgres` as root, "
@@ -68,7 +69,7 @@ class PgServer:
                                   "unprivileged user")
             user = UNPRIVILEGED
         root = Path(tempfile.mkdtemp(prefix="agent-pg-"))
-        server = cls(bindir, root, free_port(), user)
+        server = cls(bindir, root, free_port(), user, socket_dirs)
         try:
             server._init()
         except BaseException:
@@ -89,14 +90,15 @@ class PgServer:
             import pwd
 
             pw = pwd.getpwnam(self.user)
-            for p in (self.root, self.sockets):
+            for p in (self.root, self.sockets, *self.socket_dirs):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
         os.chmod(self.root, 0o700)
         res = self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                         "--locale=C", "--no-sync", "--no-instructions")
         if res.returncode != 0:
             raise Unavailable(f"initdb failed: {(res.stderr or res.stdout).strip()[-400:]}")
-        opts = (f"-p {self.port} -k {self.sockets} -c listen_addresses=127.0.0.1 -c fsync=off "
+        dirs = ",".join(str(d) for d in (self.sockets, *self.socket_dirs))
+        opts = (f"-p {self.port} -k {dirs} -c listen_addresses=127.0.0.1 -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=400 "
                 "-c shared_buffers=64MB")
         res = self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"), "-w",

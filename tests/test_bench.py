@@ -263,7 +263,8 @@ def test_bench_with_the_real_codex_and_claude_clis_one_resolved_one_not(tmp_path
         for cli in ("codex", "claude"):
             extra = setup_env(cli, server.url, tmp_path / f"{cli}-env")
             env.update(extra)
-            config["vendors"][cli] = {"bin": str(bins[cli]), "env": sorted(extra)}
+            config["vendors"][cli] = {"bin": str(bins[cli]), "env": sorted(extra),
+                                      "hosts": [server.url.split("://", 1)[1]]}   # through the egress proxy
         config["prices"] = {"fake-model": {"input": 1, "output": 2}, "claude-fake": {"input": 1, "output": 2}}
         cfg.write_text(yaml.safe_dump(config))
         out = tmp_path / "out"

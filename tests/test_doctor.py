@@ -365,3 +365,30 @@ def test_a_git_error_names_the_problem_not_the_end_of_gits_advice(tmp_path):
     repo = parse_config({"repos": {"acme/widgets": {"url": str(gone)}}}).repos["acme/widgets"]
     check = check_remote(repo)
     assert check.ok is False and "does not appear to be a git repository" in check.detail, check.detail
+
+
+def test_doctor_warns_on_host_network(demo_home):
+    """Issue 23: `sandbox.network: host` is allowed only explicitly and doctor says what it opens; the default
+    (proxy) is a plain ok; `network: none` is ok and says what it means."""
+    assert by_name(doctor(demo_home))["network"]["warn"] is False
+    edit_config(demo_home, lambda d: d.update(sandbox={"network": "host"}))
+    check = by_name(doctor(demo_home))["network"]
+    assert check["ok"] and check["warn"] and "loopback" in check["detail"] and "network: host" in check["fix"]
+    edit_config(demo_home, lambda d: d.update(sandbox={"network": "none"}))
+    check = by_name(doctor(demo_home))["network"]
+    assert check["ok"] and not check["warn"] and "no network" in check["detail"]
+
+
+def test_doctor_names_a_base_url_the_egress_proxy_would_refuse(demo_home):
+    """A vendor given a base URL (a *_BASE_URL variable in vendors.X.env) that its allowlist does not hold: its
+    lanes could not reach their model through the proxy, so doctor says which entry to add."""
+    def vendor(d, hosts):
+        d["vendors"]["demo-implementer"]["env"] = ["ANTHROPIC_BASE_URL"]
+        d["vendors"]["demo-implementer"]["hosts"] = hosts
+    environ = {**os.environ, "ANTHROPIC_BASE_URL": "http://127.0.0.1:8089"}
+    edit_config(demo_home, lambda d: vendor(d, []))
+    check = by_name(doctor(demo_home, environ=environ))["network"]
+    assert not check["ok"] and "127.0.0.1:8089" in check["detail"], check
+    assert check["fix"] == 'add "127.0.0.1:8089" to vendors.demo-implementer.hosts in config.yaml'
+    edit_config(demo_home, lambda d: vendor(d, ["127.0.0.1:8089"]))
+    assert by_name(doctor(demo_home, environ=environ))["network"]["ok"]

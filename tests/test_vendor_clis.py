@@ -122,7 +122,7 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
 
     def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
             args: tuple[str, ...] = (), ledger=None, sandbox: str = "bwrap", prices: dict | None = None,
-            user_home: Path | None = None):
+            user_home: Path | None = None, network: str = "proxy", no_hosts: bool = False):
         binary, why = find_cli(cli)
         if binary is None:
             pytest.skip(why)
@@ -140,8 +140,12 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
         # leaving its repair turn too little; nothing here waits for the timeout when the CLI behaves
         config = Config(
             lanes={role: LaneConfig(role=role, vendor=cli, model=MODELS[cli], timeout=LANE_TIMEOUT, repair=repair)},
-            vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args)},
-            limits=Limits(lane_timeout=LANE_TIMEOUT), sandbox=sandbox, prices=prices or {})
+            # the scripted model on the host's loopback: the lane's own network namespace reaches it only through
+            # the egress proxy, and only because the vendor's config names it (sandbox.network: proxy)
+            vendors={cli: VendorConfig(name=cli, bin=str(binary), env=tuple(env), args=args,
+                                       hosts=() if no_hosts else (server.url.split("//", 1)[1],))},
+            limits=Limits(lane_timeout=LANE_TIMEOUT), sandbox=sandbox, prices=prices or {},
+            sandbox_network=network)
         result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
                                    cwd=repo, ledger=ledger)
         return result, server
@@ -444,6 +448,24 @@ def test_token_only_vendors_are_priced(cli, prices, lane, tmp_path):
     assert row["cost_usd"] == pytest.approx(result.cost_usd)
     finished = [e for e in ledger.events() if e["kind"] == "lane.finished"][-1]["payload"]
     assert finished["cost_source"] == f"prices.{cli}: {inp} input + {out} output tokens"
+
+
+@pytest.mark.parametrize("cli", ["codex", "claude"])
+def test_cli_reaches_the_model_only_when_its_config_names_it(cli, lane, repo, tmp_path):
+    """Issue 23 case 3 with the real CLIs: the lane has its own network namespace, so the scripted model on the
+    host's 127.0.0.1 is reachable only through the agent's egress proxy, which lets it through only because
+    ``vendors.X.hosts`` names it (every other test here runs that way, implement, review and resume).  Without
+    the entry the proxy refuses it: the model sees no request, the lane does not complete, and the runner records
+    the refused host."""
+    from agent.ledger import Ledger
+
+    ledger = Ledger.open(tmp_path / "ledger.db")
+    result, server = lane(cli, "implementer", implementer_script, ledger=ledger, no_hosts=True, repair=0)
+    why = explain(result, server)
+    assert server.requests == [], why
+    assert result.status != "complete" and 'return "helo, world"' in (repo / "app.py").read_text(), why
+    refused = [e["payload"] for e in ledger.events() if e["kind"] == "lane.egress_refused"]
+    assert refused and server.url.split("//", 1)[1] in refused[0]["hosts"], why
 
 
 def test_aider_reads_cost_and_auth_from_its_own_events_not_the_models_words(lane, repo):

@@ -350,6 +350,7 @@ class _Run:
         self.usage: dict = {}
         self.session_id: str | None = None
         self.turn_index = 0
+        self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
 
     def add_turn(self, res, out: TurnOutput) -> None:
         """Count one turn's cost and usage into the attempt (repairs share the attempt's cost)."""
@@ -394,15 +395,33 @@ class _Run:
         remaining = self.deadline - time.time()
         env = lane_env(self.vendor_env, inv.env, deny=self.deny)
         argv = list(inv.argv)
+        try:
+            net = self.network() if self.bwrap is not None else None   # agent.lanes.egress: closed below
+        except OSError as exc:                                          # no room for its socket, say
+            for suffix in (".stdout", ".stderr"):
+                base.with_suffix(suffix).write_bytes(b"")
+            res = proc.ProcResult(exit_code=127, timed_out=False, missing=True, duration_s=0.0, pid=None,
+                                  stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                                  truncated=False, error=f"the lane's egress proxy could not start: {exc}")
+            out = TurnOutput(message="")
+            self.add_turn(res, out)
+            return res, out
         if self.bwrap is not None:
-            argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv, env), env)
+            argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv, env), env, net)
 
         def on_start(pid: int) -> None:
             self.record({"pid": pid, "pid_start": proc.start_time(pid)})
 
-        res = proc.run(argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
-                       stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
-                       on_line=self.on_progress, on_start=on_start)
+        try:
+            res = proc.run(argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
+                           stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                           on_line=self.on_progress, on_start=on_start)
+        finally:
+            refused = net.refused() if net is not None else []
+            if net is not None:
+                net.close()
+        if refused:
+            self.event("lane.egress_refused", {"run_id": self.run_id, "turn": self.turn_index, "hosts": refused})
         if res.missing:
             out = TurnOutput(message="")
         else:
@@ -540,6 +559,14 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         r.bwrap = require_sandbox(config)
     except SandboxUnavailable as exc:
         return finish("unavailable", str(exc), None, None)
+    if r.bwrap is not None:
+        from agent.lanes.egress import EgressUnavailable, lane_network, require as require_egress
+
+        try:
+            require_egress(config)
+        except EgressUnavailable as exc:
+            return finish("unavailable", str(exc), None, None)
+        r.network = lambda: lane_network(config, vendor_name)
 
     # -- binary and manifest (before any child starts)
     bin_name = vc.bin or adapter.default_bin

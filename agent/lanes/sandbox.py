@@ -21,7 +21,8 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
   URL, nothing git would execute);
 - read-write: what the vendor must write to keep and resume its session (``state_paths`` of its adapter, e.g.
   ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``) and the paths listed in ``vendors.X.writable``;
-- the network stays (lanes talk to their model API).
+- its own network namespace: only its vendor's model hosts, through the agent's egress proxy, and no host
+  socket dir (``/run``, ``/var/run``, the ledger's and ssh-agent's); see ``agent.lanes.egress``.
 
 ``sandbox: none`` in config.yaml runs lanes without it (explicitly only; doctor warns).  With ``sandbox: bwrap``
 (the default) and no bwrap on PATH, lanes refuse to start with a one-line fix.
@@ -46,11 +47,16 @@ class SandboxUnavailable(AgentError):
     pass
 
 
-def bwrap_path() -> str | None:
-    for cand in (shutil.which("bwrap"), "/usr/bin/bwrap"):
+def system_binary(name: str) -> str | None:
+    """A system tool on PATH or in /usr/bin (bwrap, socat), or None."""
+    for cand in (shutil.which(name), f"/usr/bin/{name}"):
         if cand and os.access(cand, os.X_OK):
             return cand
     return None
+
+
+def bwrap_path() -> str | None:
+    return system_binary("bwrap")
 
 
 def mode(config) -> str:
@@ -369,7 +375,9 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     scratch.mkdir(parents=True, exist_ok=True)
     plan = lane_plan(cwd=worktree, writable=True, agent_home=agent_home, run_dir=scratch, spec_paths=[],
                      state_paths=[], extra_writable=[])
-    return wrap(bwrap, argv, with_argv_files(plan, argv, env), env)
+    from agent.lanes.egress import check_network
+
+    return wrap(bwrap, argv, with_argv_files(plan, argv, env), env, check_network(config))
 
 
 LANE_UID = 1000
@@ -386,14 +394,15 @@ def _depth(p: Path) -> int:
     return len(Path(p).parts)
 
 
-def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None) -> tuple[list[str], dict[str, str]]:
     """The bwrap argv running ``argv`` under ``plan``, and the environment to give it (TMPDIR is the private
     /tmp).  Mounts are ordered by depth, so a deeper path (the worktree's ``.git``) overrides a shallower one (the
     worktree), and a hidden tree (a user's home, the agent home inside it) is emptied before what the lane may see
-    is bound back into it."""
+    is bound back into it.  ``net`` (``agent.lanes.egress.Net``): the network namespace, the hidden socket dirs
+    and the egress proxy's bridge; None shares the host's network."""
     args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp"]
+            "--unshare-uts", *(net.bwrap_args() if net is not None else []), "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     mounts: list[tuple[int, int, list[str]]] = []
     order = 0
 
@@ -414,7 +423,11 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
         add(dest, ["--ro-bind", str(src), str(dest)])
     for p in plan.empty:
         add(p, ["--tmpfs", str(p), "--remount-ro", str(p)])
-    env = dict(env)
+    bound = {plan.cwd, *plan.rw, *plan.ro}
+    for dest, op in (net.mounts() if net is not None else []):
+        if not (op[0] == "--tmpfs" and dest in bound):     # a socket dir that is the lane's own worktree stays
+            add(dest, op)
+    env = dict(env) if net is None else net.env(env)
     tmpdir = env.get("TMPDIR") or "/tmp"
     if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:
         # a configured TMPDIR stays where the vendor expects it (codex refuses helper binaries under it), as a
@@ -425,4 +438,4 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str]) -> tuple[
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
         args += op
     args += ["--chdir", str(plan.cwd), "--"]
-    return args + list(argv), env
+    return args + (list(argv) if net is None else net.argv(argv)), env
