@@ -445,6 +445,7 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
                  verdict=p.verdict, reproduces=p.reproduces, reproduces_why=p.reproduces_why, command=p.command,
                  narrowed=p.narrowed, lists=p.lists(), base_exit=p.base_exit, base_status=p.base_status,
                  base_tail=p.base_tail, duration_s=p.duration_s, claim_token=ctx.token)
+    crashpoint("proof.recorded")
     if p.verdict == P.REJECTED:
         reject_round(ctx, "no test proves the fix", P.feedback(p))
         return None
