@@ -18,26 +18,35 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None,
                public: bool = False) -> int:
     from agent import AgentError
-    from agent.fence import beat
+    from agent.fence import beat, stop
     from agent.ledger.leases import claim_lease_s
     from agent.scans import SCANS, news, run_scan
     from agent.shutdown import STOP, grace_of, graceful_stop
 
+    from agent.ledger.backend import OUTAGE
+
     app.require_home()
     ticks = 0
+    OUTAGE.echo = lambda line: echo(f"daemon: {line}")   # a lost ledger: one line, one a minute, one when back
     server = _start_server(app, serve, echo, public) if serve else None
     try:
         with graceful_stop(echo, who="daemon", grace=grace_of(app)):
             while not STOP.is_set():
                 try:  # one heartbeat per tick: `agent runners` shows this runner alive
-                    beat(app.ledger, app.home)
+                    beat(app.ledger, app.home, echo)
                 except Exception as exc:  # a busy or unreachable ledger must not stop the daemon
-                    echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
+                    if not OUTAGE.down:   # an outage says so itself, once (and once a minute)
+                        echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
+                if OUTAGE.down:   # no scan can work without the ledger: wait for the next pass
+                    scans_now = False
+                else:
+                    scans_now = True
                 try:  # pick up edits; a broken edit skips this pass and says why, the daemon keeps running
                     app.reload_config()
-                    scans = list(SCANS)
+                    scans = list(SCANS) if scans_now else []
                 except AgentError as exc:
-                    echo(f"daemon: config not loaded, pass skipped: {exc}")
+                    if not OUTAGE.down:
+                        echo(f"daemon: config not loaded, pass skipped: {exc}")
                     scans = []
                 for name in scans:
                     if STOP.is_set():
@@ -46,7 +55,8 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                         for line in news(run_scan(app, name, jobs=jobs)):
                             echo(line)
                     except Exception as exc:  # a broken scan must not stop the daemon
-                        echo(f"daemon: scan {name} failed: {type(exc).__name__}: {exc}")
+                        if not OUTAGE.down:
+                            echo(f"daemon: scan {name} failed: {type(exc).__name__}: {exc}")
                 ticks += 1
                 if max_ticks is not None and ticks >= max_ticks:
                     break
@@ -57,12 +67,15 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                     if time.monotonic() >= next_beat:  # a long --interval never makes this runner look stale
                         next_beat = time.monotonic() + claim_lease_s()
                         try:
-                            beat(app.ledger, app.home)
+                            beat(app.ledger, app.home, echo)
                         except Exception as exc:  # noqa: BLE001 - as above
-                            echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
+                            if not OUTAGE.down:
+                                echo(f"daemon: heartbeat not recorded: {type(exc).__name__}: {exc}")
     finally:
+        OUTAGE.echo = None
         if server is not None:
             server.close()
+    stop(app.ledger, app.home)   # a clean stop: `agent runners` shows this runner stopped, not dead
     echo(f"daemon: stopped after {ticks} pass(es)")
     return ticks
 

@@ -153,45 +153,57 @@ def check_ledger_tamper(home: Path, where=None) -> list[Check]:
 
 
 def check_runners(where, now: float | None = None) -> list[Check]:
-    """Runners whose heartbeat is older than the stale threshold, each a warning naming its host, how long it has
-    been silent and what it still holds; a stale runner whose task claim is still within its lease is named as
-    such (its tasks wait for that lease; a runner that stopped beating should not be renewing it). One `ok` line
-    otherwise. Nothing when the ledger cannot be read (the ledger check says why)."""
-    import time
-
-    from agent.fence import runner_view, stale_after_s
+    """Runners that are dead (this machine: their pid is gone without a clean stop) or silent (no heartbeat past
+    the stale threshold), each a warning naming its host, why and what it still holds; a silent runner whose task
+    claim is still within its lease is named as such (its tasks wait for that lease). A runner whose clock is more
+    than 5 s off the ledger's is a warning too. One `ok` line otherwise (stopped runners are fine). Nothing when
+    the ledger cannot be read (the ledger check says why)."""
+    from agent.fence import SKEW_WARN_S, runner_view, stale_after_s
     from agent.ledger import health
     from agent.status import ago, held_text
 
     found = health.runners(where)
     if found is None:
         return []
-    now = time.time() if now is None else now
-    view = runner_view(*found, now=now)
+    *rows, db_now = found
+    now = db_now if now is None else now
+    view = runner_view(*rows, now=now)
     limit = ago(stale_after_s())
-    stale = [r for r in view if not r["alive"]]
-    if not stale:
-        what = f"{len(view)} runner(s), each with a heartbeat within {limit}" if view else \
-            "no runner has registered yet (every `agent watch` and `agent daemon` pass registers one)"
-        return [Check("runners", True, what)]
+    bad = [r for r in view if r["state"] in ("dead", "silent")]
+    skewed = [r for r in view if r["clock_skewed"]]
     checks = []
-    for r in stale:
+    for r in skewed:
+        checks.append(Check(f"runner {r['id']} clock", True,
+                            f"host {r['host']}: its clock was {r['clock_offset_s']:+.1f}s off the ledger's at its last "
+                            f"heartbeat (more than {SKEW_WARN_S:.0f}s); leases use the ledger's clock, but its logs and "
+                            "timestamps are off", f"fix the time sync on {r['host']} (`timedatectl`, chrony or ntpd)",
+                            warn=True))
+    if not bad:
+        stopped = sum(1 for r in view if r["state"] == "stopped")
+        what = (f"{len(view)} runner(s), each with a heartbeat within {limit}" if view and not stopped else
+                f"{len(view)} runner(s): {len(view) - stopped} with a heartbeat within {limit}, {stopped} stopped "
+                "cleanly" if view else
+                "no runner has registered yet (every `agent watch` and `agent daemon` pass registers one)")
+        return [Check("runners", True, what), *checks]
+    for r in bad:
         who = f"host {r['host']}, home {r['home']}, pid {r['pid']}" if r["host"] else "not in the runners table"
-        silent = f"no heartbeat for {ago(r['heartbeat_age_s'])}" if r["heartbeat_at"] else "no heartbeat recorded"
         live = [t for t in r["tasks"] if not t["lease_expired"]]
-        detail = f"{who}: {silent} (stale after {limit}); holds {held_text(r, now)}"
-        if live:
+        detail = f"{who}: {r['why']}; holds {held_text(r, now)}"
+        if r["state"] == "dead":
+            fix = ("nothing to do: its claims are free now (its pid is gone), so any running runner takes its "
+                   "task(s) over at its next pass; `agent runners --prune` removes it once it holds nothing")
+        elif live:
             tasks = ", ".join(f"task {t['task_id']}" for t in live)
             detail += (f"; its claim on {tasks} is still within its lease, so no other runner may take "
                        f"{'it' if len(live) == 1 else 'them'} over until that lease ends")
             proc = f"pid {r['pid']} on {r['host']}" if r["host"] else "its process"
-            fix = (f"a runner that stopped beating should not be renewing leases: check that host's clock "
-                   f"(`timedatectl`) and whether {proc} is stuck; the task(s) are taken over once the lease ends")
+            fix = (f"a runner that stopped beating should not be renewing leases: check whether {proc} is stuck "
+                   f"and that host's network to the ledger; the task(s) are taken over once the lease ends")
         elif r["tasks"] or r["leases"]:
             fix = ("nothing to do if the runner is gone: its leases have expired, so any running runner takes its "
                    "task(s) over at its next pass; once they are released, `agent runners --prune` removes it")
         else:
-            fix = "if it is gone for good: `agent runners --prune` removes runners that hold nothing"
+            fix = f"if it is gone for good: `agent runners --prune` removes runners that hold nothing (stale after {limit})"
         checks.append(Check(f"runner {r['id']}", True, detail, fix, warn=True))
     return checks
 

@@ -1,17 +1,20 @@
 """The execution fence: runners, per-task claims with fencing tokens, named leases, and a file lock per scan.
 
-- **Runner**: a home on a host, with an id (``$AGENT_RUNNER_ID`` or ``<hostname>:<hash of the home>``) and a
-  heartbeat in the ledger's ``runners`` table, beaten by every scan, daemon pass and lease keeper (``beat``).
+- **Runner**: a home on a machine, with an id (``$AGENT_RUNNER_ID`` or ``<hostname>:<hash of the machine id and
+  the home>``) and a heartbeat in the ledger's ``runners`` table (on the ledger's clock, with the runner's clock
+  offset), beaten by every scan, daemon pass and lease keeper (``beat``); a clean stop marks it stopped (``stop``).
+  Alive, stopped, dead (this machine: its pid with its start time is gone) or silent (another machine, no heartbeat):
+  ``runner_view``.
 - **Task claim**: ``tasks.claim_owner/claim_pid/claim_runner/claim_token/lease_until`` and ``tasks.fence``. A worker
   claims a task before advancing it (``take``: only when unclaimed or stale), renews the lease while a lane or check
   runs (``lease_keeper``), and passes its token to every write; the fencing check (``tasks._check_claim`` ->
   ``agent.ledger.leases.check_claim``) runs inside the write's transaction, so a worker that lost its claim writes
   nothing (LeaseLost). Every new claim increments ``fence``, so a task's tokens strictly increase. A claim is stale
-  when its lease expired, or (on this host only) its pid is dead. ``take`` returns who held it before: the
-  takeover hook.
+  when its lease expired on the ledger's clock, or (in this pid scope only: this boot of this machine, this pid
+  namespace) its pid is dead. ``take`` returns who held it before: the takeover hook.
 - **Named lease**: ``named_lease(ledger, name)`` (``source:<key>`` around a source's pull, ``pr-open`` around the
   PR limits and the PR create) with a token checked by the write it guards (``ledger.check_lease``). Stale, like
-  a claim, when it expired or (on this host only) its holder's pid is dead: a scan killed while holding it does
+  a claim, when it expired or (in this pid scope only) its holder's pid is dead: a scan killed while holding it does
   not stall the next one for the lease's ttl.
 - **Scan lock**: ``$AGENT_HOME/locks/<scan>.lock`` names its holder (pid and process start time, host, token) and
   carries a lease renewed by a heartbeat thread. Another scan is refused while the holder is live; a holder that
@@ -39,6 +42,9 @@ SCAN_LEASE_S = 60.0   # a scan lock's holder must beat within this; a stopped or
 HOST = os.uname().nodename  # = socket.gethostname(); socket + secrets cost ~7 ms of import on every tick
 RUNNER_ENV = "AGENT_RUNNER_ID"
 STALE_AFTER = 3  # a runner whose heartbeat is older than this many task leases is shown as stale
+SKEW_WARN_S = 5.0   # a runner whose clock is further than this off the ledger's is flagged (and logs it once)
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+HOME_ID_FILE = "runner.id"   # a random id made in the home at its first start: tells apart machines and containers
 
 
 def owner_id() -> str:
@@ -96,9 +102,82 @@ def pid_alive(pid: int | None) -> bool:
 # --------------------------------------------------------------------------- runners
 
 
-def runner_id(home: Path | str) -> str:
-    """This runner's id: ``$AGENT_RUNNER_ID`` if set, else ``<hostname>:<CRC-32 of the home's path, 8 hex>`` (one
-    home on one host is one runner; two homes on one host are two runners)."""
+_SCOPE: str | None = None
+
+
+def pid_scope() -> str:
+    """Where a pid means something: this kernel boot (``boot_id``, random per boot, so another machine never has
+    it) and this pid namespace (a container sees its own pids). Only a holder recorded with this very scope is
+    judged by its pid; any other is judged by its lease alone."""
+    global _SCOPE
+    if _SCOPE is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                boot = fh.read().strip()
+        except OSError:
+            boot = f"{HOST}?"
+        try:
+            ns = os.readlink("/proc/self/ns/pid")
+        except OSError:
+            ns = "pid:?"
+        _SCOPE = f"{boot}/{ns}"
+    return _SCOPE
+
+
+_MACHINE: str | None = None
+
+
+def machine_id() -> str:
+    """The machine's id (``/etc/machine-id``), or "" where there is none (some containers)."""
+    global _MACHINE
+    if _MACHINE is None:
+        _MACHINE = _read_machine_id()
+    return _MACHINE
+
+
+def _read_machine_id() -> str:
+    for path in MACHINE_ID_FILES:
+        try:
+            with open(path) as fh:
+                text = fh.read(100).strip()
+        except OSError:
+            continue
+        if text and all(ch in "0123456789abcdef" for ch in text.lower()):
+            return text.lower()
+    return ""
+
+
+def home_id(home: Path | str, create: bool = False) -> str:
+    """The random id kept in the home (``runner.id``, made the first time the home's runner id is asked): two
+    machines or containers with the same hostname, machine id (a cloned image) and home path still differ by it.
+    Read without following links; "" when there is none (yet)."""
+    path = Path(home).expanduser() / HOME_ID_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as fh:
+            text = fh.read(100).strip()
+        if len(text) == 32 and all(ch in "0123456789abcdef" for ch in text):
+            return text
+    except OSError:
+        pass
+    if not create or not path.parent.is_dir():
+        return ""
+    made = os.urandom(16).hex()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:   # another process of this home made it first (or a bad file is there): read again
+        return home_id(home, create=False)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "w") as fh:
+        fh.write(made + "\n")
+    return made
+
+
+def runner_id(home: Path | str, create: bool = True) -> str:
+    """This runner's id: ``$AGENT_RUNNER_ID`` if set, else ``<hostname>:<CRC-32 of the machine id, the home's
+    random id and the home's path, 8 hex>``: one home on one machine is one runner; two homes on one machine, or
+    two machines (or containers) with the same hostname and home path, are two runners."""
     given = os.environ.get(RUNNER_ENV)
     if given is not None:
         given = given.strip()
@@ -108,9 +187,11 @@ def runner_id(home: Path | str) -> str:
             raise AgentError(f"{RUNNER_ENV}={given[:40]!r} is not a runner id; use 1-100 printable characters "
                              "without spaces (or unset it for <hostname>:<hash of the home>)")
         return given
-    import zlib   # not hashlib: its OpenSSL import costs ~2.5 ms on every cron tick; this only tells homes apart
+    import zlib   # not hashlib: its OpenSSL import costs ~2.5 ms on every cron tick; this only tells runners apart
 
-    return f"{HOST}:{zlib.crc32(str(Path(home).expanduser().resolve()).encode()):08x}"
+    where = str(Path(home).expanduser().resolve())
+    key = "\0".join((machine_id(), home_id(where, create), where))
+    return f"{HOST}:{zlib.crc32(key.encode()):08x}"
 
 
 _PROCESS_RUNNER: str | None = None   # the runner this process last beat for (its home's)
@@ -122,7 +203,9 @@ def _default_runner(ledger: Ledger) -> str:
     where = getattr(ledger, "location", None) or getattr(ledger, "path", None)
     if os.environ.get(RUNNER_ENV) is None and not isinstance(where, Path) and _PROCESS_RUNNER:
         return _PROCESS_RUNNER
-    return runner_id(where.parent if isinstance(where, Path) else Path.cwd())
+    if isinstance(where, Path):
+        return runner_id(where.parent)
+    return runner_id(Path.cwd(), create=False)   # never leaves a file in the working directory
 
 
 def reopen(ledger: Ledger) -> Ledger:
@@ -130,18 +213,49 @@ def reopen(ledger: Ledger) -> Ledger:
     return Ledger.open(getattr(ledger, "location", None) or ledger.path, create=False)
 
 
-def beat(ledger: Ledger, home: Path | str) -> str:
+_SKEW_LOGGED = False
+
+
+def skew_line(rid: str, offset: float | None) -> str | None:
+    """The warning for a runner whose clock is more than SKEW_WARN_S off the ledger's, or None."""
+    if offset is None or abs(offset) <= SKEW_WARN_S:
+        return None
+    return (f"runner {rid}: this machine's clock is {abs(offset):.1f}s {'ahead of' if offset > 0 else 'behind'} "
+            "the ledger's; leases use the ledger's clock, but fix the time sync (`timedatectl`, chrony/ntpd)")
+
+
+def beat(ledger: Ledger, home: Path | str, echo=None) -> str:
     """Register this runner (first time) or beat its heartbeat; every scan, daemon tick and lease keeper does.
-    Returns the runner id."""
+    The ledger records how far this machine's clock is off its own; past SKEW_WARN_S the process says so once
+    (``echo``, else stderr). Returns the runner id."""
     from agent import __version__
     from agent.proc import start_time
 
-    global _PROCESS_RUNNER
+    global _PROCESS_RUNNER, _SKEW_LOGGED
     rid = runner_id(home)
     _PROCESS_RUNNER = rid
-    ledger.beat_runner({"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
-                        "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__})
+    got = ledger.beat_runner({"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
+                              "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__,
+                              "machine": machine_id() or None, "scope": pid_scope()})
+    line = skew_line(rid, got.get("clock_offset_s") if isinstance(got, dict) else None)
+    if line and not _SKEW_LOGGED:
+        _SKEW_LOGGED = True
+        if echo is not None:
+            echo(line)
+        else:
+            import sys
+
+            print(f"agent: {line}", file=sys.stderr, flush=True)
     return rid
+
+
+def stop(ledger: Ledger, home: Path | str) -> bool:
+    """A clean stop (the daemon's end, a watch run's end): mark this runner stopped, unless another process of
+    it beat since. Never raises (a ledger that is gone: the runner shows as dead or silent instead)."""
+    try:
+        return ledger.stop_runner(runner_id(home), os.getpid())
+    except Exception:   # noqa: BLE001 - stopping must not fail on the ledger
+        return False
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -160,38 +274,78 @@ def stale_after_s() -> float:
     return STALE_AFTER * claim_lease_s()
 
 
-def runners(ledger: Ledger, now: float | None = None) -> list[dict]:
-    """Every runner sharing the ledger: id, host, home, pid, ``heartbeat_at`` (UTC) and its age, ``alive``
-    (a heartbeat within STALE_AFTER task leases), the ``tasks`` it holds (task id, state, lease expiry, whether
-    that expired) and the named ``leases`` it holds (name, token, expiry, whether that expired)."""
-    return runner_view(ledger.runner_rows(), ledger.held_claims(), ledger.held_leases(), now)
+def runners(ledger: Ledger) -> list[dict]:
+    """Every runner sharing the ledger, as ``runner_view`` shows it (judged on the ledger's clock)."""
+    return runner_view(ledger.runner_rows(), ledger.held_claims(), ledger.held_leases(), ledger.clock_now())
+
+
+def _ago(seconds: float) -> str:
+    from agent.status import ago
+
+    return ago(seconds)
+
+
+def runner_state(r: dict, age: float) -> tuple[str, str]:
+    """(state, why) of a runner row: ``stopped`` (a clean stop recorded, no heartbeat since), ``alive``/``dead``
+    in this pid scope (its pid with its recorded start time runs, or not; a live pid that stopped beating is
+    ``silent``), ``alive``/``silent`` elsewhere (a heartbeat within the stale threshold, or not)."""
+    from agent.proc import same_process, start_time
+
+    stale_s = stale_after_s()
+    if r.get("stopped_at") is not None and float(r["stopped_at"]) >= float(r["heartbeat_at"] or 0):
+        return "stopped", f"stopped cleanly {_ago(age)} ago"
+    if r.get("scope") and r["scope"] == pid_scope():
+        pid = r["pid"]
+        if not same_process(pid, r["pid_start"]):
+            gone = start_time(pid) is None or not pid_alive(pid)
+            return "dead", (f"pid {pid} is gone from this machine" if gone else
+                            f"pid {pid} is now another process on this machine") + " without a clean stop"
+        if age > stale_s:
+            return "silent", f"pid {pid} runs but has not beaten for {_ago(age)} (stopped or hung?)"
+        return "alive", f"pid {pid} runs on this machine"
+    if age > stale_s:
+        return "silent", f"no heartbeat for {_ago(age)} (stale after {_ago(stale_s)})"
+    return "alive", f"heartbeat {_ago(age)} ago (another machine: judged by its heartbeat)"
 
 
 def runner_view(rows: list[dict], claims: list[dict], leases: list[dict], now: float | None = None) -> list[dict]:
-    """``runners`` from the ledger's rows (`agent doctor` reads them through its own read-only connection)."""
+    """Every runner: id, host, home, pid, ``heartbeat_at`` (UTC) and its age, ``state`` (alive, stopped, dead,
+    silent) with ``why``, ``alive`` (state is alive), ``clock_offset_s`` and ``clock_skewed`` (more than
+    SKEW_WARN_S off the ledger's clock), ``machine``, the ``tasks`` it holds (task id, state, lease expiry,
+    whether that expired, seconds left) and the named ``leases`` it holds (name, token, expiry, whether that
+    expired). ``now`` is the ledger's time (`agent doctor` reads the rows through its own read-only
+    connection)."""
     now = time.time() if now is None else now
     held: dict[str, list[dict]] = {}
     for c in claims:
         held.setdefault(c["claim_runner"] or "?", []).append(
             {"task_id": c["task_id"], "state": c["state"], "lease_until": _iso(c["lease_until"]),
-             "lease_expired": c["lease_until"] is not None and c["lease_until"] < now})
+             "lease_expired": c["lease_until"] is not None and c["lease_until"] < now,
+             "lease_left_s": None if c["lease_until"] is None else round(float(c["lease_until"]) - now, 1)})
     named: dict[str, list[dict]] = {}
     for lease in leases:
         named.setdefault(lease["runner"] or "?", []).append(
             {"name": lease["name"], "token": lease["token"], "until": _iso(lease["until"]),
-             "expired": lease["until"] is not None and lease["until"] < now})
+             "expired": lease["until"] is not None and lease["until"] < now,
+             "left_s": None if lease["until"] is None else round(float(lease["until"]) - now, 1)})
     out = []
-    stale_s = stale_after_s()
     for r in rows:
         age = max(0.0, now - float(r["heartbeat_at"] or 0))
+        state, why = runner_state(r, age)
+        offset = r.get("clock_offset_s")
         out.append({"id": r["id"], "host": r["host"], "home": r["home"], "pid": r["pid"],
                     "version": r["version"], "started_at": r["started_at"], "heartbeat_at": _iso(r["heartbeat_at"]),
-                    "heartbeat_age_s": round(age, 1), "alive": age <= stale_s,
+                    "heartbeat_age_s": round(age, 1), "alive": state == "alive", "state": state, "why": why,
+                    "machine": r.get("machine"), "stopped_at": _iso(r.get("stopped_at")),
+                    "clock_offset_s": None if offset is None else round(float(offset), 1),
+                    "clock_skewed": offset is not None and abs(float(offset)) > SKEW_WARN_S,
                     "tasks": held.pop(r["id"], []), "leases": named.pop(r["id"], [])})
     for rid in sorted(set(held) | set(named)):  # held by a runner that never registered (an older agent) or is gone
         out.append({"id": rid, "host": None, "home": None, "pid": None, "version": None, "started_at": None,
-                    "heartbeat_at": None, "heartbeat_age_s": None, "alive": False, "tasks": held.get(rid, []),
-                    "leases": named.get(rid, [])})
+                    "heartbeat_at": None, "heartbeat_age_s": None, "alive": False, "state": "silent",
+                    "why": f"no heartbeat recorded (stale after {_ago(stale_after_s())})", "machine": None,
+                    "stopped_at": None, "clock_offset_s": None, "clock_skewed": False,
+                    "tasks": held.get(rid, []), "leases": named.get(rid, [])})
     return out
 
 
@@ -220,10 +374,9 @@ def prune(ledger: Ledger, older_than: float | None = None, now: float | None = N
     and that hold nothing (no task claim, live or expired; no named lease), each with a ``runner.pruned`` event,
     in one transaction. Returns the removed runners as ``runners`` shows them. A pruned runner that comes back
     registers again at its next pass."""
-    now = time.time() if now is None else now
     limit = stale_after_s() if older_than is None else older_than
-    removed = ledger.prune_runners(now - limit, why={"older_than_s": round(limit, 1)})
-    return runner_view(removed, [], [], now)
+    removed = ledger.prune_runners(limit, why={"older_than_s": round(limit, 1)})
+    return runner_view(removed, [], [], ledger.clock_now() if now is None else now)
 
 
 # --------------------------------------------------------------------------- task claims
@@ -255,18 +408,17 @@ class Claim:
         return self.previous_runner is not None and self.previous_runner != self.runner
 
 
-def _stale(row: dict, now: float) -> bool:
-    if not row["claim_token"]:
+def _stale(row: dict) -> bool:
+    """A claim nobody holds: none, its lease ended (``expired``: judged by the ledger's clock in the statement
+    that read the row), or its holder was a process of this pid scope that is gone. A holder elsewhere (another
+    machine, container or boot, even with this hostname) is judged by its lease alone."""
+    if not row["claim_token"] or row["expired"]:
         return True
-    if row["lease_until"] is not None and row["lease_until"] < now:
-        return True
-    owner = row["claim_owner"] or ""
-    same_host = owner.split(":", 1)[0] == HOST
-    return same_host and not pid_alive(row["claim_pid"])
+    return row.get("claim_scope") == pid_scope() and not pid_alive(row["claim_pid"])
 
 
 def take(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: str | None = None) -> Claim | None:
-    """Claim a task: only when it is unclaimed or its claim is stale (lease expired; or, on this host, its pid is
+    """Claim a task: only when it is unclaimed or its claim is stale (lease expired; or, in this pid scope, its pid is
     dead). The claiming UPDATE increments the task's fencing counter. Returns the Claim, or None while another
     live worker holds it."""
     runner = runner or _default_runner(ledger)
@@ -275,11 +427,10 @@ def take(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: str
         row = ledger.claim_row(c, task_id)
         if row is None:
             return None
-        now = time.time()
-        if not _stale(row, now):
+        if not _stale(row):
             return None
         fence = int(row["fence"] or 0) + 1
-        token = ledger.take_claim(c, task_id, fence, owner_id(), os.getpid(), runner, now + lease_s)
+        token = ledger.take_claim(c, task_id, fence, owner_id(), os.getpid(), runner, lease_s, pid_scope())
         if token is None:
             return None
         if row["claim_token"]:
@@ -301,7 +452,7 @@ def claim(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: st
 
 def renew(ledger: Ledger, task_id: int, token: str, lease_s: float | None = None,
           runner: str | None = None) -> bool:
-    return ledger.renew_claim(task_id, token, time.time() + (lease_s or claim_lease_s()), runner)
+    return ledger.renew_claim(task_id, token, lease_s or claim_lease_s(), runner)
 
 
 def release(ledger: Ledger, task_id: int, token: str) -> None:
@@ -381,7 +532,7 @@ def lease_keeper(ledger_path: Path, task_id: int, token: str, lease_s: float | N
     worker = threading.get_ident()
     lease_s = lease_s or claim_lease_s()
     runner = runner or (runner_id(Path(ledger_path).parent) if isinstance(ledger_path, Path) else
-                        _PROCESS_RUNNER or runner_id(Path.cwd()))
+                        _PROCESS_RUNNER or runner_id(Path.cwd(), create=False))
 
     def lost() -> None:
         keeper.lost.set()
@@ -405,12 +556,12 @@ class LeaseBusy(Exception):
         super().__init__(f"lease {name} is held by {who}")
 
 
-def holder_gone(holder: str) -> bool:
-    """Whether a named lease's holder (``owner_id()@runner``) was a process of this host that no longer runs."""
+def holder_gone(holder: str, scope: str | None) -> bool:
+    """Whether a named lease's holder (``owner_id()@runner``, recorded in pid ``scope``) was a process of this pid
+    scope that no longer runs."""
     owner = holder.split("@", 1)[0]
-    host, _, rest = owner.partition(":")
-    pid = rest.split(":", 1)[0]
-    return host == HOST and pid.isdigit() and not pid_alive(int(pid))
+    pid = owner.partition(":")[2].split(":", 1)[0]
+    return scope == pid_scope() and pid.isdigit() and not pid_alive(int(pid))
 
 
 @contextmanager
@@ -423,13 +574,13 @@ def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: st
     holder = f"{owner_id()}@{runner}"
     deadline = time.monotonic() + wait
     while True:
-        token = ledger.take_lease(name, holder, runner, ttl)
+        token = ledger.take_lease(name, holder, runner, ttl, scope=pid_scope())
         if token is None:
-            # held by a process of this host that is gone (killed mid-body): as with a task claim, its lease is
+            # held by a process of this pid scope that is gone (killed mid-body): as with a task claim, its lease is
             # stale now, not at its expiry; taken only under the token we saw, so a live newcomer is never robbed
             row = ledger.lease_row(name)
-            if row is not None and row["holder"] and holder_gone(row["holder"]):
-                token = ledger.take_lease(name, holder, runner, ttl, stale_token=row["token"])
+            if row is not None and row["holder"] and holder_gone(row["holder"], row["scope"]):
+                token = ledger.take_lease(name, holder, runner, ttl, stale_token=row["token"], scope=pid_scope())
         if token is not None:
             break
         if time.monotonic() >= deadline:

@@ -10,7 +10,10 @@ from agent.ledger import SCHEMA_VERSION
 
 
 def init_home(app: App) -> dict:
+    from agent.fence import home_id
+
     ensure_home(app.home)  # the one command that creates a home
+    home_id(app.home, create=True)   # the random half of this runner's id (fence.runner_id), made once
     ledger = app.ledger  # opens (and migrates) or refuses a bad file
     config_created = False
     if not app.config_path.exists():

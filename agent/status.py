@@ -50,8 +50,13 @@ def _epoch(ts: str | None) -> float | None:
 
 
 def runner_live(runner: dict) -> bool:
-    """Whether a runner counts as live for the stuck rule (the runners view's own judgement)."""
+    """Whether a runner counts as live for the stuck rule (the runners view's own judgement): alive, or stopped
+    cleanly within the stale threshold (a cron runner between two ticks)."""
+    from agent.fence import stale_after_s
+
     state = runner.get("state")
+    if state == "stopped":
+        return float(runner.get("heartbeat_age_s") or 0) <= stale_after_s()
     return state == "alive" if state is not None else bool(runner.get("alive"))
 
 
@@ -126,7 +131,7 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
     failed = ledger.failed_tasks(limit=FAILED_SHOWN)
     for t in failed:
         t["reset_command"] = reset_command(t["id"], "failed")
-    runners = runner_list(ledger, now)
+    runners = runner_list(ledger)   # judged on the ledger's clock
     by_id = {r["id"]: r for r in runners}
     any_live = any(runner_live(r) for r in runners)
     active, stuck = [], []
@@ -211,13 +216,17 @@ def _lease_text(task: dict, now: float) -> str:
 
     if not task["lease_until"]:
         return "no lease"
+    if task.get("lease_left_s") is not None:   # judged on the ledger's clock (fence.runner_view)
+        left = float(task["lease_left_s"])
+        return f"lease expired {ago(-left)} ago" if left < 0 else f"lease {ago(left)} left"
     until = datetime.strptime(task["lease_until"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
     return f"lease expired {ago(now - until)} ago" if until < now else f"lease {ago(until - now)} left"
 
 
 def _named_lease_text(lease: dict, now: float) -> str:
     """``expired 3m ago`` or ``1m left``."""
-    return _lease_text({"lease_until": lease["until"]}, now).replace("lease ", "", 1)
+    return _lease_text({"lease_until": lease["until"], "lease_left_s": lease.get("left_s")}, now).replace(
+        "lease ", "", 1)
 
 
 def held_text(runner: dict, now: float) -> str:
@@ -236,10 +245,13 @@ def runner_lines(runners: list[dict], now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     lines = []
     for r in runners:
-        state = "alive" if r["alive"] else "STALE"
+        state = r["state"] if r["state"] in ("alive", "stopped") else r["state"].upper()
         beat = f"heartbeat {ago(r['heartbeat_age_s'])} ago" if r["heartbeat_at"] else "never registered"
         where = f"  {r['host']}  {r['home']}  pid {r['pid']}" if r["host"] else ""
         lines.append(f"  {r['id']}  {state}  {beat}{where}")
+        lines.append(f"    {r['why']}")
+        if r["clock_skewed"]:
+            lines.append(f"    CLOCK: {r['clock_offset_s']:+.1f}s off the ledger's clock (more than 5s)")
         if not r["tasks"]:
             lines.append("    holds no task")
         for t in r["tasks"]:
@@ -297,8 +309,8 @@ def render_text(data: dict) -> str:
             lines.append(f"  {e['id']} {e['service']} {one_line(error_headline(e['class'], e['message']), 160)} "
                          f"(seen {e['count']}x{seen})")
     if data.get("runners"):
-        stale = sum(1 for r in data["runners"] if not runner_live(r))
-        lines.append(f"\nrunners ({len(data['runners'])}{f', {stale} stale' if stale else ''}):")
+        stale = sum(1 for r in data["runners"] if r["state"] in ("dead", "silent"))
+        lines.append(f"\nrunners ({len(data['runners'])}{f', {stale} dead or silent' if stale else ''}):")
         lines.extend(runner_lines(data["runners"]))
     others = [t for t in data.get("active", []) if t["state"] != "gate-blocked" and not t["stuck"]]
     if others:

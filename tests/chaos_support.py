@@ -320,3 +320,164 @@ def stop_runners(procs: list[subprocess.Popen]) -> None:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             kill_group(proc)
+
+
+class CuttableProxy:
+    """A real TCP proxy on 127.0.0.1 in front of the PostgreSQL server, for an outage a test can place exactly:
+    ``cut()`` drops every open connection and refuses new ones (what a runner sees when the server stops or the
+    network goes), ``restore()`` lets them through again. ``url(url)`` is the same URL through the proxy."""
+
+    def __init__(self, host: str, port: int):
+        import socket
+        import threading
+
+        self.target = (host, port)
+        self.up = True
+        self.lock = threading.Lock()
+        self.conns: list = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, url: str) -> str:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)
+        auth = netloc[0] + "@" if len(netloc) == 2 else ""
+        return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{self.port}"))
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.up = False
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+def faketime_env(skew_s: float) -> dict:
+    """The environment that runs a process with its clock ``skew_s`` seconds off (libfaketime, Debian's
+    `faketime`, installed by scripts/ci-faketime); AssertionError naming the installer when it is missing."""
+    import glob
+
+    import tempfile
+
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    assert found, "libfaketime is not installed: run scripts/ci-faketime (Debian package faketime)"
+    # The wall clock is faked, the monotonic one is not (timeouts and waits stay true). libfaketime 0.9.10 then
+    # fails clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME), which Python's time.sleep uses, with EINVAL: the
+    # skewed Python process sleeps on a condition variable instead (a sitecustomize on its PYTHONPATH). Lanes and
+    # git never see LD_PRELOAD (lane environments keep only PATH, HOME, USER, LANG, TERM, TMPDIR, TZ).
+    site = Path(tempfile.mkdtemp(prefix="agent-faketime-"))
+    (site / "sitecustomize.py").write_text("import threading, time\n"
+                                           "time.sleep = lambda seconds: threading.Event().wait(seconds)\n")
+    return {"LD_PRELOAD": found[0], "FAKETIME": f"{skew_s:+.0f}", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+def runners_chaos(root: Path, server, runners: int = 3, tasks: int = 6, sleep: str = "1", skew_s: float = 300.0,
+                  db_stop_s: float = 30.0, log=print) -> dict:
+    """N real `agent daemon` runners on one PostgreSQL ledger (``server``: tests/pgserver.PgServer, whose URL is
+    in AGENT_LEDGER_URL), the last one with its clock ``skew_s`` seconds off (libfaketime); once lanes are
+    running the server is stopped for ``db_stop_s`` seconds, then started again. Asserts: every task done with one
+    PR, no (task, round, role) lane run twice (interrupted runs included), no claim ever taken from a live
+    holder (no ``task.claim_reclaimed``), the skewed runner flagged. Returns the measures."""
+    p, homes = runner_homes(root, runners=runners, tasks=tasks, sleep=sleep)
+    started = time.monotonic()
+    procs = [runner(h, log=root / f"runner-{i + 1}.log", env=faketime_env(skew_s) if i == runners - 1 and skew_s
+                    else None) for i, h in enumerate(homes)]
+    stopped_for = 0.0
+    try:
+        def lanes_running() -> bool:
+            c = ledger_conn(homes[0])
+            try:
+                return c.execute("SELECT count(*) FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL"
+                                 ).fetchone()[0] > 0
+            finally:
+                c.close()
+
+        assert wait_for(lanes_running, 120), (root / "runner-1.log").read_text()[-2000:]
+        if db_stop_s:
+            t0 = time.monotonic()
+            server.pause()
+            log(f"chaos: ledger server stopped for {db_stop_s:.0f}s")
+            time.sleep(db_stop_s)
+            server.resume()
+            stopped_for = time.monotonic() - t0
+            log(f"chaos: ledger server back after {stopped_for:.1f}s")
+        assert wait_for(lambda: count_done(homes[0]) == tasks, 300), \
+            [(root / f"runner-{i + 1}.log").read_text()[-2000:] for i in range(runners)]
+        seconds = time.monotonic() - started
+    finally:
+        stop_runners(procs)
+    check_invariants(homes[0], p["remote"], tasks, homes=homes)
+    c = ledger_conn(homes[0])
+    try:
+        runs = c.execute("SELECT task_id, round, role, count(*) FROM lane_runs GROUP BY task_id, round, role"
+                         ).fetchall()
+        reclaimed = c.execute("SELECT count(*) FROM events WHERE kind = 'task.claim_reclaimed'").fetchone()[0]
+        skewed = c.execute("SELECT id, clock_offset_s FROM runners WHERE home = ?",
+                           (str(homes[-1].resolve()),)).fetchone()
+    finally:
+        c.close()
+    crashed = {f"runner-{i + 1}": pr.returncode for i, pr in enumerate(procs) if pr.returncode not in (0, None)}
+    assert not crashed, f"runners that did not stop cleanly: {crashed}"
+    twice = [tuple(r) for r in runs if r[3] != 1]
+    assert not twice, f"lanes run more than once: {twice}"
+    assert reclaimed == 0, f"{reclaimed} claim(s) taken from a holder that never released them"
+    if skew_s:
+        assert skewed is not None and abs(float(skewed[1]) - skew_s) < 30, skewed
+    lines = {h.name: len((root / f"runner-{i + 1}.log").read_text().splitlines()) for i, h in enumerate(homes)}
+    return {"seconds": seconds, "stopped_for": stopped_for, "lanes": len(runs), "log_lines": lines}

@@ -32,12 +32,12 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """Under --ledger=postgres, tests about the SQLite file itself (``sqlite_only``) are deselected, not skipped:
-    they ran in the SQLite pass, and a skip in CI means something could not run."""
-    if config.getoption("--ledger") != "postgres":
-        return
+    they ran in the SQLite pass, and a skip in CI means something could not run. Likewise tests of what only a
+    server ledger has (``postgres_only``: its own clock, apart from a runner's) are deselected in the SQLite pass."""
+    other = "sqlite_only" if config.getoption("--ledger") == "postgres" else "postgres_only"
     keep, drop = [], []
     for item in items:
-        (drop if item.get_closest_marker("sqlite_only") is not None else keep).append(item)
+        (drop if item.get_closest_marker(other) is not None else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -265,3 +265,18 @@ def _process_wide_state_reset():
         sys.modules["agent.proc"].resume_starting()
     if "agent.shutdown" in sys.modules:
         sys.modules["agent.shutdown"].STOP.clear()
+
+
+@pytest.fixture
+def shared_homes(tmp_path, monkeypatch):
+    """Two runner homes sharing one ledger (SQLite: the second home's ledger.db is a symlink to the first's, as two
+    runners on one machine; PostgreSQL: both use the test's database through AGENT_LEDGER_URL)."""
+    for var in ("GITHUB_TOKEN", "GH_TOKEN", "AGENT_RUNNER_ID", "AGENT_CLAIM_LEASE_S"):
+        monkeypatch.delenv(var, raising=False)
+    a, b = tmp_path / "runner-a", tmp_path / "runner-b"
+    for h in (a, b):
+        h.mkdir()
+    Ledger.open(ledger_path(a)).close()
+    if not on_postgres():
+        (b / "ledger.db").symlink_to(a / "ledger.db")
+    return a, b

@@ -97,18 +97,32 @@ class PgServer:
                         "--locale=C", "--no-sync", "--no-instructions")
         if res.returncode != 0:
             raise Unavailable(f"initdb failed: {(res.stderr or res.stdout).strip()[-400:]}")
-        dirs = ",".join(str(d) for d in (self.sockets, *self.socket_dirs))
-        opts = (f"-p {self.port} -k {dirs} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=400 "
-                "-c shared_buffers=64MB")
-        res = self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"), "-w",
-                        "-t", "60", "start")
+        res = self._pg_start()
         if res.returncode != 0:
             log = (self.root / "server.log")
             tail = log.read_text(errors="replace")[-400:] if log.exists() else ""
             raise Unavailable(f"pg_ctl start failed: {(res.stderr or res.stdout).strip()[-300:]} {tail}")
         self.admin(f"CREATE DATABASE {TEMPLATE}")
         self._watchdog()
+
+    def _pg_start(self) -> subprocess.CompletedProcess:
+        dirs = ",".join(str(d) for d in (self.sockets, *self.socket_dirs))
+        opts = (f"-p {self.port} -k {dirs} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=400 "
+                "-c shared_buffers=64MB")
+        return self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"), "-w",
+                         "-t", "60", "start")
+
+    def pause(self) -> None:
+        """Stop the server (a real outage: every connection is closed, new ones are refused) until ``resume``."""
+        res = self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop", timeout=60)
+        if res.returncode != 0:
+            raise Unavailable(f"pg_ctl stop failed: {(res.stderr or res.stdout).strip()[-300:]}")
+
+    def resume(self) -> None:
+        res = self._pg_start()
+        if res.returncode != 0:
+            raise Unavailable(f"pg_ctl start failed: {(res.stderr or res.stdout).strip()[-300:]}")
 
     def _watchdog(self) -> None:
         """A tiny process that stops the cluster and removes its folder if this process dies without ``stop()``

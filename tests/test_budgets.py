@@ -23,7 +23,7 @@ from agent.ledger.lanes import (BudgetRefused, DailyBudget, daily_spend_since, f
 from agent.tasks import create_task
 from conftest import ledger_conn
 from test_fixer import edit_config, home, ingest_and_decide, ledger, run_until_settled, scan, world  # noqa: F401
-from test_runners import shared_homes, two_runners  # noqa: F401
+from test_runners import two_runners  # noqa: F401 (shared_homes: conftest)
 
 
 def task_row(world):

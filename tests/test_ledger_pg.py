@@ -219,19 +219,39 @@ def test_writers_serialise_and_a_held_write_lock_is_one_busy_line(pg_url, monkey
     b.close()
 
 
-def test_a_lost_connection_is_one_line_naming_the_database(pg_server, pg_url):
+def test_a_lost_connection_is_replaced_and_an_unreachable_server_is_one_line(pg_server, pg_url, monkeypatch):
+    from chaos_support import CuttableProxy
+    from urllib.parse import urlsplit
+
     led = Ledger.open(pg_url)
     pid = led.scalar("SELECT pg_backend_pid()")
     pg_server.admin(f"SELECT pg_terminate_backend({pid})")
-    with pytest.raises(LedgerError) as exc:
-        led.all("SELECT * FROM tasks")
-    msg = str(exc.value)
-    assert "lost the connection" in msg and pg_url.rsplit("/", 1)[1] in msg and "\n" not in msg
-    # the next statement (a daemon's next tick) runs on a replacement connection with the same session settings
-    assert led.scalar("SELECT count(*) FROM tasks") == 0
+    # a read that finds its connection gone runs again on a replacement connection with the same session settings
+    assert led.all("SELECT * FROM tasks") == []
     assert led.scalar("SELECT pg_backend_pid()") != pid
     assert led.scalar("SHOW lock_timeout") == f"{int(30)}s"
+    # a write transaction starts on a replacement too: nothing of it ran on the lost one
+    pg_server.admin(f"SELECT pg_terminate_backend({led.scalar('SELECT pg_backend_pid()')})")
+    with led.tx() as c:
+        led.event(c, "task.created", "script", {})
+    assert [e["kind"] for e in led.events()] == ["task.created"]
     led.close()
+    # a server that stays unreachable past AGENT_LEDGER_OUTAGE_S: one line naming the database, no password
+    monkeypatch.setenv("AGENT_LEDGER_OUTAGE_S", "0.5")
+    target = urlsplit(pg_url)
+    proxy = CuttableProxy(target.hostname, target.port)
+    led = Ledger.open(proxy.url(pg_url))
+    try:
+        proxy.cut()
+        with pytest.raises(LedgerError) as exc:
+            led.all("SELECT * FROM tasks")
+        msg = str(exc.value)
+        assert "stayed unreachable" in msg and pg_url.rsplit("/", 1)[1] in msg and "\n" not in msg
+        proxy.restore()
+        assert led.scalar("SELECT count(*) FROM events") == 1     # back: the process's outage is over
+    finally:
+        led.close()
+        proxy.close()
 
 
 # ------------------------------------------------------------------ append-only

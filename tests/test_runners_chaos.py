@@ -81,3 +81,23 @@ def test_three_runners_one_killed_mid_lane(tmp_path):
     assert all(runs_by_home.values()), runs_by_home                  # all three runners worked
     print(f"runners chaos: {TASKS} tasks, killed runner held {held}, {interrupted} interrupted run(s), "
           f"lanes per home {list(runs_by_home.values())}, {time.monotonic() - started:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only("a stopped database server and a runner's clock apart from the ledger's")
+def test_three_runners_one_with_its_clock_300s_ahead_through_a_database_stop(tmp_path, monkeypatch):
+    """scripts/chaos --skew 300 --db-stop 30, smaller: three real daemons on a PostgreSQL server of this test's own,
+    the third under libfaketime 300 s ahead; the server is stopped (pg_ctl stop) for 5 s while lanes run. Every
+    task done with one PR, no lane run twice, no live claim taken, the skewed runner's offset recorded."""
+    from pgserver import PgServer
+
+    from chaos_support import runners_chaos
+
+    server = PgServer.start()
+    try:
+        server.migrate_template()
+        monkeypatch.setenv("AGENT_LEDGER_URL", server.fresh())
+        got = runners_chaos(tmp_path / "w", server, runners=3, tasks=6, sleep="1", skew_s=300, db_stop_s=5)
+    finally:
+        server.stop()
+    print(f"runners chaos with skew and a database stop: {got}")

@@ -76,7 +76,7 @@ def test_stuck_is_a_dead_holder_or_silence_longer_than_the_lane_timeout(ledger, 
     assert {r["id"]: r["alive"] for r in data["runners"]} == {live: True, "db-host:dead": False}
     text = render_text(data)
     sections = [ln for ln in text.splitlines() if ln and not ln.startswith(" ") and ln.endswith(":")]
-    assert sections[:4] == ["needs a human (gate-blocked):", "stuck:", "runners (2, 1 stale):", "working:"], sections
+    assert sections[:4] == ["needs a human (gate-blocked):", "stuck:", "runners (2, 1 dead or silent):", "working:"], sections
     assert f"task {t['dead_holder']} acme/widgets (" in text and "step spec_written" in text
     # a longer lane timeout: the silent task is not stuck yet
     data = gather(ledger, config=parse_config({"limits": {"lane_timeout": 4 * 3600}}))

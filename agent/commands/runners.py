@@ -16,12 +16,14 @@ from agent.commands.common import emit, get_app, json_option
               help="With --prune: remove runners silent for longer than this (90s, 30m, 12h, 7d) instead of the "
               "stale threshold (3 task leases, 6m).")
 def runners(as_json, prune, older_than):
-    """Runners sharing the ledger: id, host, heartbeat, alive or stale, what each holds; --prune drops gone ones.
+    """Runners sharing the ledger: id, host, state and why, clock offset, what each holds; --prune drops gone ones.
 
-    A runner is a home on a host (id: AGENT_RUNNER_ID, else HOSTNAME:CRC32-OF-HOME); every scan, daemon pass,
-    waiting daemon and running lane beats its heartbeat. Stale: no heartbeat for 3 task leases (6 min); `agent
-    doctor` warns about each. A task held by a stale runner is taken over by another runner once its lease
-    expires. Rows of runners that are gone stay until --prune removes them; a runner that still holds a task claim
+    A runner is a home on a machine (id: AGENT_RUNNER_ID, else HOSTNAME:CRC32 of the machine id, the home's random
+    id and its path); every scan, daemon pass, waiting daemon and running lane beats its heartbeat on the ledger's
+    clock. State: alive; stopped (a clean stop); dead (on this machine: its pid with its start time is gone; its
+    claims are free at once); silent (no heartbeat for 3 task leases, 6 min; on another machine, or a pid that
+    stopped beating). A clock more than 5 s off the ledger's is flagged. `agent doctor` warns about dead and silent
+    runners. Rows of runners that are gone stay until --prune removes them; a runner that still holds a task claim
     or a named lease is never removed, and a pruned runner that comes back registers again.
 
     \b

@@ -15,18 +15,19 @@ def _print(items):
 
 def run_scans(names: list[str], jobs: int, as_json: bool) -> None:
     """Run scans in order and print them; SIGINT/SIGTERM stop like the daemon (agent.shutdown), then exit 128+N."""
-    from agent.fence import beat
+    from agent.fence import beat, stop
     from agent.shutdown import STOP, grace_of, graceful_stop
 
     app = get_app()
     app.require_home()
-    beat(app.ledger, app.home)  # this runner is alive (`agent runners`)
+    beat(app.ledger, app.home, lambda line: click.echo(f"agent: {line}", err=True))  # alive (`agent runners`)
     items: list[dict] = []
     with graceful_stop(lambda line: click.echo(line, err=True), grace=grace_of(app)) as stopping:
         for name in names:
             if STOP.is_set():
                 break
             items.extend(run_scan(app, name, jobs=jobs))
+    stop(app.ledger, app.home)   # a clean stop (a scan that raised leaves it alive until its pid is gone: dead)
     emit(items, as_json, _print)
     if stopping.signum:
         click.echo(f"agent: stopped by {stopping.name}; the running step was recorded, the next scan goes on",

@@ -258,10 +258,9 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
 
     t = ctx.task
     repo_cfg = repo_config(ctx)
-    with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):   # raises ClaimLost: not ours any more, nothing pushed
-        pass
-    try:
-        push_task_ref(mirror_path(ctx.home, t["repo"]), repo_cfg.url, ctx.task_id, sha, expected=t["head_sha"])
+    try:   # the claim is checked, and held still, in the step that pushes (ClaimLost: not ours, nothing pushed)
+        with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
+            push_task_ref(mirror_path(ctx.home, t["repo"]), repo_cfg.url, ctx.task_id, sha, expected=t["head_sha"])
     except PushError as exc:
         if "refusing" in str(exc):
             block(ctx, f"commit {sha[:12]} not recorded: {exc}")
@@ -510,9 +509,10 @@ def step_pushed(ctx: Ctx) -> None:
 
     t = ctx.task
     repo_cfg = repo_config(ctx)
-    try:
-        res = push_branch(Path(t["worktree"]), repo_cfg.url, t["branch"], t["base"], repo_cfg.branch_prefix,
-                          expected_remote_sha=t["pushed_sha"])
+    try:   # only under the current claim, checked and held still in the same step (ClaimLost: nothing pushed)
+        with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
+            res = push_branch(Path(t["worktree"]), repo_cfg.url, t["branch"], t["base"], repo_cfg.branch_prefix,
+                              expected_remote_sha=t["pushed_sha"])
     except ForgeAuthError as exc:
         block(ctx, f"push refused: {exc}")
     crashpoint("push.done")

@@ -321,11 +321,10 @@ class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):
         if self.conn.in_transaction:  # nested use joins the outer transaction
             yield self.conn
             return
-        if self.postgres:
+        if self.postgres:   # a lost server is waited for at the start (backend.PgConnection.begin), not mid-body
+            lock = ("SELECT pg_advisory_xact_lock(?)", (backend.WRITE_LOCK_KEY,)) if exclusive else (None, ())
             try:
-                with self.conn.transaction():
-                    if exclusive:
-                        self.conn.execute("SELECT pg_advisory_xact_lock(?)", (backend.WRITE_LOCK_KEY,))
+                with self.conn.begin(*lock):
                     self._locked = exclusive
                     yield self.conn
             finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -36,6 +37,79 @@ class LedgerError(AgentError):
 
 class BackendError(LedgerError):
     """A ledger URL that is malformed, of an unknown scheme, or whose server cannot be reached."""
+
+
+class LedgerUnreachable(BackendError):
+    """The PostgreSQL ledger's server stayed unreachable for longer than a process waits for it (``outage_wait_s``)."""
+
+
+OUTAGE_ENV = "AGENT_LEDGER_OUTAGE_S"
+
+
+def outage_wait_s() -> float:
+    """How long a transaction waits for a lost PostgreSQL ledger to come back before it fails: one task claim's
+    lease (``$AGENT_LEDGER_OUTAGE_S`` changes it). An outage shorter than that loses nothing: the claims and their
+    tokens are kept, renewed and written under once the server is back."""
+    try:
+        return max(0.0, float(os.environ[OUTAGE_ENV]))
+    except (KeyError, ValueError):
+        from agent.ledger.leases import claim_lease_s
+
+        return claim_lease_s()
+
+
+class Outage:
+    """This process's view of the ledger's reachability, shared by every connection and thread: one line when the
+    ledger is lost, one a minute while it stays lost, one when it is back (``echo``: the daemon's log, else stderr).
+    """
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.since: float | None = None     # time.monotonic() of the loss
+        self.said: float = 0.0
+        self.echo = None
+        self.lines = 0
+
+    def _say(self, line: str) -> None:
+        self.lines += 1
+        if self.echo is not None:
+            self.echo(line)
+        else:
+            import sys
+
+            print(f"agent: {line}", file=sys.stderr, flush=True)
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def lost(self, url: str, why: str) -> None:
+        import time
+
+        with self.lock:
+            now = time.monotonic()
+            if self.since is None:
+                self.since = self.said = now
+                self._say(f"ledger {display(url)} unreachable ({why}); waiting for it, claims and their tokens are "
+                          f"kept (up to {outage_wait_s():.0f}s per write)")
+            elif now - self.said >= self.EVERY_S:
+                self.said = now
+                self._say(f"ledger {display(url)} still unreachable after {now - self.since:.0f}s ({why})")
+
+    def back(self, url: str) -> None:
+        import time
+
+        with self.lock:
+            if self.since is not None:
+                self._say(f"ledger {display(url)} is back after {time.monotonic() - self.since:.1f}s")
+                self.since = None
+
+
+OUTAGE = Outage()
 
 
 # ------------------------------------------------------------------ locations
@@ -134,6 +208,10 @@ class Dialect:
     name = "sqlite"
     for_update_skip_locked = ""        # appended to a SELECT that claims rows (PostgreSQL: FOR UPDATE SKIP LOCKED)
     for_update = ""                    # appended to a SELECT whose rows the transaction will update
+    # The ledger's clock in epoch seconds, read by the statement that uses it: lease deadlines are set and compared
+    # with it, never with a runner's clock (SQLite: the one machine's; PostgreSQL: the server's, at the moment the
+    # statement runs, so a transaction that waited for the write lock does not use its start time).
+    clock = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def greatest(self, *exprs: str) -> str:
         """The largest of several values (SQLite's scalar max(a, b), PostgreSQL's GREATEST)."""
@@ -159,6 +237,7 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     for_update_skip_locked = " FOR UPDATE SKIP LOCKED"
     for_update = " FOR UPDATE"
+    clock = "(EXTRACT(EPOCH FROM clock_timestamp())::float8)"
 
     def greatest(self, *exprs: str) -> str:
         return f"GREATEST({', '.join(exprs)})"
@@ -317,6 +396,15 @@ def _first_line(exc: BaseException, url: str) -> str:
     return text[:300]
 
 
+def _reason(exc: BaseException, url: str) -> str:
+    """The driver's own short reason for a failed connect (``Connection refused``), without the hints."""
+    inner = exc.__context__ if isinstance(exc, BackendError) and exc.__context__ is not None else exc
+    text = _first_line(inner, url)
+    for cut in (" Is the server", " This probably"):
+        text = text.split(cut, 1)[0]
+    return text[:160]
+
+
 def connection_error(url: str, exc: BaseException, doing: str = "cannot connect to the PostgreSQL ledger") \
         -> BackendError:
     return BackendError(f"{display(url)}: {doing} ({_first_line(exc, url)}); check ledger.url / {ENV_URL} and "
@@ -346,32 +434,90 @@ class PgConnection:
             return connection_error(self.url, exc, "lost the connection to the PostgreSQL ledger")
         return exc
 
-    def _reconnect_if_broken(self) -> None:
-        """A connection the server dropped (restart, idle timeout) is replaced before the next statement outside a
-        transaction, so a daemon recovers on its next tick; the statement that found it broken failed with one
-        line, and a transaction is never silently continued on a new connection."""
-        try:
-            fresh = connect_pg(self.url)
-            for sql in self.session:
-                fresh.raw.execute(sql)
-        except Exception:  # noqa: BLE001 - the statement below fails with the connection's own one line
+    def usable(self) -> None:
+        """Outside a transaction: if the connection was lost, connect again, waiting out an outage for up to
+        ``outage_wait_s`` (reported once by ``OUTAGE``); LedgerUnreachable after that."""
+        import time
+
+        if not self.raw.broken:
             return
-        self.raw = fresh.raw
+        deadline = time.monotonic() + outage_wait_s()
+        while True:
+            try:
+                fresh = connect_pg(self.url)
+                for sql in self.session:
+                    fresh.raw.execute(sql)
+            except Exception as exc:  # noqa: BLE001 - refused, reset, timed out: the server is not there yet
+                OUTAGE.lost(self.url, _reason(exc, self.url))
+                if time.monotonic() >= deadline:
+                    raise LedgerUnreachable(f"{display(self.url)}: the PostgreSQL ledger stayed unreachable for "
+                                            f"{outage_wait_s():.0f}s; check that the server is up "
+                                            f"({_first_line(exc, self.url)})") from None
+                time.sleep(0.5)
+                continue
+            self.raw = fresh.raw
+            OUTAGE.back(self.url)
+            return
+
+    @contextmanager
+    def begin(self, lock_sql: str | None = None, lock_params: Sequence[Any] = ()) -> Iterator["PgConnection"]:
+        """A transaction (with ``lock_sql`` as its first statement). A connection found lost when it starts (the
+        server restarted or was unreachable) is replaced and the start tried again, waiting out an outage
+        (``usable``): nothing of the body ran yet, so nothing is written twice. A loss inside the body fails it."""
+        import psycopg
+
+        while True:
+            self.usable()
+            tx = self.raw.transaction()
+            try:
+                tx.__enter__()
+                if lock_sql:
+                    self.raw.execute(translate(lock_sql), tuple(lock_params))
+            except psycopg.OperationalError as exc:
+                try:
+                    tx.__exit__(type(exc), exc, exc.__traceback__)
+                except Exception:  # noqa: BLE001 - a lost connection cannot roll back; the server already did
+                    pass
+                if self.raw.broken:   # connect again (usable): only a server that cannot be reached is an outage
+                    continue
+                raise self._fault(exc) from None
+            break
+        try:
+            yield self
+        except BaseException as exc:
+            try:
+                if not tx.__exit__(type(exc), exc, exc.__traceback__):
+                    raise
+            except psycopg.OperationalError as fault:
+                raise self._fault(fault) from None
+        else:
+            try:
+                tx.__exit__(None, None, None)
+            except psycopg.OperationalError as fault:
+                raise self._fault(fault) from None
 
     def execute(self, sql: str, params: Sequence[Any] | None = ()):
         import psycopg
 
-        if self.raw.broken and not self.in_transaction:
-            self._reconnect_if_broken()
+        outside = not self.in_transaction
+        if self.raw.broken and outside:
+            self.usable()
         try:
-            if params:
-                return self.raw.execute(translate(sql), tuple(params))
-            return self.raw.execute(sql)
+            return self._execute(sql, params)
         except psycopg.OperationalError as exc:
+            if outside and self.raw.broken:   # the server went away: a read is tried again once it is back
+                if sql.lstrip()[:6].upper() == "SELECT":
+                    self.usable()
+                    return self._execute(sql, params)
             fault = self._fault(exc)
             if fault is exc:
                 raise
             raise fault from None
+
+    def _execute(self, sql: str, params: Sequence[Any] | None):
+        if params:
+            return self.raw.execute(translate(sql), tuple(params))
+        return self.raw.execute(sql)
 
     def executemany(self, sql: str, seq: Sequence[Sequence[Any]]):
         cur = self.raw.cursor()

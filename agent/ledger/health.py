@@ -46,12 +46,12 @@ def tamper(where: Path | str) -> list[str] | None:
     return _read_only(where, read)
 
 
-def runners(where: Path | str) -> tuple[list[dict], list[dict], list[dict]] | None:
-    """(runners, task claims, held named leases) read through a read-only connection, or None when the ledger
-    cannot be read (``status`` says why) or predates runners."""
+def runners(where: Path | str) -> tuple[list[dict], list[dict], list[dict], float] | None:
+    """(runners, task claims, held named leases, the ledger's time) read through a read-only connection, or None
+    when the ledger cannot be read (``status`` says why) or predates runners."""
     from agent.ledger.leases import holdings
 
-    return _read_only(where, lambda conn, version: holdings(conn))
+    return _read_only(where, holdings)
 
 
 def _read_only(where: Path | str, read: Callable[[Any, int], T]) -> T | None:

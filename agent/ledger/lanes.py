@@ -14,7 +14,6 @@ lane's estimate fits, and stores the estimate as the run's reservation (``reserv
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +57,15 @@ def lane_estimate(conn, role: str, vendor: str, fallback: float) -> float:
     return costs[mid] if len(costs) % 2 else (costs[mid - 1] + costs[mid]) / 2
 
 
-def _daily_spend_query(since: str, exclude_run: int | None) -> tuple[str, tuple]:
-    live = "r.status = 'running' AND r.reserved_usd IS NOT NULL AND t.lease_until >= ? AND r.id <> ?"
-    now_s, other = time.time(), exclude_run or 0
+def _daily_spend_query(since: str, exclude_run: int | None, clock: str) -> tuple[str, tuple]:
+    """``clock``: the ledger clock's SQL (a claim's lease is judged on the ledger's time, never a runner's)."""
+    live = f"r.status = 'running' AND r.reserved_usd IS NOT NULL AND t.lease_until >= {clock} AND r.id <> ?"
+    other = exclude_run or 0
     return ("SELECT coalesce(sum(r.cost_usd), 0) AS spent, "
             f"coalesce(sum(CASE WHEN {live} THEN r.reserved_usd ELSE 0 END), 0) AS reserved, "
             f"coalesce(sum(CASE WHEN {live} THEN 1 ELSE 0 END), 0) AS inflight "
             "FROM lane_runs r LEFT JOIN tasks t ON t.id = r.task_id WHERE r.started_at >= ?",
-            (now_s, other, now_s, other, since))
+            (other, other, since))
 
 
 def _spend(row) -> tuple[float, float, int]:
@@ -77,12 +77,14 @@ def daily_spend(conn, since: str, exclude_run: int | None = None) -> tuple[float
     started in the window, and the reservations (and their count) of the runs still ``running`` whose task's claim
     is live. A run whose runner died stops reserving when its claim's lease runs out, or when it is marked
     interrupted or superseded, whichever is first. ``exclude_run``: a run the one about to start supersedes."""
-    return _spend(conn.execute(*_daily_spend_query(since, exclude_run)).fetchone())
+    from agent.ledger.leases import clock_of
+
+    return _spend(conn.execute(*_daily_spend_query(since, exclude_run, clock_of(conn))).fetchone())
 
 
 def daily_spend_since(ledger: Ledger, since: str) -> tuple[float, float, int]:
     """``daily_spend`` as one read (the fixer's check before it prepares a lane)."""
-    return _spend(ledger.one(*_daily_spend_query(since, None)))
+    return _spend(ledger.one(*_daily_spend_query(since, None, ledger.dialect.clock)))
 
 
 def _reserve(c, budget: DailyBudget, role: str, vendor: str, supersedes: int | None) -> float:

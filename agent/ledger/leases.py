@@ -10,12 +10,18 @@ and fencing").
 
 SQL here is portable (``?`` placeholders, ``ON CONFLICT``, ``RETURNING``, no SQLite-only functions); on PostgreSQL
 the claim's read locks the row (``FOR UPDATE SKIP LOCKED``), on SQLite ``BEGIN IMMEDIATE`` serialises already.
+
+**One clock.** Every lease deadline (``tasks.lease_until``, ``leases.until``) and heartbeat is set and compared with
+the ledger's own clock (``dialect.clock``: PostgreSQL's ``clock_timestamp()``, SQLite's ``'now'``) inside the
+statement that uses it; a runner's clock never enters a deadline. A heartbeat records how far the runner's clock
+is off the ledger's (``runners.clock_offset_s``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from agent import AgentError
 
@@ -49,33 +55,52 @@ def claim_lease_s() -> float:
         return CLAIM_LEASE_S
 
 
+def clock_of(conn) -> str:
+    """The ledger clock's SQL for a raw connection (PostgreSQL's wrapper, or sqlite3's)."""
+    from agent.ledger.backend import POSTGRES, SQLITE
+
+    return (SQLITE if hasattr(conn, "create_function") else POSTGRES).clock
+
+
+def db_clock(conn) -> float:
+    """The ledger's time now, in epoch seconds (through any connection of either backend)."""
+    return float(conn.execute(f"SELECT {clock_of(conn)}").fetchone()[0])
+
+
 def check_claim(conn, task_id: int, token: str | None, lease_s: float | None = None) -> None:
     """The fencing check, inside the write's own transaction ``conn``: raise LeaseLost unless ``token`` is the
     task's current claim token (None: a write that needs no claim, e.g. a human's). A holder whose lease expired
-    but whom nobody replaced still holds the task: its lease is renewed here and the write goes on."""
+    (on the ledger's clock) but whom nobody replaced still holds the task: its lease is renewed here and the write
+    goes on."""
     if token is None:
         return
-    row = conn.execute("SELECT claim_token, lease_until FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    clock = clock_of(conn)
+    row = conn.execute(f"SELECT claim_token, lease_until < {clock} AS expired FROM tasks WHERE id = ?",
+                       (task_id,)).fetchone()
     if row is None or row["claim_token"] != token:
         raise LeaseLost(f"task {task_id}: claim lost to another worker; result not written")
-    now = time.time()
-    if row["lease_until"] is not None and row["lease_until"] < now:
-        conn.execute("UPDATE tasks SET lease_until = ? WHERE id = ? AND claim_token = ?",
-                     (now + (lease_s or claim_lease_s()), task_id, token))
+    if row["expired"]:
+        conn.execute(f"UPDATE tasks SET lease_until = {clock} + ? WHERE id = ? AND claim_token = ?",
+                     (lease_s or claim_lease_s(), task_id, token))
 
 
-_RUNNER_COLUMNS = "id, host, home, pid, pid_start, version, started_at, heartbeat_at"
+_OLD_RUNNER_COLUMNS = "id, host, home, pid, pid_start, version, started_at, heartbeat_at"
+_RUNNER_COLUMNS = _OLD_RUNNER_COLUMNS + ", clock_offset_s, stopped_at, machine, scope"
 RUNNERS_SQL = f"SELECT {_RUNNER_COLUMNS} FROM runners ORDER BY id"
 CLAIMS_SQL = ("SELECT id AS task_id, state, claim_runner, claim_owner, claim_pid, claim_token, lease_until "
               "FROM tasks WHERE claim_token IS NOT NULL ORDER BY id")
 LEASES_SQL = "SELECT name, holder, runner, token, until FROM leases WHERE holder IS NOT NULL ORDER BY name"
 
 
-def holdings(conn) -> tuple[list[dict], list[dict], list[dict]]:
+def holdings(conn, version: int | None = None) -> tuple[list[dict], list[dict], list[dict], float]:
     """The runners, every recorded task claim and every held named lease, read through ``conn`` (any connection
-    of either backend with rows by name: `agent doctor` reads through its own read-only one, health.py)."""
-    return tuple([dict(r) for r in conn.execute(sql).fetchall()]   # type: ignore[return-value]
-                 for sql in (RUNNERS_SQL, CLAIMS_SQL, LEASES_SQL))
+    of either backend with rows by name: `agent doctor` reads through its own read-only one, health.py), and the
+    ledger's time they are to be judged by. A ledger from before m012 (``version`` < 12: it is the 12th migration)
+    lacks the runners' clock and liveness columns: they read as NULL."""
+    runners_sql = RUNNERS_SQL if version is None or version >= 12 else \
+        f"SELECT {_OLD_RUNNER_COLUMNS} FROM runners ORDER BY id"
+    rows = tuple([dict(r) for r in conn.execute(sql).fetchall()] for sql in (runners_sql, CLAIMS_SQL, LEASES_SQL))
+    return (*rows, db_clock(conn))   # type: ignore[return-value]
 
 
 class LeaseQueries:
@@ -83,31 +108,49 @@ class LeaseQueries:
 
     # ------------------------------------------------------------------ runners
 
-    def beat_runner(self, runner: dict[str, Any]) -> bool:
+    def beat_runner(self, runner: dict[str, Any]) -> dict[str, Any]:
         """Register (first time, with a ``runner.registered`` event) or beat a runner. ``runner`` has id, host,
-        home, pid, pid_start, version. Returns True when it was new."""
+        home, pid, pid_start, version, machine, scope. The heartbeat is the ledger's time; the runner's clock
+        (read right before the statement, inside the transaction) minus the ledger's is recorded as its
+        ``clock_offset_s``. A beat clears a clean stop. Returns ``{"new": registered now, "clock_offset_s": ...}``."""
         from agent.ledger import now
 
-        ts = time.time()
+        clock = self.dialect.clock
         with self.tx() as c:
-            changed = c.execute(
-                "UPDATE runners SET host = ?, home = ?, pid = ?, pid_start = ?, version = ?, heartbeat_at = ? "
-                "WHERE id = ?", (runner["host"], runner["home"], runner.get("pid"), runner.get("pid_start"),
-                                 runner.get("version"), ts, runner["id"])).rowcount
-            if changed:
-                return False
-            c.execute("INSERT INTO runners (id, host, home, pid, pid_start, version, started_at, heartbeat_at) "
-                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET heartbeat_at = "
-                      "excluded.heartbeat_at",
-                      (runner["id"], runner["host"], runner["home"], runner.get("pid"), runner.get("pid_start"),
-                       runner.get("version"), now(), ts))
+            row = c.execute(
+                f"UPDATE runners SET host = ?, home = ?, pid = ?, pid_start = ?, version = ?, machine = ?, scope = ?, "
+                f"heartbeat_at = {clock}, clock_offset_s = ? - {clock}, stopped_at = NULL WHERE id = ? "
+                "RETURNING clock_offset_s",
+                (runner["host"], runner["home"], runner.get("pid"), runner.get("pid_start"), runner.get("version"),
+                 runner.get("machine"), runner.get("scope"), time.time(), runner["id"])).fetchone()
+            if row is not None:
+                return {"new": False, "clock_offset_s": row[0]}
+            row = c.execute(
+                "INSERT INTO runners (id, host, home, pid, pid_start, version, machine, scope, started_at, "
+                f"heartbeat_at, clock_offset_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {clock}, ? - {clock}) "
+                "ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at RETURNING clock_offset_s",
+                (runner["id"], runner["host"], runner["home"], runner.get("pid"), runner.get("pid_start"),
+                 runner.get("version"), runner.get("machine"), runner.get("scope"), now(), time.time())).fetchone()
             self.event(c, "runner.registered", "script", {k: runner.get(k) for k in ("id", "host", "home",
                                                                                       "version")})
-            return True
+            return {"new": True, "clock_offset_s": row[0]}
 
     def beat_runner_at(self, conn, runner_id: str) -> None:
         """Inside the caller's transaction: the runner is alive now (the lease keeper beats with each renewal)."""
-        conn.execute("UPDATE runners SET heartbeat_at = ? WHERE id = ?", (time.time(), runner_id))
+        clock = self.dialect.clock
+        conn.execute(f"UPDATE runners SET heartbeat_at = {clock}, clock_offset_s = ? - {clock}, stopped_at = NULL "
+                     "WHERE id = ?", (time.time(), runner_id))
+
+    def stop_runner(self, runner_id: str, pid: int) -> bool:
+        """A clean stop: mark the runner stopped (the ledger's time) if ``pid`` was the last process to beat for
+        it (another process of the same runner that beat since keeps it alive). True when marked."""
+        with self.tx() as c:
+            return c.execute(f"UPDATE runners SET stopped_at = {self.dialect.clock} WHERE id = ? AND pid = ?",
+                             (runner_id, pid)).rowcount == 1
+
+    def clock_now(self) -> float:
+        """The ledger's time, in epoch seconds."""
+        return float(self.scalar(f"SELECT {self.dialect.clock}"))
 
     def runner_rows(self) -> list[dict]:
         return self.all(RUNNERS_SQL)
@@ -120,21 +163,21 @@ class LeaseQueries:
         """Every named lease someone holds (live or expired, not released), with its runner."""
         return self.all(LEASES_SQL)
 
-    def prune_runners(self, heartbeat_before: float, why: dict[str, Any] | None = None) -> list[dict]:
-        """Remove the runners whose heartbeat is older than ``heartbeat_before`` (epoch seconds) and that hold
-        nothing: no task claim (live or expired) and no named lease. One transaction, a ``runner.pruned`` event
-        per removed row (its payload: the row, plus ``why``). Returns the removed rows. The DELETE re-checks both
-        conditions itself, so a runner that beat or took a claim meanwhile stays."""
-        idle = ("heartbeat_at < ? AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.claim_runner = runners.id AND "
+    def prune_runners(self, older_than_s: float, why: dict[str, Any] | None = None) -> list[dict]:
+        """Remove the runners whose heartbeat is older than ``older_than_s`` seconds (on the ledger's clock) and
+        that hold nothing: no task claim (live or expired) and no named lease. One transaction, a
+        ``runner.pruned`` event per removed row (its payload: the row, plus ``why``). Returns the removed rows. The
+        DELETE re-checks both conditions itself, so a runner that beat or took a claim meanwhile stays."""
+        idle = (f"heartbeat_at < {self.dialect.clock} - ? AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.claim_runner = runners.id AND "
                 "tasks.claim_token IS NOT NULL) AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.runner = "
                 "runners.id AND leases.holder IS NOT NULL)")
         removed = []
         with self.tx() as c:
             rows = c.execute(f"SELECT {_RUNNER_COLUMNS} FROM runners WHERE {idle} ORDER BY id",
-                             (heartbeat_before,)).fetchall()
+                             (older_than_s,)).fetchall()
             for row in rows:
                 if c.execute(f"DELETE FROM runners WHERE id = ? AND {idle}",
-                             (row["id"], heartbeat_before)).rowcount != 1:
+                             (row["id"], older_than_s)).rowcount != 1:
                     continue
                 removed.append(dict(row))
                 self.event(c, "runner.pruned", "human", {**dict(row), **(why or {})})
@@ -144,27 +187,31 @@ class LeaseQueries:
 
     def claim_row(self, conn, task_id: int) -> dict | None:
         """The task's claim as it stands, read for a claim (row-locked on PostgreSQL; None: no such task, or
-        another transaction is claiming it right now)."""
-        row = conn.execute("SELECT claim_owner, claim_pid, claim_runner, claim_token, lease_until, fence "
+        another transaction is claiming it right now), with ``expired``: whether its lease ended on the ledger's
+        clock, judged in the same statement."""
+        row = conn.execute("SELECT claim_owner, claim_pid, claim_runner, claim_token, claim_scope, lease_until, fence, "
+                           f"lease_until < {self.dialect.clock} AS expired "
                            f"FROM tasks WHERE id = ?{skip_locked(self)}", (task_id,)).fetchone()
         return dict(row) if row is not None else None
 
     def take_claim(self, conn, task_id: int, fence: int, owner: str, pid: int, runner: str,
-                   lease_until: float) -> str | None:
+                   lease_s: float, scope: str | None = None) -> str | None:
         """Inside the caller's transaction: set a new claim whose fencing counter is ``fence`` (the previous one
-        + 1). Compare-and-set on the previous counter, so two claims can never both win. Returns the token."""
+        + 1), its lease ``lease_s`` seconds from the ledger's now. Compare-and-set on the previous counter, so
+        two claims can never both win. Returns the token."""
         token = str(fence)
         done = conn.execute(
-            "UPDATE tasks SET claim_owner = ?, claim_pid = ?, claim_runner = ?, claim_token = ?, lease_until = ?, "
-            "fence = ? WHERE id = ? AND coalesce(fence, 0) = ?",
-            (owner, pid, runner, token, lease_until, fence, task_id, fence - 1)).rowcount
+            "UPDATE tasks SET claim_owner = ?, claim_pid = ?, claim_runner = ?, claim_token = ?, claim_scope = ?, "
+            f"lease_until = {self.dialect.clock} + ?, fence = ? WHERE id = ? AND coalesce(fence, 0) = ?",
+            (owner, pid, runner, token, scope, lease_s, fence, task_id, fence - 1)).rowcount
         return token if done == 1 else None
 
-    def renew_claim(self, task_id: int, token: str, lease_until: float, runner: str | None = None) -> bool:
-        """Extend a claim's lease if ``token`` still holds it (and beat its runner); False: the claim is lost."""
+    def renew_claim(self, task_id: int, token: str, lease_s: float, runner: str | None = None) -> bool:
+        """Extend a claim's lease to ``lease_s`` seconds from the ledger's now if ``token`` still holds it (and
+        beat its runner); False: the claim is lost."""
         with self.tx() as c:
-            ok = c.execute("UPDATE tasks SET lease_until = ? WHERE id = ? AND claim_token = ?",
-                           (lease_until, task_id, token)).rowcount == 1
+            ok = c.execute(f"UPDATE tasks SET lease_until = {self.dialect.clock} + ? WHERE id = ? AND claim_token = ?",
+                           (lease_s, task_id, token)).rowcount == 1
             if ok and runner:
                 self.beat_runner_at(c, runner)
             return ok
@@ -178,34 +225,59 @@ class LeaseQueries:
     def check_claim(self, conn, task_id: int, token: str | None, lease_s: float | None = None) -> None:
         check_claim(conn, task_id, token, lease_s)
 
+    @contextmanager
+    def holding_claim(self, task_id: int, token: str | None, doing: str = "nothing pushed") -> Iterator[None]:
+        """The fence around a side effect outside the ledger (a push): one transaction checks that ``token`` is
+        still the task's claim and keeps the task's row locked while the body runs, so no other runner takes the
+        claim between the check and the side effect (PostgreSQL: a row lock, which a claim's ``FOR UPDATE SKIP
+        LOCKED`` read passes over, without the ledger's write lock; SQLite: its write lock). LeaseLost before the
+        body when the claim is gone; an expired lease nobody took is renewed, as in ``check_claim``. The body must
+        not write the ledger. ``token=None`` (acting without a claim): no fence."""
+        if token is None:
+            yield
+            return
+        clock = self.dialect.clock
+        with self.tx(exclusive=False) as c:
+            row = c.execute(f"SELECT claim_token, lease_until < {clock} AS expired FROM tasks WHERE id = ?"
+                            f"{self.dialect.for_update}", (task_id,)).fetchone()
+            if row is None or row["claim_token"] != token:
+                raise LeaseLost(f"task {task_id}: claim lost to another worker; {doing}")
+            if row["expired"]:
+                c.execute(f"UPDATE tasks SET lease_until = {clock} + ? WHERE id = ? AND claim_token = ?",
+                          (claim_lease_s(), task_id, token))
+            yield
+
     # ------------------------------------------------------------------ named leases
 
     def take_lease(self, name: str, holder: str, runner: str | None, ttl: float,
-                   stale_token: int | None = None) -> int | None:
-        """Take the named lease for ``ttl`` seconds if it is free, expired, already ``holder``'s, or still held
-        under ``stale_token`` (a holder the caller found dead: ``agent.fence.named_lease``). Returns its token (one
-        more than the last holder's), or None while someone else holds it. One atomic statement."""
+                   stale_token: int | None = None, scope: str | None = None) -> int | None:
+        """Take the named lease for ``ttl`` seconds (on the ledger's clock) if it is free, expired, already
+        ``holder``'s, or still held under ``stale_token`` (a holder the caller found dead:
+        ``agent.fence.named_lease``). Returns its token (one more than the last holder's), or None while someone
+        else holds it. One atomic statement."""
         from agent.ledger import now
 
-        ts = time.time()
+        clock = self.dialect.clock
         with self.tx() as c:
             row = c.execute(
-                "INSERT INTO leases (name, holder, runner, token, until, updated_at) VALUES (?, ?, ?, 1, ?, ?) "
+                "INSERT INTO leases (name, holder, runner, scope, token, until, updated_at) "
+                f"VALUES (?, ?, ?, ?, 1, {clock} + ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, runner = excluded.runner, "
-                "token = leases.token + 1, until = excluded.until, updated_at = excluded.updated_at "
-                "WHERE leases.until < ? OR leases.holder = ? OR leases.holder IS NULL OR leases.token = ? "
-                "RETURNING token",
-                (name, holder, runner, ts + ttl, now(), ts, holder,
+                "scope = excluded.scope, token = leases.token + 1, until = excluded.until, "
+                f"updated_at = excluded.updated_at WHERE leases.until < {clock} OR leases.holder = ? "
+                "OR leases.holder IS NULL OR leases.token = ? RETURNING token",
+                (name, holder, runner, scope, ttl, now(), holder,
                  -1 if stale_token is None else int(stale_token))).fetchone()
             return int(row[0]) if row is not None else None
 
     def lease_row(self, name: str) -> dict | None:
-        return self.one("SELECT name, holder, runner, token, until, updated_at FROM leases WHERE name = ?", (name,))
+        return self.one("SELECT name, holder, runner, scope, token, until, updated_at FROM leases WHERE name = ?",
+                        (name,))
 
     def renew_lease(self, name: str, token: int, ttl: float) -> bool:
         with self.tx() as c:
-            return c.execute("UPDATE leases SET until = ? WHERE name = ? AND token = ?",
-                             (time.time() + ttl, name, token)).rowcount == 1
+            return c.execute(f"UPDATE leases SET until = {self.dialect.clock} + ? WHERE name = ? AND token = ?",
+                             (ttl, name, token)).rowcount == 1
 
     def release_lease(self, name: str, token: int) -> None:
         """Free the lease if ``token`` holds it; the row (and its token counter) stays."""

@@ -379,6 +379,24 @@ def m011_lessons_need_a_human(db) -> None:
 
 
 @migration
+def m012_runner_clock_and_liveness(db) -> None:
+    """Runners share the ledger's clock and one truth about who is alive (DESIGN.md "Runners, leases and fencing").
+
+    - ``runners.clock_offset_s``: the runner's clock minus the ledger's at its last heartbeat (flagged past 5 s);
+      ``stopped_at``: the ledger's time of a clean stop (cleared by the next heartbeat); ``machine``: the machine
+      id the runner id was made from; ``scope``: where its pid means something (boot id and pid namespace).
+    - ``tasks.claim_scope`` and ``leases.scope``: the pid scope of a claim's or lease's holder, so only a holder in
+      this very pid scope is judged by its pid (another machine with the same hostname is judged by its lease).
+    """
+    db["runners"].add_column("clock_offset_s", float)
+    db["runners"].add_column("stopped_at", float)
+    db["runners"].add_column("machine", str)
+    db["runners"].add_column("scope", str)
+    db["tasks"].add_column("claim_scope", str)
+    db["leases"].add_column("scope", str)
+
+
+@migration
 def m013_ledger_keys(db) -> None:
     """Secrets that belong to one ledger (shared by every runner on it), made on first use: ``own-mark`` keys the
     hidden mark on the agent's own PR comments, so nobody without the ledger can sign as the agent."""

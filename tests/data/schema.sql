@@ -141,6 +141,7 @@ table leases
   token INTEGER NOT NULL
   until REAL
   updated_at TEXT
+  scope TEXT
   index unique (name) pk
 table ledger_keys
   name TEXT PK1
@@ -340,6 +341,10 @@ table runners
   version TEXT
   started_at TEXT
   heartbeat_at REAL NOT NULL
+  clock_offset_s REAL
+  stopped_at REAL
+  machine TEXT
+  scope TEXT
   index unique (id) pk
 table steps
   task_id INTEGER PK1
@@ -380,6 +385,7 @@ table tasks
   wait_reason TEXT
   fence INTEGER
   claim_runner TEXT
+  claim_scope TEXT
   fk conclusion_id -> conclusions.id
   fk error_id -> errors.id
   index (claim_runner) c
