@@ -28,6 +28,25 @@ class ConfigError(AgentError):
     """``config.yaml: limits.round_cap: expected an integer >= 1, got "five"``"""
 
 
+NESTED_FORGES = ("gitlab",)      # project paths of any depth: GROUP/SUBGROUP/.../NAME
+
+
+def repo_key_problem(key: Any, forge: str | None = None) -> str | None:
+    """Why ``key`` is not a repository key of ``forge`` (``OWNER/NAME``; GitLab also ``GROUP/SUBGROUP/.../NAME``;
+    ``forge`` None: any depth), or None.  A segment is letters, digits and ``._-``, neither ``.``, ``..`` nor
+    starting with ``-``."""
+    import re
+
+    nested = forge is None or forge in NESTED_FORGES
+    expected = "expected a repository name OWNER/NAME" + (" (GitLab: GROUP[/SUBGROUP...]/NAME)" if nested else "")
+    parts = key.split("/") if isinstance(key, str) else []
+    if len(parts) < 2 or (len(parts) > 2 and not nested):
+        return expected + (", got a nested path: only GitLab has nested groups" if len(parts) > 2 else "")
+    bad = next((p for p in parts if p in ("", ".", "..") or p.startswith("-")
+                or not re.fullmatch(r"[A-Za-z0-9._-]+", p)), None)
+    return None if bad is None else f"{expected}, got the segment {bad!r}"
+
+
 @dataclass(frozen=True)
 class RepoConfig:
     name: str                      # OWNER/NAME
@@ -76,6 +95,8 @@ class Limits:
     workspace_failures: int = 3    # consecutive failures to make a task's mirror/worktree before it gate-blocks
     feedback_rounds: int = 3                 # rounds started by PR feedback or PR CI (they count to round_cap too)
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
+    worktree_max_mb: int = 2048        # a worktree grown past this after a lane or check fails the round
+    lane_tmp_mb: int = 1024            # size of a lane's private /tmp and of its private home (tmpfs, RAM)
     shutdown_grace: int = 10           # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
 
 
@@ -109,6 +130,14 @@ class GithubConfig:
     api_url: str = "https://api.github.com"
     token_env: str = "GITHUB_TOKEN"
     token_command: tuple[str, ...] | None = None
+    app_id: int | None = None                   # a GitHub App instead of a token: its id, and its private key
+    private_key_file: str | None = None         # ... from a PEM file
+    private_key_env: str | None = None          # ... or from the variable holding the PEM
+    installation_id: int | None = None          # None: found from the repository
+
+    @property
+    def app(self) -> bool:
+        return self.app_id is not None
 
 
 @dataclass(frozen=True)
@@ -122,6 +151,11 @@ class GiteaConfig:
     api_url: str = "https://gitea.com/api/v1"       # Gitea or Forgejo: https://HOST[/sub]/api/v1
     token_env: str = "GITEA_TOKEN"                  # sent as Authorization: token
     wip_prefix: str = "WIP: "                       # one of the instance's WORK_IN_PROGRESS_PREFIXES
+
+
+@dataclass(frozen=True)
+class ForgesConfig:
+    timeout: tuple[float, float] = (10.0, 30.0)     # (connect, read) seconds of every forge HTTP call
 
 
 @dataclass(frozen=True)
@@ -217,6 +251,7 @@ class Config:
     github: GithubConfig = GithubConfig()
     gitlab: GitlabConfig = GitlabConfig()
     gitea: GiteaConfig = GiteaConfig()
+    forges: ForgesConfig = ForgesConfig()
     sources: tuple[SourceConfig, ...] = ()
     review: ReviewConfig = ReviewConfig()
     feedback: FeedbackConfig = FeedbackConfig()
@@ -358,7 +393,7 @@ def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
     v = _V(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
-                               "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
+                               "forges", "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
                                "lessons", "feedback"))
 
     repos: dict[str, RepoConfig] = {}
@@ -366,11 +401,9 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         p = f"repos.{name}"
         d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
                                "allow_bidi"))
-        nested_ok = isinstance(d.get("forge"), str) and d.get("forge") == "gitlab"  # GitLab: GROUP/SUBGROUP/NAME
-        if (not isinstance(name, str) or not all(name.split("/"))
-                or not (name.count("/") == 1 or (nested_ok and name.count("/") >= 1))):
-            raise ConfigError(f"{filename}: {p}: expected a repository name OWNER/NAME"
-                              + (" (GitLab: GROUP[/SUBGROUP...]/NAME)" if nested_ok else ""))
+        why = repo_key_problem(name, d.get("forge", "local") if isinstance(d.get("forge", "local"), str) else None)
+        if why:
+            raise ConfigError(f"{filename}: {p}: {why}")
         repos[name] = RepoConfig(
             name=name,
             url=v.string(d.get("url"), f"{p}.url"),
@@ -426,6 +459,8 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                                      "limits.workspace_failures", 1),
         feedback_rounds=v.integer(ld.get("feedback_rounds", dflt.feedback_rounds), "limits.feedback_rounds", 0),
         worktree_grace=v.integer(ld.get("worktree_grace", dflt.worktree_grace), "limits.worktree_grace", 0),
+        worktree_max_mb=v.integer(ld.get("worktree_max_mb", dflt.worktree_max_mb), "limits.worktree_max_mb", 1),
+        lane_tmp_mb=v.integer(ld.get("lane_tmp_mb", dflt.lane_tmp_mb), "limits.lane_tmp_mb", 16),
         shutdown_grace=v.integer(ld.get("shutdown_grace", dflt.shutdown_grace), "limits.shutdown_grace", 0),
     )
     rd = v.mapping(top.get("review"), "review", ("allowed_users",))
@@ -449,12 +484,26 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         author_email=v.string(gd.get("author_email", "agent@localhost"), "git.author_email"),
     )
 
-    hd = v.mapping(top.get("github"), "github", ("api_url", "token_env", "token_command"))
+    hd = v.mapping(top.get("github"), "github", tuple(GithubConfig.__dataclass_fields__))
     github = GithubConfig(
         api_url=v.string(hd.get("api_url", "https://api.github.com"), "github.api_url").rstrip("/"),
         token_env=v.string(hd.get("token_env", "GITHUB_TOKEN"), "github.token_env"),
         token_command=v.argv(hd.get("token_command"), "github.token_command"),
+        app_id=None if hd.get("app_id") is None else v.integer(hd["app_id"], "github.app_id", 1),
+        private_key_file=v.opt_string(hd.get("private_key_file"), "github.private_key_file"),
+        private_key_env=v.opt_string(hd.get("private_key_env"), "github.private_key_env"),
+        installation_id=(None if hd.get("installation_id") is None
+                         else v.integer(hd["installation_id"], "github.installation_id", 1)),
     )
+    keys = [k for k in ("private_key_file", "private_key_env") if hd.get(k) is not None]
+    if github.app_id is not None and len(keys) != 1:
+        raise ConfigError(f"{filename}: github.app_id: a GitHub App needs exactly one of github.private_key_file "
+                          f"(a PEM file) or github.private_key_env (a variable holding the PEM), got "
+                          f"{' and '.join(keys) or 'neither'}")
+    for k in keys + (["installation_id"] if github.installation_id is not None else []):
+        if github.app_id is None:
+            raise ConfigError(f"{filename}: github.{k}: only used with github.app_id (a GitHub App); set app_id "
+                              "or remove it")
 
     gl = v.mapping(top.get("gitlab"), "gitlab", ("api_url", "token_env"))
     gitlab = GitlabConfig(
@@ -504,6 +553,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
 
     return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
+                  forges=_forges(v, top.get("forges")),
                   review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
                   sandbox_network=network, sandbox_allow_hosts=allow_hosts,
                   notify=_notify(v, top.get("notify")),
@@ -659,6 +709,28 @@ def _lessons(v: _V, raw: Any) -> LessonsConfig:
         max_chars=v.integer(d.get("max_chars", dflt.max_chars), "lessons.max_chars", 20, 2000))
 
 
+def _forges(v: _V, raw: Any) -> ForgesConfig:
+    """``forges.timeout``: ``{connect: S, read: S}``, ``[connect, read]`` or one number for both (seconds > 0)."""
+    d = v.mapping(raw, "forges", ("timeout",))
+    if d.get("timeout") is None:
+        return ForgesConfig()
+    value, path = d["timeout"], "forges.timeout"
+    dflt = ForgesConfig.timeout
+    if isinstance(value, dict):
+        t = v.mapping(value, path, ("connect", "read"))
+        pair = (t.get("connect", dflt[0]), t.get("read", dflt[1]))
+    elif isinstance(value, list) and len(value) == 2:
+        pair = (value[0], value[1])
+    else:
+        pair = (value, value)
+    out = []
+    for name, x in zip(("connect", "read"), pair):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= 3600:
+            v.fail(f"{path}.{name}", "seconds, a number above 0 and at most 3600 ({connect: S, read: S})", x)
+        out.append(float(x))
+    return ForgesConfig(timeout=(out[0], out[1]))
+
+
 def _api_url(v: _V, value: Any, path: str) -> str:
     url = v.string(value, path).rstrip("/")
     if not url.startswith(("https://", "http://")):
@@ -807,6 +879,8 @@ DEFAULT_CONFIG = """\
 #   workspace_failures: 3          # failed clones/fetches in a row before the task is gate-blocked
 #   feedback_rounds: 3        # rounds started by PR review comments or PR CI (they count to round_cap too)
 #   worktree_grace: 86400            # seconds a finished task's worktree stays (PR merged/closed, task failed)
+#   worktree_max_mb: 2048            # a worktree grown past this after a lane or check fails the round
+#   lane_tmp_mb: 1024                # a lane's private /tmp and home: tmpfs (RAM) capped at this size each
 #   shutdown_grace: 10               # seconds the first Ctrl-C/SIGTERM lets running lanes finish (then stopped)
 
 # review:
@@ -831,8 +905,10 @@ DEFAULT_CONFIG = """\
 # decide: {auto: false, min_count: 3, max_age_days: 14, max_per_scan: 10}
 # git: {author_name: agent, author_email: agent@localhost}
 # github: {api_url: https://api.github.com, token_env: GITHUB_TOKEN}
+# github: {app_id: 123456, private_key_file: ~/.config/agent/app.pem}   # or as a GitHub App (README)
 # gitlab: {api_url: https://gitlab.example.com/api/v4, token_env: GITLAB_TOKEN}   # PRIVATE-TOKEN; self-managed too
 # gitea:  {api_url: https://git.example.com/api/v1, token_env: GITEA_TOKEN}       # also Forgejo
+# forges: {timeout: {connect: 10, read: 30}}      # seconds, every forge HTTP call
 # sources:
 #   - {kind: file, path: /var/log/widgets/*.log, service: widgets-api}
 

@@ -150,16 +150,16 @@ def check_command() -> str:
 
 def write_config(home: Path, remote: Path, playbook: Path, implementer_status: str | None = None,
                  lane_args: tuple[str, ...] = (), limits: dict | None = None, forge: str = "local",
-                 github_api_url: str | None = None, api_url: str | None = None) -> Path:
+                 github_api_url: str | None = None, api_url: str | None = None, repo: str = REPO) -> Path:
     """The demo config. ``lane_args`` are appended to both scripted lanes (e.g. ``--sleep 0.1:0.4 --log F``),
     ``limits`` are merged over the demo's, ``forge`` with ``api_url`` (or ``github_api_url``) point the repo at
-    another forge (github, gitlab or gitea)."""
+    another forge (github, gitlab or gitea), ``repo`` is the repository key."""
     py = sys.executable
     impl = [py, "-m", "agent.demo_lanes.implementer", "--spec", "{spec}", "--playbook", str(playbook),
             "--cwd", "{cwd}", *lane_args]
     rev = [py, "-m", "agent.demo_lanes.reviewer", "--spec", "{spec}", "--role", "{role}", *lane_args]
     config = {
-        "repos": {REPO: {"url": str(remote), "base": "main", "forge": forge, "services": [SERVICE],
+        "repos": {repo: {"url": str(remote), "base": "main", "forge": forge, "services": [SERVICE],
                          "check": check_command()}},
         "vendors": {"demo-implementer": {"command": impl}, "demo-reviewer": {"command": rev}},
         "lanes": {"implementer": {"vendor": "demo-implementer", "timeout": 60},

@@ -425,6 +425,8 @@ def check_github(config, repo, online: bool = False, environ: dict | None = None
 
     gh = config.github
     label = f"forge {repo.name} (github)"
+    if gh.app:
+        return check_github_app(config, repo, online, environ)
     try:
         token = resolve_token(gh.token_env, gh.token_command, environ=environ)
     except ForgeError as exc:
@@ -442,6 +444,39 @@ def check_github(config, repo, online: bool = False, environ: dict | None = None
                      f"({gh.api_url})")
     return Check(label, True, f"{gh.api_url}: token belongs to {user.get('login') or '?'} (repository access "
                  "is checked when the first PR opens)")
+
+
+def check_github_app(config, repo, online: bool = False, environ: dict | None = None) -> Check:
+    """A GitHub App: the private key signs a JWT; with ``online``, the installation, its permissions and what is
+    missing of pull requests: write, contents: write, checks: read."""
+    from agent.forge import ForgeError
+    from agent.forge.github_app import REQUIRED, app_for
+
+    gh = config.github
+    label = f"forge {repo.name} (github app {gh.app_id})"
+    app = app_for(config, repo.name, environ=environ)
+    key_fix = ("point github.private_key_file at the app's private key (.pem)" if gh.private_key_file
+               else f"export the app's private key (PEM) in {gh.private_key_env}")
+    try:
+        app.jwt()
+    except ForgeError as exc:
+        return Check(label, False, str(exc), key_fix)
+    if not online:
+        return Check(label, True, "the private key signs a JWT; not sent anywhere: `agent doctor --online` asks "
+                     "GitHub for the app's installation and permissions")
+    try:
+        bot = app.bot_login()
+        inst = app.describe()
+    except ForgeError as exc:
+        return Check(label, False, str(exc), f"install the app on {repo.name} (or fix github.installation_id); "
+                     f"check github.app_id and github.api_url ({gh.api_url})")
+    perms = ", ".join(f"{k}: {v}" for k, v in sorted(inst["permissions"].items())) or "none"
+    where = f"{gh.api_url}: {bot}, installation {inst['id']} on {inst['account']} ({perms})"
+    if inst["missing"]:
+        need = ", ".join(f"{k}: {v}" for k, v in inst["missing"].items())
+        return Check(label, False, f"{where}; missing {need}",
+                     f"give the app {need} in its settings, then accept the new permissions on the installation")
+    return Check(label, True, f"{where}; has {', '.join(f'{k}: {v}' for k, v in REQUIRED.items())}")
 
 
 def check_hosted(config, repo, online: bool = False, environ: dict | None = None) -> Check:

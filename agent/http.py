@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from agent import AgentError
 from agent.intake.redact import redact
@@ -34,6 +34,58 @@ def transport_failure(exc: BaseException) -> str | None:
     if isinstance(exc, requests.ConnectionError):
         return "could not connect"
     return None
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+
+
+def origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url`` (lower case, the default port left out): where credentials may go."""
+    parts = urlsplit(url)
+    scheme = (parts.scheme or "").lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1  # an invalid port never equals a configured origin
+    shown = f":{port}" if port is not None and port != DEFAULT_PORTS.get(scheme) else ""
+    return f"{scheme}://{(parts.hostname or '').lower()}{shown}"
+
+
+class ForeignOrigin(AgentError):
+    """An answer pointed (``Link: rel="next"``, a redirect) away from the configured origin; not followed."""
+
+
+def foreign(who: str, url: str, pinned: str) -> str:
+    """The one line refusing a request to ``url`` because it is not on origin ``pinned``."""
+    return (f"{who}: refusing to send credentials to {redact(origin(url))}, which is not the configured origin "
+            f"{redact(pinned)}; check the API URL in config.yaml (or the proxy in between)")
+
+
+def pinned_send(send: Callable[..., Any], method: str, url: str, pinned: str, who: str,
+                error: type[Exception] = ForeignOrigin, **kw) -> Any:
+    """``send(method, url, allow_redirects=False, **kw)``, following redirects by hand and only within ``pinned``
+    (an origin): a request (or a redirect) to any other origin is refused with one line naming both origins and
+    is never sent, so no credential header (``Authorization``, ``PRIVATE-TOKEN``, ...) leaves its origin.
+    307/308 repeat the method and body; 301/302/303 are followed for GET only."""
+    for _hop in range(MAX_REDIRECTS + 1):
+        if origin(url) != pinned:
+            raise error(foreign(who, url, pinned))
+        resp = send(method, url, allow_redirects=False, **kw)
+        location = resp.headers.get("Location") if resp.status_code in REDIRECTS else None
+        if not location:
+            return resp
+        nxt = urljoin(url, location)
+        if origin(nxt) != pinned:
+            raise error(f"{who}: {redact(pinned)} redirected to {redact(origin(nxt))}, another origin; not followed "
+                        "(credentials go only to the configured origin): fix the API URL in config.yaml")
+        if resp.status_code in (301, 302, 303) and method.upper() not in ("GET", "HEAD"):
+            raise error(f"{who}: {method} {_where(url)} was redirected ({resp.status_code}) to {_where(nxt)}; "
+                        "set the API URL in config.yaml to where it points")
+        url = nxt
+        kw.pop("params", None)  # the Location carries its own query
+    raise error(f"{who}: more than {MAX_REDIRECTS} redirects from {_where(url)}; fix the API URL in config.yaml")
 
 
 def _where(url: str) -> str:
@@ -77,13 +129,17 @@ def credentials(url: str, env_name: str | None, env: Mapping[str, str] | None = 
 
 
 def get_json(url: str, *, params: dict | None = None, headers: dict | None = None, auth: Any = None,
-             timeout: float = TIMEOUT) -> tuple[Any, Any]:
-    """GET a JSON document; returns (document, response).  Raises AgentError on any failure."""
+             timeout: float = TIMEOUT, pinned: str | None = None) -> tuple[Any, Any]:
+    """GET a JSON document; returns (document, response).  Raises AgentError on any failure.
+
+    ``pinned`` is the only origin the request (and its redirects) may go to, default ``url``'s own: a source
+    passes its configured URL, so a ``Link`` next page on another host is refused, not sent credentials."""
     import requests
 
     hdrs = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
     try:
-        resp = requests.get(url, params=params, headers=hdrs, auth=auth, timeout=timeout)
+        resp = pinned_send(requests.request, "GET", url, pinned or origin(url), f"GET {_where(url)}",
+                           params=params, headers=hdrs, auth=auth, timeout=timeout)
     except requests.RequestException as exc:
         raise AgentError(f"GET {_where(url)}: {type(exc).__name__}; is the service reachable?") from None
     if resp.status_code in (401, 403):
@@ -178,12 +234,15 @@ class ApiClient:
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, transient_error: type[Exception] = AgentError,
                  rate_limited_error: type[Exception] = AgentError,
-                 rate_limit_hint: Callable[[Any], float | None] | None = None):
+                 rate_limit_hint: Callable[[Any], float | None] | None = None,
+                 error: type[Exception] = AgentError, bad_answer_error: type[Exception] = AgentError,
+                 reauth: Callable[[], bool] | None = None):
         import time
 
         self.label = label                  # "gitlab grp/proj": starts every message
         self.display = display              # "GitLab": who allows the next call
         self.base_url = base_url.rstrip("/")
+        self.origin = origin(self.base_url)     # the only place auth_headers() are ever sent
         self.auth_headers = auth_headers
         self.check = check
         self._session = session
@@ -197,6 +256,9 @@ class ApiClient:
         self.transient_error = transient_error
         self.rate_limited_error = rate_limited_error
         self.rate_limit_hint = rate_limit_hint
+        self.error = error                      # a refusal (another origin, a write redirected)
+        self.bad_answer_error = bad_answer_error  # an answer not of the expected shape: retried next scan
+        self.reauth = reauth                    # on a 401: drop a cached short-lived token; True = try once more
         # remembers a rate-limit reset across scans (agent.forge.RateLimitHold): ``check(what)`` raises while it
         # is ahead, so no call is made; ``remember(until, what)`` stores one the in-pass wait could not cover
         self.hold = None
@@ -228,12 +290,16 @@ class ApiClient:
         if self.hold is not None:
             self.hold.check(what)
         attempt = 0
+        reauthed = False
         while True:
             attempt += 1
-            headers = {**self.headers, **self.auth_headers()}
             try:
-                resp = self.session.request(method, url, json=json, params=params, headers=headers,
-                                            timeout=self.timeout)
+                if origin(url) != self.origin:  # before auth_headers(): no token is even made for it
+                    raise self.error(foreign(f"{self.label}: {what}", url, self.origin))
+                headers = {**self.headers, **self.auth_headers()}
+                resp = pinned_send(self.session.request, method, url, self.origin, f"{self.label}: {what}",
+                                   error=self.error, json=json, params=params, headers=headers,
+                                   timeout=self.timeout)
             except Exception as exc:
                 kind = transport_failure(exc)
                 if kind is None:
@@ -265,23 +331,48 @@ class ApiClient:
                 raise self.transient_error(f"{self.label}: {what} failed with {resp.status_code} "
                                            f"({redact(response_message(resp))[:120]}); it will be retried "
                                            "on the next scan")
+            if resp.status_code == 401 and self.reauth is not None and not reauthed:
+                reauthed = True
+                if self.reauth():           # a fresh token (a GitHub App's was revoked, or the clocks disagree)
+                    continue
             if resp.status_code >= 400:
                 self.check(resp, what)
-                raise AgentError(f"{self.label}: {what} failed with {resp.status_code}: "
+                raise self.error(f"{self.label}: {what} failed with {resp.status_code}: "
                                  f"{redact(response_message(resp))[:200]}")
             return resp
 
-    def paginate(self, path: str, params: Mapping | None, what: str, max_pages: int = MAX_PAGES) -> list:
-        """Every item of a listed collection: follows ``Link: rel="next"`` (GitHub, GitLab, Gitea), else
-        GitLab's ``X-Next-Page``; stops after ``max_pages`` with an error rather than a silent truncation."""
+    def parse(self, resp, shape: Any, what: str) -> Any:
+        """The JSON of ``resp`` if it has ``shape`` (see ``check_shape``); else ``bad_answer_error`` with a
+        one-line reason and the URL path (a proxy's HTML page, a list for an object, a missing field)."""
+        path = redact(urlsplit(resp.url or "").path or "?")
+        try:
+            data = resp.json()
+        except ValueError:
+            ctype = (resp.headers.get("Content-Type") or "no content type").split(";")[0].strip()
+            why = f"not JSON ({redact(ctype)[:60]}, HTTP {resp.status_code})"
+        else:
+            why = check_shape(data, shape)
+            if why is None:
+                return data
+        raise self.bad_answer_error(f"{self.label}: {what}: unexpected answer from {path}: {why}; it will be "
+                                    "retried on the next scan")
+
+    def call(self, method: str, path: str, shape: Any, **kw) -> Any:
+        """``request`` and ``parse``: the answer's JSON, checked against ``shape``."""
+        resp = self.request(method, path, **kw)
+        return self.parse(resp, shape, kw.get("what") or f"{method} {path}")
+
+    def paginate(self, path: str, params: Mapping | None, what: str, max_pages: int = MAX_PAGES,
+                 item: Any = dict) -> list:
+        """Every item of a listed collection (each checked against ``item``): follows ``Link: rel="next"``
+        (GitHub, GitLab, Gitea; only within the API's origin), else GitLab's ``X-Next-Page``; stops after
+        ``max_pages`` with an error rather than a silent truncation."""
         items: list = []
         url: str = path
         query: dict | None = dict(params or {})
         for _ in range(max_pages):
             resp = self.request("GET", url, params=query, what=what)
-            page = resp.json()
-            if not isinstance(page, list):
-                raise AgentError(f"{self.label}: {what}: expected a list, got {type(page).__name__}")
+            page = self.parse(resp, [item], what)
             items.extend(page)
             nxt = resp.links.get("next", {}).get("url")
             if nxt:
@@ -293,6 +384,55 @@ class ApiClient:
                 continue
             return items
         raise AgentError(f"{self.label}: {what} has more than {max_pages} pages; narrow the query")
+
+
+def check_shape(value: Any, shape: Any, where: str = "") -> str | None:
+    """Why ``value`` (parsed JSON) does not have ``shape``, or None.  Shapes: a type (``int`` never takes a
+    bool), a tuple of alternatives (``None`` = null), ``[item]`` (a list of items), ``{"key": shape}`` (an object
+    with at least these keys; ``"key?"`` may be absent), ``Any``-like ``object`` (anything)."""
+    at = f" at {where}" if where else ""
+    if isinstance(shape, tuple):
+        if any(check_shape(value, s, where) is None for s in shape):
+            return None
+        names = "/".join("null" if s is None else _kind(s) for s in shape)
+        return f"expected {names}{at}, got {_kind(type(value))}"
+    if shape is None:
+        return None if value is None else f"expected null{at}, got {_kind(type(value))}"
+    if shape is object:
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"expected a list{at}, got {_kind(type(value))}"
+        for i, v in enumerate(value):
+            why = check_shape(v, shape[0], f"{where}[{i}]")
+            if why:
+                return why
+        return None
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"expected an object{at}, got {_kind(type(value))}"
+        for key, sub in shape.items():
+            name, optional = (key[:-1], True) if key.endswith("?") else (key, False)
+            if name not in value:
+                if optional:
+                    continue
+                return f"field {where + '.' if where else ''}{name} is missing"
+            why = check_shape(value[name], sub, f"{where + '.' if where else ''}{name}")
+            if why:
+                return why
+        return None
+    if shape is int and isinstance(value, bool) or not isinstance(value, shape):
+        return f"expected {_kind(shape)}{at}, got {_kind(type(value))}"
+    return None
+
+
+def _kind(t: Any) -> str:
+    if isinstance(t, list):
+        return "a list"
+    if isinstance(t, dict):
+        return "an object"
+    return {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+            bool: "a boolean", type(None): "null"}.get(t, getattr(t, "__name__", str(t)))
 
 
 class PostFailed(AgentError):

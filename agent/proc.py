@@ -68,6 +68,20 @@ class ProcResult:
         return out
 
 
+def open_new(path: Path | str):
+    """``path`` opened for writing, empty, never through a symlink planted at its name (``O_NOFOLLOW``: a link
+    there is replaced by a new file, never followed)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        if not os.path.islink(path):
+            raise
+        os.unlink(path)
+        fd = os.open(path, flags | os.O_EXCL, 0o600)
+    return os.fdopen(fd, "wb")
+
+
 def read_text(path: Path | str | None, limit: int | None = None) -> str:
     """A file's text (utf-8, undecodable bytes replaced); missing file -> ''."""
     if path is None:
@@ -312,8 +326,8 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     # the child writes its output files itself: nothing here waits on a pipe a grandchild could hold open.  Our own
     # disk refusing them (read-only, full) is raised: no verdict on the child.
     require_room(stdout_path.parent)
-    out_fh = open(stdout_path, "wb")
-    err_fh = open(stderr_path, "wb")
+    out_fh = open_new(stdout_path)
+    err_fh = open_new(stderr_path)
     stdin = None
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL

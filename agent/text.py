@@ -24,6 +24,13 @@ LINE_SEPARATORS = frozenset("\u2028\u2029\u0085\x0b\x0c\r\n")
 BACKTICKS = "`\u02cb\u1fef\uff40\u2035\u0060\u02bd"
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# Every escape sequence a terminal acts on, whole (linear: each alternative bounded or possessive), then any
+# other control but newline and tab, and the bidi controls.
+_ESCAPES = re.compile(
+    r"[\x1b\x9b](?:(?<=\x1b)\[)?(?<=[\[\x9b])[0-?]{0,64}+[ -/]{0,16}+[@-~]?"      # CSI (7- or 8-bit)
+    r"|(?:\x1b[\]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c]{0,4096}+(?:\x07|\x1b\\|\x9c)?"  # OSC/DCS/SOS/PM/APC
+    r"|\x1b[ -/]{0,16}+[0-~]?"                                                  # other ESC sequences
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f" + "".join(sorted(BIDI)) + "]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _INVISIBLE = re.compile("[" + "".join(sorted(BIDI | ZERO_WIDTH)) + r"\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _NOT_ONE_LINE = re.compile("[" + "".join(sorted(BIDI | ZERO_WIDTH | LINE_SEPARATORS)) + r"\x00-\x1f\x7f-\x9f]")
@@ -31,9 +38,13 @@ _TICK_RUN = re.compile("[" + BACKTICKS + "]+")
 
 
 def strip_controls(text: str | None) -> str:
-    """``text`` without ANSI escape sequences and C0/C1 controls; newlines and tabs stay (``\\r\\n`` -> ``\\n``)."""
-    s = str(text or "").replace("\r\n", "\n").replace("\r", "\n")
-    return _CONTROL.sub("", _ANSI.sub("", s))
+    """``text`` without terminal escape sequences (CSI, OSC/DCS/SOS/PM/APC with their payload, 7- or 8-bit),
+    C0/C1 controls or bidi overrides; newlines and tabs stay (``\r\n`` and ``\r`` -> ``\n``).  What every
+    lane-derived string passes through before it is stored or a human sees it (lane output shown)."""
+    s = str(text or "")
+    if s.isprintable() and not BIDI.intersection(s):
+        return s
+    return _ESCAPES.sub("", s.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def one_line(text: str | None, limit: int | None = None) -> str:

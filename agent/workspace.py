@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,21 +108,62 @@ SAFE_GIT_CONFIG = (
 )
 # Push (and fetch/clone/ls-remote: they talk to the remote) keep the user's credential helpers and ssh setup.
 _NETWORK_DROPS = ("credential.helper=", "core.sshCommand=ssh", "core.askPass=")
-_ENV_KEEP = ("PATH", "HOME", "USER", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH", "XDG_CONFIG_HOME",
-             "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "http_proxy", "https_proxy", "no_proxy",
+_ENV_KEEP = ("PATH", "HOME", "USER", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH", "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "http_proxy", "https_proxy", "no_proxy",
              "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "TZ")
 GIT_TIMEOUT = 300.0
 
 
-def git_env(push: bool = False, config=None) -> dict[str, str]:
+_PRIVATE_HOME: list[str] = []
+
+
+def private_git_home() -> str:
+    """An empty directory of this process's, the ``HOME`` of every agent git command that does not talk to a
+    remote: nothing of the user's (``~/.gitconfig``, XDG config, attributes) is read there."""
+    if not _PRIVATE_HOME or not os.path.isdir(_PRIVATE_HOME[0]):
+        import atexit
+        import tempfile
+
+        _PRIVATE_HOME[:] = [tempfile.mkdtemp(prefix="agent-git-home-")]
+        atexit.register(shutil.rmtree, _PRIVATE_HOME[0], True)
+    return _PRIVATE_HOME[0]
+
+
+_USER_CREDENTIALS: list[list[str]] = []
+
+
+def user_credential_config() -> list[str]:
+    """The user's own ``credential.*`` settings (global and system config), as ``-c key=value`` overrides: the
+    only part of their git config a push or fetch gets (their credential helper, e.g. ``gh``)."""
+    if not _USER_CREDENTIALS:
+        from agent import proc
+
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CONFIG_HOME") if k in os.environ}
+        res = proc.capture(["git", "config", "-z", "--get-regexp", r"^credential\."], cwd="/", env=env,
+                           timeout=30)
+        out = []
+        for rec in (res.stdout.split("\0") if res.exit_code == 0 else []):
+            key, _, value = rec.partition("\n")
+            if key:
+                out += ["-c", f"{key}={value}"]
+        _USER_CREDENTIALS[:] = [out]
+    return list(_USER_CREDENTIALS[0])
+
+
+def git_env(push: bool = False, config=None, network: bool = False) -> dict[str, str]:
     """The whole environment of an agent git command: a few variables git needs, never a credential unless
-    ``push`` (then the forge/source token variables pass, for credential helpers such as ``gh``)."""
+    ``push`` (then the forge/source token variables pass, for credential helpers such as ``gh``).  No system or
+    global git config is read (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``): a filter driver, alias
+    or hook path in the user's ``~/.gitconfig`` never runs on a lane's files.  ``HOME`` is a private empty dir
+    unless the command talks to a remote (the user's credential helper may need their home)."""
     from agent.lanes.env import secret_env_names
 
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update({"LC_ALL": "C", "LANGUAGE": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true",
-                "SSH_ASKPASS": "true", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0"})
+                "SSH_ASKPASS": "true", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0",
+                "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"})
+    if not (push or network):
+        env["HOME"] = private_git_home()
     if not push:
         for name in secret_env_names(config):
             env.pop(name, None)
@@ -148,12 +190,15 @@ def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = 
     argv = ["git"]
     for c in overrides:
         argv += ["-c", c]
+    if network or push:
+        argv += user_credential_config()
     if git_dir is not None:
         argv.append(f"--git-dir={git_dir}")
     if work_tree is not None:
         argv.append(f"--work-tree={work_tree}")
     argv += list(args)
-    res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push), timeout=timeout,
+    res = proc.capture(argv, cwd=cwd or work_tree or git_dir, env=git_env(push=push, network=network),
+                       timeout=timeout,
                        input=input)
     if check and res.exit_code != 0:
         what = "timed out" if res.timed_out else (git_error_line(res.stderr)[:300] or f"exit {res.exit_code}")
@@ -261,18 +306,60 @@ class Change:
 
 
 def unsafe_changes(g: TaskGit, changes: list[Change]) -> list[str]:
-    """Staged changes that are never committed, whatever the blocked paths say: a symlink whose target leaves
-    the worktree (absolute, or climbing above the root), and a new gitlink (a submodule entry)."""
+    """Staged changes that are never committed, whatever the blocked paths say: a new gitlink (a submodule
+    entry), and a symlink judged by resolving it through the tree: absolute, climbing above the root on the way,
+    or passing through another link (``s -> .``, ``u1 -> s/..`` ... resolve to ``/`` though no target says so).
+    An unchanged link is judged again when it passes through a link this change adds or alters."""
     bad = []
+    changed_links = {c.path for c in changes if "120000" in (c.dst_mode, c.src_mode)}
     for c in changes:
-        if c.dst_mode == "120000":
-            target = g("cat-file", "blob", c.dst_sha)
-            joined = os.path.normpath(os.path.join(os.path.dirname(c.path), target))
-            if os.path.isabs(target) or joined == ".." or joined.startswith("../"):
-                bad.append(f"{c.path} (symlink to {target[:80]})")
-        elif c.dst_mode == "160000" and c.src_mode != "160000":
+        if c.dst_mode == "160000" and c.src_mode != "160000":
             bad.append(f"{c.path} (new gitlink)")
+    if not changed_links:
+        return bad
+    links = _index_links(g)
+    for path, target in sorted(links.items()):
+        why = _link_problem(path, target, links)
+        if why is None or (path not in changed_links and why[1] not in changed_links):
+            continue
+        bad.append(f"{path} (symlink to {target[:80]}) {why[0]}")
     return bad
+
+
+def _index_links(g: TaskGit) -> dict[str, str]:
+    """Every symlink staged in the index: path -> target (read from the worktree the index was staged from; from
+    the blob when the file there is not that link any more)."""
+    out = {}
+    for rec in g("ls-files", "-s", "-z").split("\0"):
+        meta, _, path = rec.partition("\t")
+        if not meta.startswith("120000 "):
+            continue
+        try:
+            out[path] = os.readlink(g.worktree / path)
+        except OSError:
+            out[path] = g("cat-file", "blob", meta.split(" ")[1])
+    return out
+
+
+def _link_problem(path: str, target: str, links: dict[str, str]) -> tuple[str, str | None] | None:
+    """(why the link at ``path`` to ``target`` is unsafe, the link it passes through), resolved through the
+    tree, or None."""
+    if os.path.isabs(target):
+        return "is absolute", None
+    stack = path.split("/")[:-1]
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return "leaves the worktree", None
+            stack.pop()
+            continue
+        stack.append(part)
+        here = "/".join(stack)
+        if here in links:
+            return f"passes through the link {here}", here
+    return None
 
 
 def find_common_dir(worktree: Path) -> Path:
@@ -660,7 +747,9 @@ def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branc
     """Remove a finished task's worktree and its local branch, then prune the mirror's worktree list.
 
     ``keep_sha`` (a failed task's head, which a human may still reset) is kept under ``kept_ref(task_id)``.
+    The task's private vendor state (``vendor-state/task-N``: its lanes' sessions) goes with it.
     """
+    shutil.rmtree(Path(home) / "vendor-state" / f"task-{task_id}", ignore_errors=True)
     mirror = mirror_path(home, repo)
     path = Path(path)
     if not (mirror / "HEAD").exists():   # no mirror (deleted by hand): only the folder is left to remove
@@ -680,19 +769,45 @@ def remove_task_workspace(home: Path, repo: str, task_id: int, path: Path, branc
         git("branch", "-D", branch, git_dir=mirror)
 
 
+def walk_tree(root: Path, strip_setid: bool = False) -> tuple[int, list[str]]:
+    """(bytes on disk under ``root``, files that had a setuid/setgid bit): one walk that never follows a link.
+    With ``strip_setid`` the bits are removed (a lane of a root agent can leave a setuid-root shell behind)."""
+    total, setid = 0, []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                setid.append(os.path.relpath(path, root))
+                if strip_setid:
+                    _clear_setid(path)
+    return total, setid
+
+
+def _clear_setid(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        if not os.path.islink(path):      # unreadable to us: chmod by name (no lane runs now; not a link)
+            os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+    finally:
+        os.close(fd)
+
+
 def disk_use(home: Path) -> dict:
     """Bytes and counts of task worktrees and mirrors under the home (what `status` and `doctor` show)."""
-    import os
 
     def size(root: Path) -> int:
-        total = 0
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in filenames:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                except OSError:
-                    pass
-        return total
+        return walk_tree(root)[0]
 
     out = {}
     for key, folder, pattern in (("worktrees", "worktrees", "task-*"), ("mirrors", "mirrors", "*.git")):

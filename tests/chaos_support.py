@@ -28,8 +28,10 @@ def agent_bin() -> list[str]:
 
 
 def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: str = "local",
-          github_api_url: str | None = None, limits: dict | None = None, api_url: str | None = None) -> dict:
-    """Demo project + remote + config + ``tasks`` distinct errors decided fix + `watch error-fix` run once."""
+          github_api_url: str | None = None, limits: dict | None = None, api_url: str | None = None,
+          repo: str | None = None) -> dict:
+    """Demo project + remote + config + ``tasks`` distinct errors decided fix + `watch error-fix` run once
+    (``repo``: the repository key in config, default the demo's)."""
     from agent.app import App
     from agent.scans import run_scan
     from agent.decide import decide
@@ -42,7 +44,8 @@ def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: st
     playbook.write_text(json.dumps(PLAYBOOK))
     home = root / "home"
     write_config(home, remote, playbook, lane_args=lane_args, forge=forge, github_api_url=github_api_url,
-                 api_url=api_url, limits={"prs_per_hour": 1000, "open_drafts_per_repo": 1000, **(limits or {})})
+                 api_url=api_url, limits={"prs_per_hour": 1000, "open_drafts_per_repo": 1000, **(limits or {})},
+                 **({"repo": repo} if repo else {}))
     app = App(home=home)
     try:
         ingest_text(app.ledger, error_events(tasks, distinct=True), "auto", actor="script", source="test")

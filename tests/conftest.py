@@ -280,3 +280,13 @@ def shared_homes(tmp_path, monkeypatch):
     if not on_postgres():
         (b / "ledger.db").symlink_to(a / "ledger.db")
     return a, b
+
+
+@pytest.fixture(scope="session")
+def github_node(tmp_path_factory):
+    """One GitHub simulator (tests/github_sim) for the forge contract and GitHub App tests of a session (each uses
+    its own branch names); modules that need a fresh one start their own."""
+    from github_sim import running
+
+    with running(tmp_path_factory.mktemp("github-node")) as s:
+        yield s

@@ -64,6 +64,13 @@ def test_contract_example_parses():
             f"{SHARED}'s example changed: copy it to {CONTRACT_EXAMPLE}"
 
 
+def test_forges_timeout_forms():
+    assert parse_config({}).forges.timeout == (10.0, 30.0)
+    assert parse_config({"forges": {"timeout": {"read": 90}}}).forges.timeout == (10.0, 90.0)
+    assert parse_config({"forges": {"timeout": [3, 45]}}).forges.timeout == (3.0, 45.0)
+    assert parse_config({"forges": {"timeout": 20}}).forges.timeout == (20.0, 20.0)
+
+
 def test_gitlab_and_gitea_sections():
     cfg = parse_config({"repos": {"grp/sub/widgets": {"url": "git@gl.example:grp/sub/widgets.git", "forge": "gitlab"},
                                   "acme/api": {"url": "https://git.example/acme/api.git", "forge": "gitea"}},
@@ -86,7 +93,14 @@ def test_gitlab_and_gitea_sections():
     ({"repos": {"a/b/c": {"url": "x", "forge": "gitea"}}}, "config.yaml: repos.a/b/c: expected a repository name"),
     ({"repos": {"a//c": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.a//c: expected a repository name "
                                                            "OWNER/NAME (GitLab: GROUP[/SUBGROUP...]/NAME)"),
+    ({"repos": {"acme/../etc": {"url": "x", "forge": "gitlab"}}}, "config.yaml: repos.acme/../etc: expected a "
+                                                                   "repository name OWNER/NAME (GitLab: GROUP"),
+    ({"repos": {"acme/wid gets": {"url": "x", "forge": "github"}}}, "config.yaml: repos.acme/wid gets: expected a "
+                                                                    "repository name OWNER/NAME, got the segment"),
     ({"gitlab": {"api_url": "gitlab.example.com"}}, "config.yaml: gitlab.api_url: expected an http(s) URL"),
+    ({"forges": {"timeout": {"connect": 0}}}, "config.yaml: forges.timeout.connect: expected seconds, a number above 0"),
+    ({"forges": {"timeout": "slow"}}, "config.yaml: forges.timeout.connect: expected seconds"),
+    ({"forges": {"timeout": {"write": 3}}}, "config.yaml: forges.timeout.write: unknown key"),
     ({"gitea": {"api_url": "https://bot:hunter2@git.example/api/v1"}}, "config.yaml: gitea.api_url: secrets never"),
     ({"gitea": {"token": "x"}}, "config.yaml: gitea.token: unknown key"),
     ({"lanes": {"implementer": {"vendor": "nope"}}}, "config.yaml: lanes.implementer.vendor: expected a built-in"),

@@ -24,13 +24,13 @@ TOKENS = {"gitlab": "glpat-e2e-" + "x" * 12, "gitea": "gta-e2e-" + "y" * 12}
 class View:
     """The simulator's PRs in the shape chaos_support.check_invariants reads (number, draft)."""
 
-    def __init__(self, forge: str, sim):
-        self.forge, self.sim = forge, sim
+    def __init__(self, forge: str, sim, repo: str = REPO):
+        self.forge, self.sim, self.repo = forge, sim, repo
 
     def pulls(self, branch: str) -> list[dict]:
         if self.forge == "gitlab":
             return [{"number": m["iid"], "draft": m["title"].startswith("Draft: "), "sha": m["sha"],
-                     "title": m["title"], "body": m["description"]} for m in self.sim.mrs(REPO, branch)]
+                     "title": m["title"], "body": m["description"]} for m in self.sim.mrs(self.repo, branch)]
         return [{"number": p["number"], "draft": p["title"].startswith("WIP: "), "sha": p["head_sha"],
                  "title": p["title"], "body": p["body"]} for p in self.sim.pulls(REPO, branch)]
 
@@ -152,6 +152,38 @@ def test_killed_right_after_the_create_call_then_resumed_adopts_the_one_draft(tm
         assert "pr.adopted" in kinds and "pr.created" not in kinds
         creates = [c for c in sim.calls if c.method == "POST" and c.path.endswith(("/merge_requests", "/pulls"))]
         assert len(creates) == 1
+        sim.assert_clean()
+
+
+@pytest.mark.slow
+def test_a_gitlab_project_three_groups_deep_goes_from_error_to_draft_mr(tmp_path):
+    """`corp/platform/payments/widgets`: accepted by config, the task and the forge; the MR is opened on the
+    project's URL-encoded path (one segment), and `watch pr-merged` follows it.  A proxy's HTML page answering the
+    create, then the follow-up's read, costs a retry and one line, never a traceback or a stopped task."""
+    nested = "corp/platform/payments/widgets"
+    with GitlabSim(token=TOKENS["gitlab"]) as sim:
+        p = build(tmp_path / "w", tasks=1, forge="gitlab", api_url=sim.url, repo=nested)
+        home, remote = p["home"], p["remote"]
+        sim.add_project(nested, remote=remote)
+        env = {"GITLAB_TOKEN": TOKENS["gitlab"]}
+        sim.fault("POST", r"/merge_requests$", status=200, raw=b"<html><h1>502 Bad Gateway</h1></html>")
+        run_to_end(home, env=env, log=tmp_path / "run.log")
+        [t] = check_invariants(home, remote, tasks=1, sim=View("gitlab", sim, nested))
+        assert t["repo"] == nested
+        [mr] = sim.mrs(nested, t["branch"])
+        assert mr["title"].startswith("Draft: ") and mr["sha"] == t["head_sha"]
+        html, create = sim.calls_to("POST", r"/merge_requests$")      # the HTML answer, then the real create
+        assert (html.status, create.status) == (200, 201)
+        assert create.raw_path == "/projects/corp%2Fplatform%2Fpayments%2Fwidgets/merge_requests"
+        sim.fault("GET", rf"/merge_requests/{mr['iid']}$", status=200, raw=b"<html>proxy error</html>")
+        out = _agent(home, "watch", "pr-merged", env=env)
+        assert "not JSON (text/html" in out and "Traceback" not in out, out
+        sim.merge(nested, mr["iid"])
+        w = watcher(home, env=env, log=tmp_path / "follow.log", command=("watch", "pr-merged"))
+        assert w.wait(120) == 0, (tmp_path / "follow.log").read_text()[-2000:]
+        con = _db(home)
+        assert con.execute("SELECT state FROM prs").fetchone()[0] == "merged"
+        con.close()
         sim.assert_clean()
 
 

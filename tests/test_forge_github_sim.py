@@ -11,12 +11,7 @@ Install: `bash scripts/ci-forge` (npm).  Without it these tests skip and say why
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
-import textwrap
-import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -26,108 +21,15 @@ from agent.forge.github import GithubForge
 
 from agent.tasks import create_task
 from conftest import ledger_conn
+from github_sim import Sim, running
 
-ROOT = Path(__file__).resolve().parent.parent
-SIM_DIR = Path(os.environ.get("AGENT_GITHUB_SIM_DIR", ROOT / ".cache" / "github-sim"))
-SERVER = ROOT / "tests" / "github_sim" / "server.mjs"
 REPO = "acme/widgets"
-
-
-class Sim:
-    def __init__(self, url: str, repo: str = REPO):
-        self.url = url
-        self.repo = repo
-
-    def state(self) -> dict:
-        return requests.get(f"{self.url}/_sim/state", timeout=10).json()
-
-    def pulls(self, head: str | None = None) -> list[dict]:
-        return [p for p in self.state()["pulls"] if head is None or p["head"] == head]
-
-    def set_state(self, number: int, **values) -> None:
-        r = requests.post(f"{self.url}/_sim/pulls/{REPO}/{number}/state", json=values, timeout=10)
-        assert r.status_code == 200, r.text
-
-    def as_user(self, login: str) -> dict:
-        return {"Authorization": f"Bearer user-{login}"}
-
-    def collaborator(self, login: str, permission: str = "write") -> None:
-        r = requests.post(f"{self.url}/_sim/collaborators", json={"login": login, "permission": permission},
-                          timeout=10)
-        assert r.status_code == 200, r.text
-
-    def review(self, number: int, login: str, event: str, body: str = "", comments: list[dict] = ()) -> dict:
-        r = requests.post(f"{self.url}/repos/{self.repo}/pulls/{number}/reviews", headers=self.as_user(login),
-                          json={"event": event, "body": body, "comments": list(comments)}, timeout=10)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def comment(self, number: int, login: str, body: str) -> dict:
-        r = requests.post(f"{self.url}/repos/{self.repo}/issues/{number}/comments", headers=self.as_user(login),
-                          json={"body": body}, timeout=10)
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def status(self, sha: str, state: str, context: str, description: str = "", target_url: str | None = None):
-        payload = {"state": state, "context": context, "description": description}
-        if target_url:
-            payload["target_url"] = target_url
-        r = requests.post(f"{self.url}/repos/{self.repo}/statuses/{sha}", json=payload, timeout=10)
-        assert r.status_code == 201, r.text
-
-    def check_run(self, sha: str, name: str, conclusion: str | None, title: str = "", summary: str = "",
-                  details_url: str | None = None) -> dict:
-        payload = {"name": name, "head_sha": sha, "status": "completed" if conclusion else "in_progress",
-                   "output": {"title": title or name, "summary": summary or "-"}}
-        if conclusion:
-            payload["conclusion"] = conclusion
-        if details_url:
-            payload["details_url"] = details_url
-        r = requests.post(f"{self.url}/repos/{self.repo}/check-runs", json=payload, timeout=10)
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def comments_on(self, number: int) -> list[tuple[str, str]]:
-        st = self.state()
-        k = f"{self.repo}#{number}"
-        return list(zip(st["comment_authors"].get(k, []), st["comments"].get(k, [])))
-
-    def raw_create(self, head: str, draft: bool = True) -> dict:
-        r = requests.post(f"{self.url}/repos/{REPO}/pulls", timeout=10,
-                          json={"title": "by hand", "head": head, "base": "main", "body": "x", "draft": draft})
-        assert r.status_code == 201, r.text
-        return r.json()
 
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    pkg = SIM_DIR / "node_modules" / "@simulacrum" / "github-api-simulator" / "package.json"
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed: the GitHub API simulator needs node 20+")
-    if not pkg.exists():
-        pytest.skip(f"GitHub API simulator not installed in {SIM_DIR}: run `bash scripts/ci-forge` (needs npm)")
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen(["node", str(SERVER)], env={**os.environ, "GITHUB_SIM_DIR": str(SIM_DIR)},
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if line.startswith("LISTENING") or not line and proc.poll() is not None:
-                break
-        if not line.startswith("LISTENING"):
-            pytest.fail(f"simulator did not start: {line!r}; log:\n{log.read_text()[-2000:]}")
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
-        yield Sim(url)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    with running(tmp_path_factory.mktemp("sim")) as s:
+        yield s
 
 
 @pytest.fixture
@@ -174,30 +76,6 @@ def test_draft_created_found_updated_labelled_commented(sim, forge):
     assert forge.find_pr_by_head("agent/fix-nothing-here") is None
 
 
-def test_merged_and_closed_states_read_back(sim, forge):
-    a = forge.create_draft("agent/fix-merge01", "main", "t", "b")
-    b = forge.create_draft("agent/fix-close01", "main", "t", "b")
-    sim.set_state(a.number, merged=True)
-    sim.set_state(b.number, state="closed")
-    assert forge.state(a.number).state == "merged"
-    assert forge.state(b.number).state == "closed"
-    assert forge.find_pr_by_head("agent/fix-merge01").state == "merged"
-
-
-def test_422_already_exists_adopts_only_open_draft_on_our_branch(sim, forge):
-    mine = sim.raw_create("agent/fix-adopt001", draft=True)
-    pr = forge.create_draft("agent/fix-adopt001", "main", "our title", "our body")
-    assert pr.number == mine["number"] and pr.title == "our title" and pr.body == "our body"
-    assert len(sim.pulls("agent/fix-adopt001")) == 1
-
-    sim.raw_create("agent/fix-ready001", draft=False)
-    with pytest.raises(ForgeError) as exc:
-        forge.create_draft("agent/fix-ready001", "main", "t", "b")
-    msg = str(exc.value)
-    assert "not a draft" in msg and "refusing to adopt" in msg and "\n" not in msg
-    assert len(sim.pulls("agent/fix-ready001")) == 1
-
-
 def test_find_prefers_the_open_pr_and_pagination_follows_link(sim, forge):
     first = forge.create_draft("agent/fix-again001", "main", "t", "b")
     sim.set_state(first.number, state="closed")
@@ -211,46 +89,6 @@ def test_find_prefers_the_open_pr_and_pagination_follows_link(sim, forge):
     assert len({p["number"] for p in everything}) == len(everything)
 
 
-CRASH_CHILD = textwrap.dedent("""
-    import os, sys
-    import agent.forge as f
-    from agent.forge.github import GithubForge
-    from agent.ledger import Ledger
-    def crash(*a, **k):
-        os._exit(9)            # the process dies after the forge call, before the ledger write
-    f.record_pr = crash
-    ledger = Ledger.open(sys.argv[1])
-    forge = GithubForge("acme/widgets", api_url=sys.argv[2], token="t")
-    f.publish_pr(ledger, forge, int(sys.argv[3]), "agent/fix-crash001", "main", "title", "body", "c" * 40)
-    print("not reached")
-""")
-
-
-def test_crash_between_create_and_ledger_write_never_makes_a_second_pr(sim, forge, ledger, home):
-    task_id, _ = create_task(ledger, REPO, "fix it", branch="agent/fix-crash001")
-    child = subprocess.run([sys.executable, "-c", CRASH_CHILD, str(ledger.path), sim.url, str(task_id)],
-                           capture_output=True, text=True, timeout=60)
-    assert child.returncode == 9, child.stderr
-    assert len(sim.pulls("agent/fix-crash001")) == 1          # the create happened
-    assert ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,)) is None  # the record did not
-
-    pr, action = publish_pr(ledger, forge, task_id, "agent/fix-crash001", "main", "title", "body", "c" * 40)
-    assert action == "adopted"
-    assert len(sim.pulls("agent/fix-crash001")) == 1          # still exactly one PR
-    row = ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,))
-    assert row["number"] == pr.number and row["forge"] == "github" and row["state"] == "open"
-    assert row["head_sha"] == "c" * 40 and row["draft"] == 1
-
-    # the next round: same PR, new body
-    pr2, action2 = publish_pr(ledger, forge, task_id, "agent/fix-crash001", "main", "title", "body v2", "d" * 40)
-    assert (pr2.number, action2) == (pr.number, "updated")
-    assert sim.pulls("agent/fix-crash001")[0]["body"] == "body v2"
-    kinds = [e["kind"] for e in ledger.events(task_id=task_id)]
-    assert kinds.count("pr.adopted") == 1 and kinds.count("pr.updated") == 1
-    pr3, action3 = publish_pr(ledger, forge, task_id, "agent/fix-crash001", "main", "title", "body v2", "d" * 40)
-    assert action3 == "unchanged" and len(sim.pulls("agent/fix-crash001")) == 1
-
-
 def test_publish_refuses_a_closed_pr_found_by_head(sim, forge, ledger, home):
     task_id, _ = create_task(ledger, REPO, "fix it", branch="agent/fix-closed01")
     old = sim.raw_create("agent/fix-closed01")
@@ -259,7 +97,6 @@ def test_publish_refuses_a_closed_pr_found_by_head(sim, forge, ledger, home):
         publish_pr(ledger, forge, task_id, "agent/fix-closed01", "main", "t", "b", "e" * 40)
     assert ledger.one("SELECT * FROM prs WHERE task_id = ?", (task_id,)) is None
     assert len(sim.pulls("agent/fix-closed01")) == 1
-
 
 
 # ------------------------------------------------------------------ PR feedback and CI (the forge interface)

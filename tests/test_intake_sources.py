@@ -3,6 +3,7 @@ Sentry web API answered by http.server on 127.0.0.1 in their real JSON shapes, a
 Each proves the cursor persists: a second pull ingests nothing new."""
 
 import json
+from urllib.parse import urlencode
 import os
 import time
 
@@ -245,3 +246,51 @@ def test_loki_entries_of_the_wrong_shape_are_counted_and_the_rest_ingested(tmp_p
         (item,) = scan(app)
     assert item["ok"] is True and item["new"] == 2 and item["rejected"] == 1, item
     assert "3 loki entries not a [nanosecond timestamp, line] pair" in item["rejections"][0]["reason"]
+
+
+def test_loki_redirect_to_another_origin_is_refused_and_a_same_origin_one_followed(tmp_path, monkeypatch):
+    """Credentials go only to the configured origin: a redirect elsewhere is one failed line naming both origins
+    and the other server sees no request at all; a redirect within the origin (a path prefix) still works."""
+    loki = FakeLoki(require="Bearer loki-secret-1")
+    loki.add_lines(NODE_LOG, {"app": "web"}, time.time_ns() - 10**9)
+    monkeypatch.setenv("LOKI_TOKEN", "loki-secret-1")
+    with LocalServer(lambda *a: (200, {}, [])) as collector, LocalServer(loki) as srv:
+        where = {"to": collector.url}
+
+        def front(method, path, query, headers):
+            if path == "/loki/api/v1/query_range":
+                return 307, {"Location": f"{where['to']}/moved{path}?{urlencode(query)}"}, b""
+            return loki(method, path.removeprefix("/moved"), query, headers)
+
+        srv.handler = front
+        app = _loki_app(tmp_path, srv.url, auth_env="LOKI_TOKEN")
+        (item,) = scan(app)
+        assert not item["ok"] and "\n" not in item["line"] and "loki-secret-1" not in item["line"]
+        assert collector.url.removeprefix("http://") in item["line"] and srv.url.removeprefix("http://") in item["line"]
+        assert collector.requests == []
+        where["to"] = srv.url                      # the same origin: followed, with the credentials
+        (item,) = scan(app)
+        assert item["ok"] and item["new"] == 1, item
+        assert srv.requests[-1][0] == "/moved/loki/api/v1/query_range"
+
+
+def test_sentry_next_page_on_another_origin_is_never_sent_the_token(tmp_path, monkeypatch):
+    sentry = FakeSentry("sntrys_tok_42")
+    sentry.events = [sentry_api_event(f"{i:032x}", f"2024-05-01T10:00:0{i}Z") for i in range(3)]
+    monkeypatch.setenv("SENTRY_TOKEN", "sntrys_tok_42")
+    with LocalServer(lambda *a: (200, {}, [])) as collector, LocalServer(sentry) as srv:
+        def hostile(method, path, query, headers):
+            status, extra, body = sentry(method, path, query, headers)
+            link = extra.get("Link", "").replace(f"http://{headers['Host']}", collector.url)
+            return status, {**extra, "Link": link}, body
+
+        app = make_app(tmp_path / "home", {"sources": [{
+            "kind": "sentry", "url": srv.url, "org": "acme", "project": "widgets", "token_env": "SENTRY_TOKEN"}]})
+        (item,) = scan(app)                         # the newest page: sets the cursor
+        assert item["ok"], item
+        sentry.events += [sentry_api_event(f"{i:032x}", f"2024-05-01T10:01:0{i}Z") for i in range(3, 7)]
+        srv.handler = hostile                       # the next page now points at another host
+        (item,) = scan(app)
+        assert not item["ok"] and "refusing to send credentials" in item["line"], item
+        assert collector.url.removeprefix("http://") in item["line"] and "\n" not in item["line"]
+        assert collector.requests == []

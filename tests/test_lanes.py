@@ -451,8 +451,8 @@ def test_progress_display_only_on_tty():
         p("running tests")
         time.sleep(0.3)
     assert "[reviewer fake 00:00] running tests" in tty.getvalue()
-    assert format_line("x", 125, "a" * 500, width=40).startswith("[x 02:05] ")
-    assert len(format_line("x", 125, "a" * 500, width=40)) == 40
+    assert format_line("x", 125, "z" * 500, width=40).startswith("[x 02:05] ")
+    assert len(format_line("x", 125, "z" * 500, width=40)) == 40
 
 
 def test_interrupted_run_is_superseded_on_resume(env):

@@ -210,18 +210,20 @@ def test_home_tmpfs_comes_before_what_is_bound_back_into_it(tmp_path):
     home = tmp_path / "alice"
     agent_home = home / ".local" / "share" / "agent"
     wt, run_dir, state = agent_home / "worktrees" / "1", agent_home / "lanes" / "1", home / ".codex"
-    for d in (wt, run_dir, state):
+    lane_dir = run_dir / "lane"
+    for d in (wt, lane_dir, state):
         d.mkdir(parents=True)
     spec = agent_home / "spec.md"
     spec.write_text("x")
     plan = lane_plan(cwd=wt, writable=True, agent_home=agent_home, run_dir=run_dir, spec_paths=[spec],
-                     state_paths=[state], extra_writable=[], homes=[Path("/root"), home])
+                     state_paths=[state], extra_writable=[], homes=[Path("/root"), home], lane_dir=lane_dir)
     argv, _ = wrap("bwrap", ["true"], with_argv_files(plan, ["true"], {"PATH": "/usr/bin"}), {})
     pos = {tuple(argv[i:i + 2]): i for i in range(len(argv) - 1)}
-    home_at = pos[("--tmpfs", str(home))]
-    assert pos[("--tmpfs", "/root")] < home_at < pos[("--tmpfs", str(agent_home))]
-    for p in (wt, run_dir, state):
+    home_at = argv.index(str(home)) - 1
+    assert argv[home_at] == "--tmpfs" and argv.index("/root") < home_at < argv.index(str(agent_home))
+    for p in (wt, lane_dir, state):
         assert home_at < pos[("--bind", str(p))], argv
+    assert ("--bind", str(run_dir)) not in pos                   # the runner's own dir is never shown
     assert home_at < pos[("--ro-bind", str(spec))]
 
 

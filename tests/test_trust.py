@@ -493,7 +493,9 @@ def test_case8_secrets_a_lane_prints_are_stored_redacted(tmp_path, monkeypatch):
     res = run_lane(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led)
     assert res.status == "complete"
     stored = {p.name: p.read_text(errors="replace") for p in res.log_dir.iterdir() if p.is_file()}
-    assert {"01-turn.stdout", "01-turn.stderr", "result.json", "notes.txt"} <= set(stored)
+    stored |= {"lane-files/" + p.name: p.read_text(errors="replace") for p in (res.log_dir / "lane-files").iterdir()}
+    assert {"01-turn.stdout", "01-turn.stderr", "result.json", "lane-files/notes.txt"} <= set(stored)
+    assert not (res.log_dir / "lane").exists()           # the lane's own dir is gone: only its redacted copy stays
     for name, text in stored.items():
         assert key not in text and "ghp_A1b2" not in text, name
     row = led.one("SELECT summary, lesson FROM lane_runs WHERE id = ?", (res.run_id,))

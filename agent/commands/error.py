@@ -34,8 +34,10 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     """
     from agent.intake.store import ingest_text
 
-    if repo is not None and (repo.count("/") != 1 or not all(repo.split("/"))):
-        raise click.BadParameter(f"{repo!r} is not OWNER/NAME", param_hint="--repo")
+    from agent.config import repo_key_problem
+
+    if repo is not None and repo_key_problem(repo):
+        raise click.BadParameter(repo_key_problem(repo), param_hint="--repo")
     if file == "-":
         text = sys.stdin.buffer.read().decode("utf-8", "replace")
     else:

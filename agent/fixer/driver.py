@@ -56,9 +56,11 @@ class Stop(Exception):
 
 
 def redact_text(text: str) -> str:
+    """Text that came from an error or a lane, as it may be stored or shown: redacted, escape sequences removed."""
     from agent.intake.redact import redact
+    from agent.text import strip_controls
 
-    return redact(text or "")
+    return strip_controls(redact(text or ""))
 
 
 def block(ctx: Ctx, reason: str) -> None:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from agent import AgentError
+
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,9 +99,14 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
         from agent.tasks import create_task
         from agent.workspace import branch_name
 
-        task_id, created = create_task(ledger, repo.name, title[:200], error_id=r["error_id"],
-                                       conclusion_id=r["conclusion_id"], base=repo.base,
-                                       round_cap=config.limits.round_cap, actor="script")
+        try:
+            task_id, created = create_task(ledger, repo.name, title[:200], error_id=r["error_id"],
+                                           conclusion_id=r["conclusion_id"], base=repo.base,
+                                           round_cap=config.limits.round_cap, actor="script")
+        except AgentError as exc:  # one repository's problem never stops the others' work
+            items.append({"error_id": r["error_id"], "error": str(exc),
+                          "line": f"error {r['error_id'][:8]}: no task: {exc}"})
+            continue
         # its branch, its error's state and its workspace: only under its claim, as this home's runner (the
         # worktree it makes is in this home; the work scan's claim then knows it did not move)
         token = claim(ledger, task_id, runner=runner_id(app.home))

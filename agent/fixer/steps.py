@@ -164,7 +164,7 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
 
 def _lane_outcome(ctx: Ctx, role: str, result) -> None:
     """The shared handling of a lane that did not produce a usable report."""
-    from agent.lanes.lane import MIRROR_TAMPERED
+    from agent.lanes.lane import MIRROR_TAMPERED, SETID_BITS, WORKTREE_TOO_LARGE
 
     if result.status == "unavailable":
         block(ctx, f"{role} lane unavailable ({result.vendor}): {result.reason or 'binary missing or auth refused'}")
@@ -177,6 +177,14 @@ def _lane_outcome(ctx: Ctx, role: str, result) -> None:
         reject_round(ctx, f"{role} lane rejected: it changed git's config, hooks or .git ({result.vendor})",
                       f"The {role} lane changed git's own files ({redact_text(result.reason or '')}); they were "
                       "restored. Never touch .git, hooks or git config.")
+        raise Stop()
+    if result.status == "rejected" and (result.reason or "").startswith((SETID_BITS, WORKTREE_TOO_LARGE)):
+        # the bits are removed already; the round's work is dropped and the next round starts from the last commit
+        g = task_git(ctx)
+        g("reset", "-q", "--hard", "HEAD")
+        g("clean", "-fdqx")
+        reject_round(ctx, f"{role} lane rejected: {result.reason}",
+                     f"The {role} lane's round was dropped: {redact_text(result.reason or '')}.")
         raise Stop()
     if result.status == "rejected":
         fail(ctx, f"{role} lane rejected: {result.reason}")
@@ -270,6 +278,7 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
 
 
 def step_committed(ctx: Ctx) -> None:
+    from agent.text import strip_controls
     from agent.workspace import unsafe_changes
 
     t = ctx.task
@@ -302,7 +311,7 @@ def step_committed(ctx: Ctx) -> None:
     if blocked:
         g("reset", "-q", "--hard", "HEAD")
         g("clean", "-fdq")
-        shown = ", ".join(sorted(set(blocked)))
+        shown = strip_controls(", ".join(sorted(set(blocked))))     # file names the lane chose
         reject_round(ctx, f"touched blocked paths {shown}",
                       f"The previous round made blocked changes ({shown}); never touch these paths, never add "
                       "symlinks that point outside the repository and never add submodules.")
@@ -360,6 +369,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
     from agent.fence import lease_keeper
     from agent.lanes.sandbox import check_argv
     from agent.proc import run
+    from agent.workspace import human_bytes, walk_tree
 
     t = ctx.task
     repo_cfg = repo_config(ctx)
@@ -386,6 +396,13 @@ def step_local_check_pass(ctx: Ctx) -> None:
         ctx.say("check interrupted by shutdown; the next scan runs it again")
         raise Stop()
     task_git(ctx)("clean", "-fdq")  # what the check left behind must not be committed by the next round
+    size, setid = walk_tree(Path(t["worktree"]), strip_setid=True)   # code the lane wrote ran: no setuid file stays
+    if size > ctx.config.limits.worktree_max_mb << 20:
+        task_git(ctx)("clean", "-fdqx")
+        reject_round(ctx, f"worktree_too_large after the check ({human_bytes(size)})",
+                     f"The check left the worktree at {human_bytes(size)}, past limits.worktree_max_mb "
+                     f"({ctx.config.limits.worktree_max_mb} MB); keep generated files out of it.")
+        return
     record_check(ctx.ledger, ctx.task_id, t["round"], command=command, exit_code=res.exit_code, passed=passed,
                  head=head, output_path=str(out), duration_s=round(res.duration_s, 3), status=res.status,
                  claim_token=ctx.token)

@@ -212,6 +212,11 @@ class ForgeTransient(ForgeError):
     """A timeout, a dropped connection or a 5xx that was not (or could not safely be) retried."""
 
 
+class ForgeBadAnswer(ForgeTransient):
+    """An answer that is not the JSON shape the call expects (a proxy's HTML page, a list for an object, a
+    missing field): handled like a 5xx, i.e. retried on the next scan."""
+
+
 @runtime_checkable
 class Forge(Protocol):
     name: str                 # "github" | "gitlab" | "gitea" | "local"

@@ -27,13 +27,20 @@ from urllib.parse import quote
 
 from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
                          own_key, with_own_mark)
-from agent.forge.hosted import HostedForge, pr_from_pulls_json
+from agent.forge.hosted import COMMENT, PERMISSION, PULL, STATUS, TEXT, WHO, HostedForge, pr_from_pulls_json
 
 DEFAULT_WIP_PREFIXES = ("WIP:", "[WIP]")
 WRITE_PERMISSIONS = ("write", "admin", "owner")
 REVIEW_STATES = {"APPROVED": "approved", "REQUEST_CHANGES": "changes_requested", "COMMENT": "commented"}
 MAX_PAGES = 50
 PAGE_LIMIT = 50                  # Gitea's default MAX_RESPONSE_ITEMS
+# The JSON shapes (agent.http.check_shape) Gitea's answers must have; more fields are fine.
+USER = {"id": int, "login": str}
+LABEL = {"id": int, "name": str}
+REVIEW = {"id": int, "state?": TEXT, "body?": TEXT, "user?": (WHO, None), "dismissed?": (bool, None),
+          "submitted_at?": TEXT, "updated_at?": TEXT, "comments_count?": (int, None), "html_url?": TEXT}
+INLINE = {**COMMENT, "path?": TEXT, "position?": (int, None), "original_position?": (int, None)}
+STATUS = {**STATUS, "status?": TEXT}
 
 
 def resolve_token(token_env: str = "GITEA_TOKEN", environ: dict | None = None) -> str:
@@ -67,8 +74,10 @@ class GiteaForge(HostedForge):
                  session=None, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITEA_TOKEN"):
-        if repo.count("/") != 1 or not all(repo.split("/")):
-            raise ForgeError(f"gitea: repository {repo!r} is not OWNER/NAME")
+        from agent.config import repo_key_problem
+
+        if repo_key_problem(repo, self.name):
+            raise ForgeError(f"gitea: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
                          retries=retries, max_wait=max_wait, backoff=backoff)
         self.owner, self.repo_name = repo.split("/")
@@ -81,7 +90,8 @@ class GiteaForge(HostedForge):
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GiteaForge":
         gt = config.gitea
-        return cls(repo_config.name, api_url=gt.api_url, base=repo_config.base, wip_prefix=gt.wip_prefix,
+        return cls(repo_config.name, timeout=config.forges.timeout, api_url=gt.api_url, base=repo_config.base,
+                   wip_prefix=gt.wip_prefix,
                    token_env=gt.token_env, token=lambda: resolve_token(gt.token_env))
 
     # ------------------------------------------------------------------ Gitea's quirks
@@ -114,35 +124,33 @@ class GiteaForge(HostedForge):
         return pr_from_pulls_json(data, title=title, draft=prefixed)
 
     def _get_pr(self, number: int) -> dict:
-        return self.api.request("GET", f"{self._repo_path()}/pulls/{int(number)}",
-                                what=f"reading PR #{number}").json()
+        return self.api.call("GET", f"{self._repo_path()}/pulls/{int(number)}", PULL, what=f"reading PR #{number}")
 
     # ------------------------------------------------------------------ the Forge interface
 
     def find_pr_by_head(self, branch: str, base: str | None = None) -> PR | None:
         base = base or self.base
-        resp = self.api.request("GET", f"{self._repo_path()}/pulls/{quote(base, safe='')}/{quote(branch, safe='/')}",
+        resp = self.api.request("GET", f"{self._repo_path()}/pulls/{quote(base, safe='')}/{quote(branch, safe='')}",
                                 what=f"looking up the PR for {branch}", allow=(404,))
         if resp.status_code == 404:
             return None
-        pr = self._pr_from_json(resp.json())
+        pr = self._pr_from_json(self.api.parse(resp, PULL, f"looking up the PR for {branch}"))
         return pr if pr.head == branch else None
 
     def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"head": head, "base": base, "title": self.wip_prefix + title, "body": body}
-        resp = self.api.request("POST", f"{self._repo_path()}/pulls", json=payload, idempotent=False,
-                                what=f"creating the draft PR for {head}")
-        return self._pr_from_json(resp.json())
+        return self._pr_from_json(self.api.call("POST", f"{self._repo_path()}/pulls", PULL, json=payload,
+                                                idempotent=False, what=f"creating the draft PR for {head}"))
 
     def _find(self, head: str, base: str) -> PR | None:
         return self.find_pr_by_head(head, base)
 
     def update(self, number: int, title: str, body: str) -> PR:
         current = self._pr_from_json(self._get_pr(number))
-        resp = self.api.request("PATCH", f"{self._repo_path()}/pulls/{int(number)}",
-                                json={"title": (self.wip_prefix if current.draft else "") + title, "body": body},
-                                what=f"updating PR #{number}")
-        return self._pr_from_json(resp.json())
+        return self._pr_from_json(self.api.call(
+            "PATCH", f"{self._repo_path()}/pulls/{int(number)}", PULL,
+            json={"title": (self.wip_prefix if current.draft else "") + title, "body": body},
+            what=f"updating PR #{number}"))
 
     def comment(self, number: int, text: str) -> None:
         # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
@@ -153,13 +161,13 @@ class GiteaForge(HostedForge):
         if not labels:
             return
         known = {lb["name"]: lb["id"] for lb in self.api.paginate(
-            f"{self._repo_path()}/labels", {"limit": PAGE_LIMIT}, what="listing labels")}
+            f"{self._repo_path()}/labels", {"limit": PAGE_LIMIT}, what="listing labels", item=LABEL)}
         ids = []
         for name in dict.fromkeys(labels):
             if name not in known:
-                made = self.api.request("POST", f"{self._repo_path()}/labels",
-                                        json={"name": name, "color": "#ededed"}, idempotent=False,
-                                        what=f"creating label {name!r}").json()
+                made = self.api.call("POST", f"{self._repo_path()}/labels", LABEL,
+                                     json={"name": name, "color": "#ededed"}, idempotent=False,
+                                     what=f"creating label {name!r}")
                 known[name] = made["id"]
             ids.append(int(known[name]))
         # Adding labels the PR already has is a no-op, so a retry is harmless.
@@ -172,7 +180,7 @@ class GiteaForge(HostedForge):
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``, own comments)."""
         if self._me is None:
-            self._me = self.api.request("GET", "/user", what="reading the token's user").json()
+            self._me = self.api.call("GET", "/user", USER, what="reading the token's user")
         return self._me
 
     # ------------------------------------------------------------------ PR feedback and CI
@@ -191,7 +199,7 @@ class GiteaForge(HostedForge):
             return not ((user or {}).get("id") == me and own_key(body) is None)
 
         for r in self.api.paginate(f"{self._repo_path()}/pulls/{n}/reviews", {"limit": PAGE_LIMIT},
-                                   what=f"listing reviews of PR #{n}", max_pages=MAX_PAGES):
+                                   what=f"listing reviews of PR #{n}", max_pages=MAX_PAGES, item=REVIEW):
             state = REVIEW_STATES.get(str(r.get("state") or "").upper())
             if state is None:
                 continue                      # PENDING (not submitted) or REQUEST_REVIEW (a request, no words)
@@ -204,8 +212,8 @@ class GiteaForge(HostedForge):
                                       created_at=created, state=state, url=r.get("html_url")))
             if not r.get("comments_count"):
                 continue
-            for c in self.api.request("GET", f"{self._repo_path()}/pulls/{n}/reviews/{int(r['id'])}/comments",
-                                      what=f"reading review {r['id']} of PR #{n}").json():
+            for c in self.api.call("GET", f"{self._repo_path()}/pulls/{n}/reviews/{int(r['id'])}/comments", [INLINE],
+                                   what=f"reading review {r['id']} of PR #{n}"):
                 line = c.get("position") or c.get("original_position") or None
                 created, body = c.get("created_at") or "", c.get("body") or ""
                 if keep(c.get("user"), body, created):
@@ -214,8 +222,8 @@ class GiteaForge(HostedForge):
                                           line=int(line) if line else None, review_id=str(r["id"]),
                                           url=c.get("html_url")))
         params = {"since": since} if since else None
-        for c in self.api.request("GET", f"{self._repo_path()}/issues/{n}/comments", params=params,
-                                  what=f"listing comments of PR #{n}").json():
+        for c in self.api.call("GET", f"{self._repo_path()}/issues/{n}/comments", [COMMENT], params=params,
+                               what=f"listing comments of PR #{n}"):
             created, body = c.get("created_at") or "", c.get("body") or ""
             if keep(c.get("user"), body, created):
                 items.append(Feedback(kind="comment", id=str(c["id"]), author=_login(c), body=body,
@@ -229,15 +237,16 @@ class GiteaForge(HostedForge):
 
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
-        resp = self.api.request("POST", f"{self._repo_path()}/issues/{int(number)}/comments",
-                                json={"body": with_own_mark(text, key)}, idempotent=False,
-                                what=f"replying on PR #{number}")
-        return str(resp.json()["id"])
+        made = self.api.call("POST", f"{self._repo_path()}/issues/{int(number)}/comments", COMMENT,
+                             json={"body": with_own_mark(text, key)}, idempotent=False,
+                             what=f"replying on PR #{number}")
+        return str(made["id"])
 
     def ci_results(self, sha: str) -> list[CIResult]:
         """The newest commit status per context (Gitea Actions and external CI both report statuses)."""
         statuses = self.api.paginate(f"{self._repo_path()}/statuses/{quote(sha, safe='')}", {"limit": PAGE_LIMIT},
-                                     what=f"listing commit statuses of {sha[:12]}", max_pages=MAX_PAGES)
+                                     what=f"listing commit statuses of {sha[:12]}", max_pages=MAX_PAGES,
+                                     item=STATUS)
         out: list[CIResult] = []
         seen: set[str] = set()
         for st in sorted(statuses, key=lambda x: int(x.get("id") or 0), reverse=True):
@@ -266,7 +275,7 @@ class GiteaForge(HostedForge):
             raise ForgeAuthError(f"gitea {self.repo}: reading {login}'s permission was refused (403); Gitea "
                                  "answers it only to repository admins: give the token's user admin on the "
                                  "repository, or list trusted reviewers in review.allowed_users")
-        return str(resp.json().get("permission") or "none")
+        return str(self.api.parse(resp, PERMISSION, f"reading {login}'s permission")["permission"] or "none")
 
     def has_write_access(self, login: str) -> bool:
         return self.permission(login) in WRITE_PERMISSIONS

@@ -32,12 +32,23 @@ from urllib.parse import quote
 
 from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
                          own_key, with_own_mark)
-from agent.forge.hosted import HostedForge
+from agent.forge.hosted import TEXT, HostedForge
 
 DRAFT_PREFIX = "Draft: "
 _DRAFT_RE = re.compile(r"^\s*(?:draft:|\[draft\]|\(draft\))\s*", re.I)
 WRITE_ACCESS_LEVEL = 30          # Developer; 40 Maintainer, 50 Owner
 MAX_PAGES = 50
+# The JSON shapes (agent.http.check_shape) GitLab's answers must have; more fields are fine.
+USER = {"id": int, "username": str}
+MR = {"iid": int, "state": str, "source_branch": str, "target_branch": str, "title": str, "description?": TEXT,
+      "sha?": TEXT, "web_url?": TEXT, "draft?": (bool, None), "work_in_progress?": (bool, None),
+      "merged_at?": TEXT}
+NOTE = {"id": int, "body?": TEXT, "author?": (USER, None), "system?": (bool, None), "type?": TEXT,
+        "created_at?": TEXT, "position?": ({"new_path?": TEXT, "old_path?": TEXT, "new_line?": (int, None),
+                                              "old_line?": (int, None)}, None)}
+DISCUSSION = {"id": (str, int), "notes?": ([NOTE], None)}
+STATUS = {"id": int, "status": str, "name?": TEXT, "description?": TEXT, "target_url?": TEXT}
+PIPELINE = {"id": int, "status": str, "source?": TEXT, "ref?": TEXT, "web_url?": TEXT}
 
 
 def resolve_token(token_env: str = "GITLAB_TOKEN", environ: dict | None = None) -> str:
@@ -82,8 +93,10 @@ class GitlabForge(HostedForge):
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITLAB_TOKEN"):
-        if repo.count("/") < 1 or not all(repo.split("/")):
-            raise ForgeError(f"gitlab: project {repo!r} is not GROUP/NAME")
+        from agent.config import repo_key_problem
+
+        if repo_key_problem(repo, self.name):
+            raise ForgeError(f"gitlab: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
                          retries=retries, max_wait=max_wait, backoff=backoff)
         self.base = base
@@ -93,7 +106,8 @@ class GitlabForge(HostedForge):
     @classmethod
     def from_config(cls, repo_config, config, home, ledger=None) -> "GitlabForge":
         gl = config.gitlab
-        return cls(repo_config.name, api_url=gl.api_url, base=repo_config.base, token_env=gl.token_env,
+        return cls(repo_config.name, timeout=config.forges.timeout, api_url=gl.api_url, base=repo_config.base,
+                   token_env=gl.token_env,
                    token=lambda: resolve_token(gl.token_env))
 
     # ------------------------------------------------------------------ GitLab's quirks
@@ -122,7 +136,7 @@ class GitlabForge(HostedForge):
         return f"{self._project()}/merge_requests/{int(iid)}"
 
     def _get_mr(self, iid: int) -> dict:
-        return self.api.request("GET", self._mr(iid), what=f"reading MR !{iid}").json()
+        return self.api.call("GET", self._mr(iid), MR, what=f"reading MR !{iid}")
 
     # ------------------------------------------------------------------ the Forge interface
 
@@ -131,8 +145,8 @@ class GitlabForge(HostedForge):
         if base or self.base:
             params["target_branch"] = base or self.base
         items = self.api.paginate(f"{self._project()}/merge_requests", params,
-                                  what=f"listing MRs for {branch}", max_pages=MAX_PAGES)
-        prs = [_pr_from_json(i) for i in items if i.get("source_branch") == branch]
+                                  what=f"listing MRs for {branch}", max_pages=MAX_PAGES, item=MR)
+        prs = [_pr_from_json(i) for i in items if i["source_branch"] == branch]
         if not prs:
             return None
         prs.sort(key=lambda p: (p.state == "open", p.number), reverse=True)
@@ -141,20 +155,18 @@ class GitlabForge(HostedForge):
     def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"source_branch": head, "target_branch": base, "title": DRAFT_PREFIX + title,
                    "description": body, "remove_source_branch": False}
-        resp = self.api.request("POST", f"{self._project()}/merge_requests", json=payload, idempotent=False,
-                                what=f"creating the draft MR for {head}")
-        return _pr_from_json(resp.json())
+        return _pr_from_json(self.api.call("POST", f"{self._project()}/merge_requests", MR, json=payload,
+                                           idempotent=False, what=f"creating the draft MR for {head}"))
 
     def _find(self, head: str, base: str) -> PR | None:
         return self.find_pr_by_head(head, base)
 
     def update(self, number: int, title: str, body: str) -> PR:
         current = _pr_from_json(self._get_mr(number))
-        resp = self.api.request("PUT", self._mr(number),
-                                json={"title": (DRAFT_PREFIX if current.draft else "") + title,
-                                      "description": body},
-                                what=f"updating MR !{number}")
-        return _pr_from_json(resp.json())
+        return _pr_from_json(self.api.call("PUT", self._mr(number), MR,
+                                           json={"title": (DRAFT_PREFIX if current.draft else "") + title,
+                                                 "description": body},
+                                           what=f"updating MR !{number}"))
 
     def comment(self, number: int, text: str) -> None:
         # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
@@ -174,7 +186,7 @@ class GitlabForge(HostedForge):
     def user(self) -> dict:
         """GET /user: who the token belongs to (``agent doctor --online``, own notes)."""
         if self._me is None:
-            self._me = self.api.request("GET", "/user", what="reading the token's user").json()
+            self._me = self.api.call("GET", "/user", USER, what="reading the token's user")
         return self._me
 
     # ------------------------------------------------------------------ PR feedback and CI
@@ -190,7 +202,7 @@ class GitlabForge(HostedForge):
         web = self._get_mr(n).get("web_url") or ""
         items: list[Feedback] = []
         for d in self.api.paginate(f"{self._mr(n)}/discussions", {"per_page": 100},
-                                   what=f"listing discussions of MR !{n}", max_pages=MAX_PAGES):
+                                   what=f"listing discussions of MR !{n}", max_pages=MAX_PAGES, item=DISCUSSION):
             for note in d.get("notes") or []:
                 created = note.get("created_at") or ""
                 author = note.get("author") or {}
@@ -218,16 +230,16 @@ class GitlabForge(HostedForge):
 
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
-        resp = self.api.request("POST", f"{self._mr(number)}/notes", json={"body": with_own_mark(text, key)},
-                                idempotent=False, what=f"replying on MR !{number}")
-        return str(resp.json()["id"])
+        made = self.api.call("POST", f"{self._mr(number)}/notes", {"id": int}, json={"body": with_own_mark(text, key)},
+                             idempotent=False, what=f"replying on MR !{number}")
+        return str(made["id"])
 
     def ci_results(self, sha: str) -> list[CIResult]:
         """The newest commit status per name (each CI job reports one) and the newest pipeline of ``sha``."""
         out: list[CIResult] = []
         statuses = self.api.paginate(f"{self._project()}/repository/commits/{quote(sha, safe='')}/statuses",
                                      {"per_page": 100}, what=f"listing commit statuses of {sha[:12]}",
-                                     max_pages=MAX_PAGES)
+                                     max_pages=MAX_PAGES, item=STATUS)
         seen: set[str] = set()
         for st in sorted(statuses, key=lambda x: int(x.get("id") or 0), reverse=True):
             name = st.get("name") or "default"
@@ -238,8 +250,8 @@ class GitlabForge(HostedForge):
             out.append(CIResult(kind="status", id=str(st.get("id")), name=name, state=ci_state(_ci_word(word)),
                                 conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
                                 head_sha=sha))
-        pipelines = self.api.request("GET", f"{self._project()}/pipelines", params={"sha": sha, "per_page": 20},
-                                     what=f"listing pipelines of {sha[:12]}").json()
+        pipelines = self.api.call("GET", f"{self._project()}/pipelines", [PIPELINE],
+                                  params={"sha": sha, "per_page": 20}, what=f"listing pipelines of {sha[:12]}")
         if pipelines:
             pl = max(pipelines, key=lambda x: int(x.get("id") or 0))
             word = pl.get("status") or ""
@@ -256,8 +268,8 @@ class GitlabForge(HostedForge):
         me = self.user()
         if login == me.get("username"):
             return int(me["id"])
-        found = self.api.request("GET", "/users", params={"username": login},
-                                 what=f"looking up user {login}").json()
+        found = self.api.call("GET", "/users", [USER], params={"username": login},
+                              what=f"looking up user {login}")
         return int(found[0]["id"]) if found else None
 
     def access_level(self, user_id: int) -> int:
@@ -265,7 +277,9 @@ class GitlabForge(HostedForge):
         A user who is no member at all gets 404 from GitLab: level 0."""
         resp = self.api.request("GET", f"{self._project()}/members/all/{int(user_id)}", allow=(404,),
                                 what=f"reading the access level of user {user_id}")
-        return 0 if resp.status_code == 404 else int(resp.json().get("access_level") or 0)
+        if resp.status_code == 404:
+            return 0
+        return self.api.parse(resp, {"access_level": int}, f"reading the access level of user {user_id}")["access_level"]
 
     def has_write_access(self, login: str) -> bool:
         """Developer (30) or above: may push to the project's branches."""

@@ -14,7 +14,18 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from agent.forge import PR, ForgeAuthError, ForgeConflict, ForgeError, ForgeRateLimited, ForgeTransient, adoption_refusal
+from agent.forge import (PR, ForgeAuthError, ForgeBadAnswer, ForgeConflict, ForgeError, ForgeRateLimited,
+                         ForgeTransient, adoption_refusal)
+
+
+# The JSON shapes (agent.http.check_shape) GitHub and Gitea/Forgejo answers must have; more fields are fine.
+TEXT = (str, None)
+WHO = {"login": str}
+PULL = {"number": int, "state": str, "head": {"ref": str, "sha?": TEXT}, "base": {"ref": str}, "title?": TEXT,
+        "body?": TEXT, "html_url?": TEXT, "draft?": (bool, None), "merged?": (bool, None), "merged_at?": TEXT}
+COMMENT = {"id": int, "body?": TEXT, "user?": (WHO, None), "created_at?": TEXT, "html_url?": TEXT}
+STATUS = {"id": int, "context?": TEXT, "description?": TEXT, "target_url?": TEXT}
+PERMISSION = {"permission": TEXT, "role_name?": TEXT}
 
 
 def pr_from_pulls_json(data: dict, title: str | None = None, draft: bool = False) -> PR:
@@ -50,7 +61,8 @@ class HostedForge:
                              check=self._check, session=session, headers=headers, sleep=sleep, clock=clock,
                              timeout=timeout, retries=retries, max_wait=max_wait, backoff=backoff,
                              transient_error=ForgeTransient, rate_limited_error=ForgeRateLimited,
-                             rate_limit_hint=rate_limit_hint)
+                             rate_limit_hint=rate_limit_hint, error=ForgeError, bad_answer_error=ForgeBadAnswer,
+                             reauth=self._reauth)
 
     def __repr__(self) -> str:  # never shows the token
         return f"{type(self).__name__}(repo={self.repo!r}, api_url={self.api_url!r})"
@@ -108,7 +120,17 @@ class HostedForge:
 
     # ------------------------------------------------------------------ shared
 
+    def _reauth(self) -> bool:
+        """A 401: a renewing token source (a GitHub App) forgets its cached token and the call is tried once more."""
+        forget = getattr(self._token_source, "forget", None)
+        if getattr(self._token_source, "renews", False) and forget is not None:
+            forget()
+            return True
+        return False
+
     def _auth_headers(self) -> dict:
+        if getattr(self._token_source, "renews", False):   # a GitHub App: its token changes; it caches it
+            return self.auth_header(self._token_source())
         if self._token is None:
             src = self._token_source
             token = src() if callable(src) else src

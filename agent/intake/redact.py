@@ -39,6 +39,10 @@ _RULES: list[tuple[str, re.Pattern, Any]] = [
     ("token", re.compile(r"(?i)(?<![A-Za-z0-9])(basic|token|digest)\s{1,64}+(?!\[redacted)"
                          r"(?=[A-Za-z.~]*+[0-9+/=_-])([A-Za-z0-9._~+/=-]{8,}+)"),
      lambda m: f"{m.group(1)} [redacted:bearer]"),
+    # the netrc form (``machine H login U password P``, ``default ... password P``), one line or several
+    ("netrc", re.compile(r"(?i)(\b(?:machine\s{1,64}+\S{1,253}+|default)(?:\s{1,64}+(?:login|account|port)\s{1,64}+"
+                         r"\S{1,256}+){0,3}+\s{1,64}+password\s{1,64}+)(?!\[redacted)\S{1,1024}+"),
+     lambda m: f"{m.group(1)}[redacted:password]"),
     ("url-password", re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)([^/\s:@\"'<>]*+):([^/\s@\"'<>]++)@"),
      lambda m: f"{m.group(1)}{m.group(2)}:[redacted:password]@"),
     ("jwt", None, None),   # _sub_jwt: a hand-written scan (see there)
@@ -176,6 +180,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "header": ("cookie", "authorization", "x-api-key", "x-auth-token"),
     "bearer": ("bearer",),
     "token": ("basic", "token", "digest"),
+    "netrc": ("machine", "default"),
     "url-password": ("://",),
     "jwt": ("eyj",),
     "github-token": ("gh", "github_pat_"),

@@ -71,7 +71,7 @@ def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | No
     for _page in range(LOKI_MAX_PAGES):
         doc, _ = http.get_json(url, params={"query": src.query, "start": str(start), "end": str(end),
                                             "limit": str(limit), "direction": "forward"},
-                               headers=headers, auth=auth)
+                               headers=headers, auth=auth, pinned=http.origin(base))
         if not isinstance(doc, dict) or doc.get("status") != "success":
             raise AgentError(f"loki {redact(base)}: unexpected answer (status {doc.get('status')!r})"
                              if isinstance(doc, dict) else f"loki {redact(base)}: unexpected answer")
@@ -200,7 +200,7 @@ def pull_sentry(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | 
     next_url: str | None = url
     pages = 0
     while next_url and pages < (max_pages if last else 1):
-        doc, resp = http.get_json(next_url, params=params, headers=headers, auth=auth)
+        doc, resp = http.get_json(next_url, params=params, headers=headers, auth=auth, pinned=http.origin(base))
         pages += 1
         params = None  # the next link carries its own query
         if not isinstance(doc, list):

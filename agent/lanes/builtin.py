@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 
 from agent import AgentError
+from agent.lanes.files import read_lane_file, write_private
 from agent.lanes.vendors import VENDORS, Invocation, LaneContext, TurnOutput
 
 # Read-only lanes may inspect history but not change anything.
@@ -80,6 +81,8 @@ class _Base:
     default_bin = ""
     can_resume = True
     worktree_litter: tuple[str, ...] = ()
+    # what logging in needs, copied from the user's state dirs into the task's private copy (files.private_state)
+    login_files: tuple[str, ...] = ()
 
     def version_argv(self, bin: str) -> list[str]:
         return [bin, "--version"]
@@ -115,6 +118,7 @@ class Codex(_Base):
 
     name = "codex"
     default_bin = "codex"
+    login_files = ("auth.json", "config.toml")
     usage_cumulative = True       # run_lane replaces a resumed turn's usage instead of adding it
 
     @staticmethod
@@ -164,9 +168,7 @@ class Codex(_Base):
                 errors.append(ev.get("message") or "error")
         if message is None:
             # stdout may have been cut at the size cap; -o still holds the final message.
-            last = self._last_file(ctx)
-            if last.exists():
-                message = last.read_text(encoding="utf-8", errors="replace")
+            message = read_lane_file(self._last_file(ctx), parse=True)   # the lane wrote it: never through a link
         api_error = errors[-1] if errors else None
         if api_error is None and exit_code not in (0, None) and not message:
             api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
@@ -189,6 +191,7 @@ class Claude(_Base):
 
     name = "claude"
     default_bin = "claude"
+    login_files = (".credentials.json", ".claude.json")
     WRITE_TOOLS = "Bash,Edit,Write,MultiEdit,Read,Glob,Grep,NotebookEdit,TodoWrite"
     READ_TOOLS = "Read,Glob,Grep,Bash"
 
@@ -196,7 +199,7 @@ class Claude(_Base):
         if env.get("CLAUDE_CONFIG_DIR"):
             return [Path(env["CLAUDE_CONFIG_DIR"])]
         home = self._home(env)
-        return [home / ".claude"] + ([home / ".claude.json"] if (home / ".claude.json").exists() else [])
+        return [home / ".claude", home / ".claude.json"]
 
     def _flags(self, ctx: LaneContext) -> list[str]:
         if ctx.writable:
@@ -258,6 +261,7 @@ class OpenCode(_Base):
 
     name = "opencode"
     default_bin = "opencode"
+    login_files = ("auth.json", "opencode.json", "opencode.jsonc", "config.json")
     PROMPT = "Follow the task specification below exactly; end with the final report it asks for."
     RESUME_PROMPT = "Read the note below and answer as it asks."
 
@@ -361,12 +365,12 @@ class Aider(_Base):
 
     def _llm_log(self, ctx: LaneContext, new: bool) -> Path:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        logs = sorted(ctx.run_dir.glob("aider.llm.*.log"), key=lambda p: int(p.name.split(".")[2]))
+        logs = sorted((p for p in ctx.run_dir.glob("aider.llm.*.log") if re.fullmatch(r"aider\.llm\.\d{1,6}\.log", p.name)),
+                      key=lambda p: int(p.name.split(".")[2]))
         if not new:
             return logs[-1] if logs else ctx.run_dir / "aider.llm.1.log"
-        path = ctx.run_dir / f"aider.llm.{len(logs) + 1}.log"
-        path.write_text("")   # exists even if aider dies early, so read_turn never reads an old turn
-        return path
+        # exists even if aider dies early, so read_turn never reads an old turn (made fresh: a link is replaced)
+        return write_private(ctx.run_dir / f"aider.llm.{len(logs) + 1}.log", "")
 
     @staticmethod
     def _events_log(llm_log: Path) -> Path:
@@ -392,8 +396,8 @@ class Aider(_Base):
         return Invocation(argv=self._argv(ctx, chat, Path(ctx.spec_path), restore=False))
 
     def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation:
-        chat = Path(session_id) if session_id else self.chat_file(ctx)
-        if not chat.is_file():
+        chat = self.chat_file(ctx)          # this run's own, never a path the session id names
+        if not session_id or chat.is_symlink() or not chat.is_file():
             return self._no_session()
         return Invocation(argv=self._argv(ctx, chat, Path(note_path), restore=True))
 
@@ -429,11 +433,7 @@ class Aider(_Base):
     def events(path: Path) -> list[dict]:
         """aider's own analytics events of one turn (``--analytics-log``): one JSON object per line."""
         out = []
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            return out
-        for line in lines:
+        for line in (read_lane_file(path, parse=True) or "").splitlines():   # never through a link
             try:
                 doc = json.loads(line)
             except ValueError:
@@ -447,7 +447,7 @@ class Aider(_Base):
         model's reply (a reply quoting "Cost: $750" or "AuthenticationError" must not count). Only aider's own
         error lines are read from its output, with every line of the model's replies taken out first."""
         log = self._llm_log(ctx, new=False)
-        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        text = read_lane_file(log, parse=True) or ""      # the lane wrote it: never through a link
         message = self.last_response(text)
         usage: dict = {}
         cost = None
@@ -476,7 +476,7 @@ class Aider(_Base):
             api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
         auth = "AuthenticationError" in (api_error or "") or (api_error is not None and _looks_like_auth(api_error))
         chat = self.chat_file(ctx)
-        return TurnOutput(message=message or "", session_id=str(chat) if chat.exists() else None,
+        return TurnOutput(message=message or "", session_id=str(chat) if chat.is_file() and not chat.is_symlink() else None,
                           cost_usd=cost, usage=usage, auth_failed=auth, api_error=api_error)
 
 
@@ -496,6 +496,7 @@ class Grok(_Base):
 
     name = "grok"
     default_bin = "grok"
+    login_files = ("user-settings.json",)
     can_resume = False
     worktree_litter = (".grok/",)
     INLINE_MAX = 100_000      # bytes; Linux caps one argv string at 128 KiB
@@ -570,6 +571,7 @@ class Gemini(_Base):
 
     name = "gemini"
     default_bin = "gemini"
+    login_files = ("settings.json", "oauth_creds.json", "google_accounts.json", "installation_id")
     PROMPT = "Follow the task specification above exactly; end with the final report it asks for."
     RESUME_PROMPT = "Answer the note above."
     _AUTH = re.compile(r"API key not valid|API_KEY_INVALID|UNAUTHENTICATED|PERMISSION_DENIED", re.IGNORECASE)

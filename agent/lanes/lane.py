@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -31,7 +30,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import AgentError
+from agent.text import strip_controls
 from agent.lanes.env import config_denylist, lane_env
+from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
+                               redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
 from agent.lanes.sandbox import SandboxUnavailable, lane_plan, require as require_sandbox, with_argv_files, wrap
 from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutput, get_vendor
@@ -41,6 +43,8 @@ REPORT_STATUSES = ("complete", "partial", "blocked")
 FINAL_STATUSES = REPORT_STATUSES + ("malformed", "timeout", "unavailable", "rejected", "interrupted")
 CAPABILITY_DRIFT = "capability_drift"
 MIRROR_TAMPERED = "git_tampered"
+SETID_BITS = "setid_bits"
+WORKTREE_TOO_LARGE = "worktree_too_large"
 VERSION_TIMEOUT = 20.0
 EXCERPT_CHARS = 2000
 _round = round  # run_lane has a parameter named `round`
@@ -92,56 +96,19 @@ class LaneResult:
 # ---------------------------------------------------------------------------- helpers
 
 
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|_KEY$|CREDENTIAL|AUTH)", re.IGNORECASE)
-
-def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
-    """Mask the values of secret-looking environment variables, then every token shape intake's redactor knows."""
-    from agent.intake.redact import redact as redact_shapes
-
-    if not text:
-        return text
-    values = set()
-    for env in (os.environ, extra_env or {}):
-        for name, value in env.items():
-            if _SECRET_NAME.search(name) and value and len(value) >= 6:
-                values.add(value)
-    for value in sorted(values, key=len, reverse=True):
-        text = text.replace(value, "[REDACTED]")
-    return redact_shapes(text)
-
-
 def redact_file(path: Path | None, extra_env: dict[str, str] | None = None) -> None:
-    """Rewrite a lane's output file with its redacted text (before anything else reads or keeps it)."""
+    """Rewrite a runner-written log (in the run dir, which no lane sees) with its redacted text, before anything
+    else reads or keeps it; a link at its name is never followed."""
     if path is None:
         return
     p = Path(path)
-    try:
-        if p.is_symlink() or not p.is_file():
-            return
-        raw = p.read_bytes()
-    except OSError:
+    raw = read_bytes_nofollow(p, cap=1 << 40)
+    if raw is None:
         return
     text = raw.decode("utf-8", errors="replace")
     clean = redact(text, extra_env)
     if clean != text or raw != text.encode("utf-8"):
-        tmp = p.with_name(p.name + ".redacting")
-        tmp.write_text(clean, encoding="utf-8")
-        tmp.replace(p)
-
-
-OUR_FILES = ("result.json", "resume-note.md", "spec-retry.md", "sandbox-git-config")
-
-
-def redact_run_dir(run_dir: Path, extra_env: dict[str, str] | None = None) -> None:
-    """Redact every file a lane (or its vendor CLI) left in its run dir: logs, last messages, chat histories."""
-    try:
-        names = sorted(os.listdir(run_dir))
-    except OSError:
-        return
-    for name in names:
-        if name in OUR_FILES or name.startswith("repair-") and name.endswith(".md"):
-            continue
-        redact_file(Path(run_dir) / name, extra_env)
+        write_private(p, clean)
 
 
 def sha256_file(path: Path) -> str:
@@ -350,6 +317,7 @@ class _Run:
         self.usage: dict = {}
         self.session_id: str | None = None
         self.turn_index = 0
+        self.runner_files: list[Path] = []
         self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
 
     def add_turn(self, res, out: TurnOutput) -> None:
@@ -407,7 +375,11 @@ class _Run:
             self.add_turn(res, out)
             return res, out
         if self.bwrap is not None:
-            argv, env = wrap(self.bwrap, argv, with_argv_files(self.plan, argv, env), env, net)
+            # what this turn reads of the runner's (its note, a retry spec) is bound read-only; a path that came
+            # from the lane (its session id) is never bound
+            plan = with_argv_files(self.plan, argv, env, untrusted=[self.session_id or ""],
+                                   files=[f for f in self.runner_files if str(f) in " ".join(argv)])
+            argv, env = wrap(self.bwrap, argv, plan, env, net)
 
         def on_start(pid: int) -> None:
             self.record({"pid": pid, "pid_start": proc.start_time(pid)})
@@ -500,9 +472,12 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     else:
         run_dir = home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # the runner's files stay in run_dir, which the lane never sees; the lane writes only to its worktree and to
+    # lane_dir (fresh for this run, bound read-write, removed when the run ends: agent.lanes.files)
+    lane_dir = fresh_dir(run_dir / "lane")
 
     r = _Run(ledger=ledger, run_id=run_id, task_id=task_id, error_id=error_id, role=role, vendor=adapter,
-             run_dir=run_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress,
+             run_dir=run_dir, lane_dir=lane_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress,
              bwrap=None, plan=None, secrets=lane_env(vc.env, deny=deny), claim_token=claim_token)
     r.record({"log_dir": str(run_dir)})
 
@@ -527,29 +502,32 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
                 tail = last_res.tail(EXCERPT_CHARS)
         result = LaneResult(
             run_id=run_id, role=role, vendor=vendor_name, status=status, report=report, findings=findings,
-            findings_text=redact(ftext, secrets), summary=redact(summary, secrets) if summary else None,
-            lesson=redact(lesson, secrets) if lesson else None, session_id=r.session_id,
+            findings_text=lane_text(ftext, secrets), summary=lane_text(summary, secrets) if summary else None,
+            lesson=lane_text(lesson, secrets) if lesson else None, session_id=strip_controls(r.session_id) or None,
             exit_code=last_res.exit_code if last_res is not None else None, cost_usd=r.cost, usage=r.usage,
-            repairs=r.repairs, reason=reason, log_dir=run_dir, excerpt=redact(tail, secrets),
+            repairs=r.repairs, reason=lane_text(reason, secrets), log_dir=run_dir, excerpt=lane_text(tail, secrets),
             manifest_hash=mhash, duration_s=time.time() - started)
         if ledger is not None:  # the outcome and its lane.finished event: one transaction, under the claim
             from agent.ledger.lanes import finish_run
 
             finish_run(ledger, run_id, {
                 "status": status, "findings_count": findings, "findings_text": result.findings_text,
-                "summary": result.summary, "lesson": result.lesson, "reason": reason, "session_id": r.session_id,
+                "summary": result.summary, "lesson": result.lesson, "reason": result.reason,
+                "session_id": result.session_id,
                 "exit_code": result.exit_code, "cost_usd": r.cost, "usage": json.dumps(r.usage, sort_keys=True),
                 "repairs": json.dumps(r.repairs, sort_keys=True)},
-                {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status, "reason": reason,
+                {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status, "reason": result.reason,
                  "findings": findings, "repairs": len(r.repairs), "cost_usd": r.cost, "cost_source": cost_source,
-                 "session_id": r.session_id},
+                 "session_id": result.session_id},
                 task_id=task_id, error_id=error_id, claim_token=claim_token)
-        redact_run_dir(run_dir, secrets)
+        keep_lane_files(lane_dir, run_dir / "lane-files", secrets)
+        if task_id is None:         # a run outside a task: no later run can resume its vendor session
+            shutil.rmtree(home / "vendor-state" / f"run-{run_dir.name}", ignore_errors=True)
         doc = result.to_json()
         if doc.get("report"):
-            doc["report"] = {k: (redact(v, secrets) if isinstance(v, str) else v) for k, v in doc["report"].items()}
+            doc["report"] = {k: (lane_text(v, secrets) if isinstance(v, str) else v) for k, v in doc["report"].items()}
         try:
-            (run_dir / "result.json").write_text(json.dumps(doc, indent=2, default=str))
+            write_private(run_dir / "result.json", json.dumps(doc, indent=2, default=str))
         except OSError:
             pass
         return result
@@ -578,7 +556,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         return finish("unavailable", f"{bin_name}: binary not found on the lane's PATH; install it or set "
                       f"vendors.{vendor_name}.bin", None, None)
     ctx = LaneContext(role=role, writable=writable, spec_path=spec_path, cwd=cwd, model=model, bin=bin_path,
-                      extra_args=tuple(vc.args), run_dir=run_dir)
+                      extra_args=tuple(vc.args), run_dir=lane_dir)
     try:
         first = adapter.build(ctx)
     except AgentError as exc:
@@ -603,9 +581,9 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         if prev.get("manifest_hash") != mhash:
             return finish("rejected", CAPABILITY_DRIFT, None, mhash)
         if prev.get("session_id") and adapter.can_resume:
-            note = run_dir / "resume-note.md"
-            note.write_text("The previous run of this task was interrupted. Continue where you left off and "
-                            "end your last message with the final report.\n")
+            note = write_private(run_dir / "resume-note.md", "The previous run of this task was interrupted. "
+                                 "Continue where you left off and end your last message with the final report.\n")
+            r.runner_files.append(note)
             try:
                 first = adapter.build_resume(ctx, prev["session_id"], note)
                 r.session_id = prev["session_id"]
@@ -617,8 +595,14 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     if r.bwrap is not None:
         state_env = lane_env(vc.env, first.env, deny=deny)
         state = adapter.state_paths(state_env) if hasattr(adapter, "state_paths") else []
-        r.plan = lane_plan(cwd=cwd, writable=writable, agent_home=home, run_dir=run_dir, spec_paths=[spec_path],
+        # never the user's live dirs: a private copy per task holding only the login files (agent.lanes.files)
+        scope = f"task-{task_id}" if task_id is not None else f"run-{run_dir.name}"
+        state = private_state(home / "vendor-state" / scope / vendor_name, state,
+                              tuple(getattr(adapter, "login_files", ()) or ()))
+        r.plan = lane_plan(cwd=cwd, writable=writable, agent_home=home, run_dir=run_dir, lane_dir=lane_dir,
+                           spec_paths=[spec_path],
                            state_paths=state, extra_writable=list(getattr(vc, "writable", ()) or ()))
+        r.plan.tmpfs_mb = config.limits.lane_tmp_mb
 
     if time.time() >= end:
         return finish("timeout", "deadline already passed before the lane started", None, mhash)
@@ -639,8 +623,8 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
             break
         n += 1
         note_text = repair_note(report.problem if report else None, role)
-        note_path = run_dir / f"repair-{n}.md"
-        note_path.write_text(note_text, encoding="utf-8")
+        note_path = write_private(run_dir / f"repair-{n}.md", note_text)
+        r.runner_files.append(note_path)
         inv, kind = None, "resume"
         if adapter.can_resume:
             try:
@@ -651,10 +635,10 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
             if fresh_used:
                 break
             fresh_used, kind = True, "fresh"
-            retry_spec = run_dir / "spec-retry.md"
-            retry_spec.write_text(spec_path.read_text(encoding="utf-8", errors="replace")
-                                  + "\n\n## Note from the runner (a previous attempt's report was rejected)\n\n"
-                                  + note_text, encoding="utf-8")
+            retry_spec = write_private(run_dir / "spec-retry.md", spec_path.read_text(encoding="utf-8", errors="replace")
+                                       + "\n\n## Note from the runner (a previous attempt's report was rejected)\n\n"
+                                       + note_text)
+            r.runner_files.append(retry_spec)
             retry_ctx = LaneContext(**{**ctx.__dict__, "spec_path": retry_spec})
             inv = adapter.build(retry_ctx)
         total = repair_budget if kind == "resume" else 1
@@ -664,9 +648,9 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         session_before = r.session_id
         cost_before = r.cost
         res, out = r.turn(inv, f"repair-{n}", ctx)
-        prev_problem = report.problem if report else None
+        prev_problem = lane_text(report.problem, r.secrets) if report else None
         status, new_reason, new_report = r.classify(res, out)
-        entry = {"label": label, "kind": kind, "round": round, "note": note_text,
+        entry = {"label": label, "kind": kind, "round": round, "note": lane_text(note_text, r.secrets),
                  "problem": prev_problem, "session_id": out.session_id or session_before,
                  "resumed_session": session_before if kind == "resume" else None,
                  "exit_code": res.exit_code, "cost_usd": _round(r.cost - cost_before, 6),
@@ -682,16 +666,42 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         status = "malformed"
 
     tampered = guard.check_and_restore()
+    setid, too_large = _settle_files(r, cwd, writable, config.limits.worktree_max_mb)
     if tampered:
         shown = ", ".join(tampered[:10]) + (f" (+{len(tampered) - 10} more)" if len(tampered) > 10 else "")
         status, reason = "rejected", f"{MIRROR_TAMPERED}: the lane changed {shown}; restored"
         r.event("lane.git_tampered", {"run_id": run_id, "role": role, "vendor": vendor_name, "paths": tampered[:50]})
+    elif setid:
+        shown_paths = ", ".join(setid[:10]) + (f" (+{len(setid) - 10} more)" if len(setid) > 10 else "")
+        status, reason = "rejected", f"{SETID_BITS}: the lane left setuid/setgid files {shown_paths}; bits removed"
+        r.event("lane.setid_bits", {"run_id": run_id, "role": role, "vendor": vendor_name, "paths": setid[:50]})
+    elif too_large:
+        status, reason = "rejected", f"{WORKTREE_TOO_LARGE}: {too_large}"
     elif before is not None:
         changed = changed_paths(before, worktree_state(cwd))
         if changed:
             shown = ", ".join(changed[:10]) + (f" (+{len(changed) - 10} more)" if len(changed) > 10 else "")
             status, reason = "rejected", f"read-only lane changed the worktree: {shown}"
     return finish(status, reason, report if status in REPORT_STATUSES else report, mhash)
+
+
+def _settle_files(r: _Run, cwd: Path, writable: bool, max_mb: int) -> tuple[list[str], str | None]:
+    """After the lane: setuid/setgid bits removed from everything it could write (the worktree, its vendor state,
+    ``vendors.X.writable``), and the worktree's size against ``limits.worktree_max_mb``.  Returns (the worktree
+    files that had such bits, why the worktree is too large or None)."""
+    from agent.workspace import human_bytes, walk_tree
+
+    if r.plan is not None:
+        for src in [s for s, _ in r.plan.over_rw] + [p for p in r.plan.rw if p != Path(cwd)]:
+            if Path(src).is_dir() and not Path(src).is_symlink():
+                walk_tree(Path(src), strip_setid=True)
+    if not writable:
+        return [], None
+    size, setid = walk_tree(Path(cwd), strip_setid=True)
+    if size > max_mb << 20:
+        return setid, (f"the worktree grew to {human_bytes(size)}, past limits.worktree_max_mb ({max_mb} MB); "
+                       "keep generated and downloaded files out of it")
+    return setid, None
 
 
 def list_lanes(config, scratch: Path) -> list[dict]:

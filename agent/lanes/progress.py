@@ -26,7 +26,9 @@ def format_line(label: str, elapsed: float, last: str, width: int = 100) -> str:
     mins, secs = divmod(int(elapsed), 60)
     head = f"[{label} {mins:02d}:{secs:02d}] "
     room = max(0, width - len(head))
-    last = " ".join(last.split())
+    from agent.lanes.files import lane_text
+
+    last = " ".join((lane_text(last) or "").split())       # a lane's line: redacted, no escape reaches the terminal
     if len(last) > room:
         last = last[: max(0, room - 1)] + "\u2026"
     return head + last

@@ -5,22 +5,24 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
   process it started dies too, a ``setsid`` grandchild included; no capabilities (``--cap-drop ALL``: as root
   a lane could otherwise remount its read-only view);
 - the whole filesystem read-only, a private ``/tmp`` and ``/dev``, its own ``/proc`` (so no other process's
-  environment is readable);
+  environment is readable); every writable tmpfs size-capped (``Plan.tmpfs_mb``), every mount ``nosuid``;
 - the agent home (ledger, config, other tasks' specs, worktrees and lane logs) replaced by an empty tmpfs, with only
   this lane's worktree (read-write for the implementer, read-only for every other role), its spec (read-only) and
-  its run dir (read-write: vendors write their last message and chat files there) bound back in;
+  its lane dir (read-write: vendors write their last message and chat files there) bound back in; the runner's run
+  dir (logs, notes, the git config copy) is never shown (agent.lanes.files);
 - the users' homes (``/root``, ``/home``, the agent's ``$HOME`` and its user's home in passwd) replaced by empty
   tmpfs mounts: ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, ``~/.netrc``, shell history and other users' homes are not
   there; when the agent is root, the system's root-only secrets are blanked too (``system_secrets``: ``/etc/shadow``,
-  SSH host keys, ``/etc/ssl/private``).  ``$HOME`` is the lane's private, writable, throwaway home; bound back into it: the vendor's session dirs
-  (``state_paths``, read-write), and read-only what the lane must run (``toolchain_paths``: the agent's interpreter
-  and package tree, the PATH entries' tool directories, the vendor binary's package) and the files a command
-  vendor's argv or a ``vendors.X.env`` variable names;
+  SSH host keys, ``/etc/ssl/private``).  ``$HOME`` is the lane's private, writable, throwaway home; bound back into
+  it: the vendor's session dirs (``state_paths``: a private copy per task, read-write), and read-only what the lane
+  must run (``toolchain_paths``: the agent's interpreter and package tree, the PATH entries' tool directories, the
+  vendor binary's package) and the files a command vendor's argv or a ``vendors.X.env`` variable names;
 - the git dir read-only: the worktree's ``.git`` file (so a lane cannot point it elsewhere), the mirror's objects
   and refs, and in place of the mirror's ``config`` a sanitised copy (format version and extensions only: no remote
   URL, nothing git would execute);
 - read-write: what the vendor must write to keep and resume its session (``state_paths`` of its adapter, e.g.
-  ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``) and the paths listed in ``vendors.X.writable``;
+  ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``: the task's private copy shown at that path) and the paths listed in
+  ``vendors.X.writable``;
 - its own network namespace: only its vendor's model hosts, through the agent's egress proxy, and no host
   socket dir (``/run``, ``/var/run``, the ledger's and ssh-agent's); see ``agent.lanes.egress``.
 
@@ -34,6 +36,7 @@ import os
 import re
 import shutil
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,7 +87,9 @@ class Plan:
     rw: list[Path] = field(default_factory=list)            # bound read-write
     ro: list[Path] = field(default_factory=list)            # bound read-only (inside hidden or writable areas)
     over: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, read-only
+    over_rw: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, writable
     empty: list[Path] = field(default_factory=list)         # an empty read-only dir in place of these
+    tmpfs_mb: int = 1024                                    # size cap of each writable tmpfs (/tmp, homes)
 
 
 def sanitized_git_config(common: Path, out: Path) -> Path:
@@ -111,8 +116,9 @@ def sanitized_git_config(common: Path, out: Path) -> Path:
                             ln, re.I)]
         if keep:
             lines += ["[extensions]"] + [f"\t{k}" for k in keep]
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    from agent.lanes.files import write_private
+
+    return write_private(out, "\n".join(lines) + "\n")
 
 
 def _section(text: str, name: str) -> str:
@@ -277,21 +283,37 @@ def system_secrets() -> list[Path]:
 
 
 def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
-              state_paths: list[Path], extra_writable: list[Path], homes: list[Path] | None = None) -> Plan:
-    """The plan for a lane in ``cwd`` (see the module doc).  ``homes``: the users' homes to hide (default
+              state_paths: list, extra_writable: list[Path], homes: list[Path] | None = None,
+              lane_dir: Path | None = None) -> Plan:
+    """The plan for a lane in ``cwd`` (see the module doc).  ``run_dir``: the runner's own dir (the git config
+    copy goes there; never shown to the lane); ``lane_dir``: the lane's output dir, bound read-write.
+    ``state_paths``: the vendor's state, each a ``(private copy, path the vendor expects)`` pair bound read-write
+    (``private_state``), or a path bound as it is.  ``homes``: the users' homes to hide (default
     ``user_homes()``)."""
     cwd = Path(cwd).resolve()
     plan = Plan(cwd=cwd, writable_cwd=writable)
     plan.hide.append(Path(agent_home).resolve())
     plan.homes = list(user_homes() if homes is None else homes)
-    for p in [*state_paths, *extra_writable]:
+    for item in state_paths:
+        if isinstance(item, tuple):
+            src, dest = item
+            if _inside(Path(dest), [Path("/tmp"), *plan.homes]) is None and not Path(dest).exists():
+                try:    # a mount point on the read-only root must exist; in a hidden home bwrap makes it
+                    Path(dest).mkdir(parents=True, exist_ok=True) if Path(src).is_dir() else None
+                except OSError:
+                    continue
+            plan.over_rw.append((Path(src), Path(os.path.abspath(dest))))
+            continue
+        extra_writable = [item, *extra_writable]
+    for p in extra_writable:
         p = Path(os.path.expanduser(str(p)))
         try:
             p.mkdir(parents=True, exist_ok=True) if not p.exists() else None
         except OSError:
             continue
         plan.rw.append(p.resolve())
-    plan.rw.append(Path(run_dir).resolve())
+    if lane_dir is not None:
+        plan.rw.append(Path(lane_dir).resolve())
     (plan.rw if writable else plan.ro).append(cwd)
     plan.ro.extend(runtime_paths(plan.homes))
     for p in system_secrets():                      # blanked: an empty file or an empty read-only dir in its place
@@ -318,17 +340,22 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
 _ENV_NOT_PATHS = ("HOME", "PATH", "TMPDIR", "PWD", "OLDPWD", "SHELL")
 
 
-def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None) -> Plan:
+def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None, *,
+                    untrusted: list[str] = (), files: list[Path] = ()) -> Plan:
     """The plan plus, read-only, what this turn must run and read: every existing file an absolute argv element
     names (a command vendor's script and its arguments, from the trusted config), every existing path a variable
     of the lane's environment names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``; in a hidden home only a file,
     never a directory such as ``~/.config``), and, when they live in a hidden home, the PATH entries' tool
     directories and the vendor binary's package or interpreter (``toolchain_paths``, ``package_root``).  Nothing
-    in the agent home is ever bound back this way."""
+    in the agent home is ever bound back this way, nor an argv element holding text that came from a lane
+    (``untrusted``: its session id, which a resume argv carries): a lane that names ``~/.netrc`` as its session
+    must not get it bound into its next turn.  ``files``: the runner's own files this turn reads (its note, a retry
+    spec: in the run dir, which is otherwise hidden), bound read-only as they are."""
     env = env or {}
-    extra: list[Path] = []
+    extra: list[Path] = [Path(f) for f in files if Path(f).is_file() and not Path(f).is_symlink()]
     blanks: list[tuple[Path, Path]] = []
-    candidates = [a for a in argv if a.startswith("/") and os.path.isfile(a)]
+    bad = [u for u in untrusted if u]
+    candidates = [a for a in argv if a.startswith("/") and not any(u in a for u in bad) and os.path.isfile(a)]
     candidates += [v for k, v in env.items()
                    if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v
                    and os.path.exists(v) and len(Path(v).parts) >= 3]
@@ -358,13 +385,15 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
                     add(p)
     if not extra and not blanks:
         return plan
-    return Plan(cwd=plan.cwd, writable_cwd=plan.writable_cwd, hide=list(plan.hide), homes=list(plan.homes),
-                rw=list(plan.rw), ro=list(plan.ro) + extra, over=list(plan.over) + blanks, empty=list(plan.empty))
+    return dataclasses.replace(plan, ro=list(plan.ro) + extra, over=list(plan.over) + blanks)
 
 
 def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: Path) -> tuple[list[str], dict]:
     """argv and environment of a repository check: it runs code a lane wrote, so it is sandboxed like a lane
-    (worktree read-write, the home hidden, no credential in its environment)."""
+    (worktree read-write, the home hidden, no credential in its environment).  ``scratch`` is the runner's: made
+    fresh here (whatever was there is removed, links unfollowed) and never shown to the check."""
+    from agent.lanes.files import fresh_dir
+
     from agent.lanes.env import lane_env, secret_env_names
 
     env = lane_env((), deny=secret_env_names(config))
@@ -372,9 +401,10 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     bwrap = require(config)
     if bwrap is None:
         return argv, env
-    scratch.mkdir(parents=True, exist_ok=True)
+    fresh_dir(scratch)
     plan = lane_plan(cwd=worktree, writable=True, agent_home=agent_home, run_dir=scratch, spec_paths=[],
                      state_paths=[], extra_writable=[])
+    plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
     from agent.lanes.egress import check_network
 
     return wrap(bwrap, argv, with_argv_files(plan, argv, env), env, check_network(config))
@@ -402,7 +432,10 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     and the egress proxy's bridge; None shares the host's network."""
     args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", *(net.bwrap_args() if net is not None else []), "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # every writable tmpfs (the private /tmp, the homes, the hidden agent home) is RAM: each one capped
+    size = ["--size", str(max(16, int(plan.tmpfs_mb)) << 20)]
+    args += [*size, "--tmpfs", "/tmp"]
     mounts: list[tuple[int, int, list[str]]] = []
     order = 0
 
@@ -412,18 +445,20 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
         mounts.append((_depth(dest), order, op))
 
     for p in plan.homes:
-        add(p, ["--tmpfs", str(p)])
+        add(p, [*size, "--tmpfs", str(p)])
     for p in plan.hide:
-        add(p, ["--tmpfs", str(p)])
+        add(p, [*size, "--tmpfs", str(p)])
     for p in plan.rw:
         add(p, ["--bind", str(p), str(p)])
     for p in plan.ro:
         add(p, ["--ro-bind", str(p), str(p)])
     for src, dest in plan.over:
         add(dest, ["--ro-bind", str(src), str(dest)])
+    for src, dest in plan.over_rw:
+        add(dest, ["--bind", str(src), str(dest)])
     for p in plan.empty:
         add(p, ["--tmpfs", str(p), "--remount-ro", str(p)])
-    bound = {plan.cwd, *plan.rw, *plan.ro}
+    bound = {plan.cwd, *plan.rw, *plan.ro, *(dest for _, dest in plan.over_rw)}
     for dest, op in (net.mounts() if net is not None else []):
         if not (op[0] == "--tmpfs" and dest in bound):     # a socket dir that is the lane's own worktree stays
             add(dest, op)
@@ -432,7 +467,7 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     if tmpdir != "/tmp" and len(Path(tmpdir).parts) >= 3:
         # a configured TMPDIR stays where the vendor expects it (codex refuses helper binaries under it), as a
         # private tmpfs of its own
-        add(Path(tmpdir), ["--tmpfs", tmpdir])
+        add(Path(tmpdir), [*size, "--tmpfs", tmpdir])
     else:
         env["TMPDIR"] = "/tmp"
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):

@@ -58,10 +58,11 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
                 conclusion_id: int | None = None, base: str = "main", branch: str | None = None,
                 round_cap: int = 5, actor: str = "human") -> tuple[int, bool]:
     """Find or create the task for an error (never two); returns (task_id, created)."""
-    if not repo or repo.count("/") != 1 or not all(repo.split("/")):
-        raise AgentError(f"repo {repo!r} is not OWNER/NAME; pass e.g. --repo acme/widgets")
+    from agent.config import repo_key_problem
     from agent.text import one_line
 
+    if repo_key_problem(repo):
+        raise AgentError(f"repo {repo!r}: {repo_key_problem(repo)}; pass e.g. --repo acme/widgets")
     title = one_line(title, 200)     # a title is one line: it reaches email subjects, messages and the PR
     if not title:
         raise AgentError("title is empty; pass --title TEXT")

@@ -89,6 +89,7 @@ class Fault:
     body: Any = None
     delay: float = 0.0
     times: int = 1
+    raw: bytes | None = None        # a status fault's body that is not JSON (a proxy's HTML page)
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method == self.method and re.search(self.path_re, path) is not None
@@ -310,6 +311,8 @@ class SimServer:
             if fault is not None:
                 fault.times -= 1
         try:
+            if fault is not None and fault.kind == "status" and fault.raw is not None:
+                return self._send_raw(h, call, fault.status, fault.raw, fault.headers)
             if fault is not None and fault.kind == "status":
                 return self._send(h, call, fault.status, fault.body if fault.body is not None else
                                   {"message": f"simulated {fault.status}"}, fault.headers)
@@ -381,6 +384,15 @@ class SimServer:
         with self.lock:
             self.violations.append(message)
         self._send(h, call, status, {"message": message}, {})
+
+    def _send_raw(self, h, call: Call, status: int, data: bytes, headers: dict) -> None:
+        call.status = status
+        h.send_response(status)
+        for k, v in {"Content-Type": "text/html; charset=utf-8", **headers}.items():
+            h.send_header(k, str(v))
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
 
     def _send(self, h, call: Call, status: int, body: Any, headers: dict) -> None:
         call.status = status

@@ -10,10 +10,18 @@
 // Usage: GITHUB_SIM_DIR=<folder with node_modules> node server.mjs   (prints "LISTENING <port>")
 // Test-only routes (not GitHub's): GET /_sim/state, POST /_sim/pulls/:number/state {state, merged},
 // POST /_sim/collaborators {login, permission}.
-// Who is calling: a token "user-<login>" acts as <login> (tests play reviewers that way); any other token is
-// the agent's own account, "agent-bot".  Reviews, review comments, issue comments, commit statuses and check
-// runs are stateful here too (PR feedback and CI, `agent watch pr-feedback`).
+// Who is calling: a token "user-<login>" acts as <login> (tests play reviewers that way); an installation token
+// ("ghs_...", bought as a GitHub App) acts as "<slug>[bot]"; any other token is the agent's own account, "agent-bot".
+// GitHub App (configured by POST /_sim/app {id, slug, public_key, installation_id, permissions, lifetime}):
+// /app/... and /repos/:o/:r/installation need a JWT signed RS256 by the app's key, with iss = the app id, exp in
+// the future and at most 10 minutes ahead, iat not in the future; POST /app/installations/:id/access_tokens sells
+// "ghs_" tokens that expire after `lifetime` seconds (of the simulator's clock: POST /_sim/clock {advance} or {reset}) and
+// cover only the repositories asked for (POST /_sim/app/revoke drops them all).  Every refused credential is logged
+// (GET /_sim/app).
+// Reviews, review comments, issue comments, commit statuses and check runs are stateful here too (PR feedback and
+// CI, `agent watch pr-feedback`).
 
+import crypto from "node:crypto";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -40,10 +48,53 @@ const checkRuns = new Map(); // "owner/repo@sha" -> [check run]
 const collaborators = new Map(); // login -> permission (admin | write | read | none)
 let nextId = 5000;
 
+const ghApp = { id: null, slug: null, publicKey: null, installationId: null, permissions: {}, lifetime: 3600 };
+let clockOffset = 0; // seconds added to the real clock (tests move time forward)
+const appTokens = new Map(); // "ghs_..." -> { expires, repositories }
+const appLog = { issued: 0, rejected: [] };
+const simNow = () => Date.now() / 1000 + clockOffset;
+const isoAt = (t) => new Date(t * 1000).toISOString().replace(/\.\d+Z$/, "Z");
+
+function jwtProblem(token) {
+  const parts = token.split(".");
+  if (parts.length !== 3) return "not a JWT";
+  let header, claims;
+  try {
+    header = JSON.parse(Buffer.from(parts[0], "base64url").toString());
+    claims = JSON.parse(Buffer.from(parts[1], "base64url").toString());
+  } catch {
+    return "not a JWT";
+  }
+  if (header.alg !== "RS256") return `alg ${header.alg} is not RS256`;
+  const signed = crypto.verify("RSA-SHA256", Buffer.from(`${parts[0]}.${parts[1]}`), ghApp.publicKey,
+    Buffer.from(parts[2], "base64url"));
+  if (!signed) return "bad signature";
+  if (String(claims.iss) !== String(ghApp.id)) return `iss ${claims.iss} is not the app id`;
+  const now = simNow();
+  if (typeof claims.exp !== "number" || claims.exp <= now) return "expired";
+  if (claims.exp - now > 600) return "exp more than 10 minutes ahead";
+  if (typeof claims.iat !== "number" || claims.iat > now + 60) return "iat in the future";
+  return null;
+}
+
+function refuse(req, res, status, why, message) {
+  appLog.rejected.push({ path: req.path, why });
+  return res.status(status).json({ message, documentation_url: "https://docs.github.com/rest" });
+}
+
+function installationJson(owner) {
+  const inst = clone(examples["installation"].value);
+  Object.assign(inst, { id: ghApp.installationId, app_id: ghApp.id, app_slug: ghApp.slug, permissions: ghApp.permissions,
+    repository_selection: "selected" });
+  inst.account = { ...inst.account, login: owner ?? "acme" };
+  return inst;
+}
+
 const key = (owner, repo, number) => `${owner}/${repo}#${number}`;
 const now = () => new Date().toISOString().replace(/\.\d+Z$/, "Z");
 
 function login(request) {
+  if (request.simActor) return request.simActor;
   const auth = request.get("authorization") || "";
   const token = auth.replace(/^(bearer|token)\s+/i, "");
   return token.startsWith("user-") ? token.slice(5) : "agent-bot";
@@ -53,7 +104,8 @@ function userOf(request, name) {
   const user = clone(examples["issue-comment"].value.user);
   const who = name ?? login(request);
   Object.assign(user, { login: who, id: [...who].reduce((h, ch) => (h * 31 + ch.charCodeAt(0)) % 1000000, 7),
-    url: `${hostOf(request)}/users/${who}`, html_url: `https://github.example/${who}` });
+    url: `${hostOf(request)}/users/${encodeURIComponent(who)}`,
+    html_url: `https://github.example/${encodeURIComponent(who)}`, type: who.endsWith("[bot]") ? "Bot" : user.type });
   return user;
 }
 
@@ -163,6 +215,20 @@ function paginate(request, response, items) {
 }
 
 const handlers = () => ({
+  "apps/get-authenticated": async () => {
+    const integration = clone(examples["integration"].value);
+    Object.assign(integration, { id: ghApp.id, slug: ghApp.slug, name: ghApp.slug, permissions: ghApp.permissions });
+    return { status: 200, json: integration };
+  },
+  "apps/create-installation-access-token": async (context, request) => {
+    if (Number(context.request.params.installation_id) !== ghApp.installationId) return notFound();
+    const token = `ghs_${crypto.randomBytes(18).toString("hex")}`;
+    const expires = Math.floor(simNow()) + ghApp.lifetime;
+    appTokens.set(token, { expires, repositories: request.body?.repositories ?? null });
+    appLog.issued += 1;
+    return { status: 201, json: { token, expires_at: isoAt(expires), permissions: ghApp.permissions,
+      repository_selection: "selected" } };
+  },
   "pulls/create": async (context, request) => {
     const { owner, repo } = context.request.params;
     const { title, head, base, body, draft } = request.body;
@@ -374,6 +440,50 @@ const app = simulation({
   extend: {
     openapiHandlers: handlers,
     extendRouter: (router) => {
+      // credentials first (registered before the OpenAPI routes): the app's JWT, then installation tokens
+      router.use((req, res, next) => {
+        if (req.path.startsWith("/_sim")) return next();
+        const token = (req.get("authorization") || "").replace(/^(bearer|token)\s+/i, "");
+        if (/^\/app(\/|$)/.test(req.path) || /^\/repos\/[^/]+\/[^/]+\/installation$/.test(req.path)) {
+          const why = ghApp.id ? jwtProblem(token) : "no GitHub App configured";
+          return why ? refuse(req, res, 401, why, "A JSON web token could not be decoded") : next();
+        }
+        if (token.startsWith("ghs_")) {
+          const t = appTokens.get(token);
+          if (!t) return refuse(req, res, 401, "unknown installation token", "Bad credentials");
+          if (t.expires <= simNow()) return refuse(req, res, 401, "expired installation token", "Bad credentials");
+          const m = req.path.match(/^\/repos\/[^/]+\/([^/]+)/);
+          if (m && t.repositories && !t.repositories.includes(decodeURIComponent(m[1]))) {
+            return refuse(req, res, 404, "repository not covered by the token", "Not Found");
+          }
+          req.simActor = `${ghApp.slug}[bot]`;
+        }
+        return next();
+      });
+      // The description's `installation` schema does not compile in ajv ("nullable" without "type"), so these two
+      // answers (the spec's own example with our state laid over it) are served here, after the JWT check above.
+      router.get("/app/installations/:installation_id", (req, res) => {
+        if (Number(req.params.installation_id) !== ghApp.installationId) return res.status(404).json({ message: "Not Found" });
+        return res.json(installationJson());
+      });
+      router.get("/repos/:owner/:repo/installation", (req, res) => res.json(installationJson(req.params.owner)));
+      router.post("/_sim/app", (req, res) => {
+        Object.assign(ghApp, { id: req.body.id, slug: req.body.slug, publicKey: req.body.public_key,
+          installationId: req.body.installation_id, permissions: req.body.permissions ?? {},
+          lifetime: req.body.lifetime ?? 3600 });
+        res.json({ ok: true });
+      });
+      router.post("/_sim/app/revoke", (_req, res) => {
+        appTokens.clear(); // an admin revoked the installation's tokens
+        res.json({ ok: true });
+      });
+      router.post("/_sim/clock", (req, res) => {
+        clockOffset = req.body.reset ? 0 : clockOffset + Number(req.body.advance ?? 0);
+        res.json({ now: simNow() });
+      });
+      router.get("/_sim/app", (_req, res) => {
+        res.json({ issued: appLog.issued, rejected: appLog.rejected, now: simNow() });
+      });
       router.get("/_sim/state", (_req, res) => {
         res.json({
           pulls: [...pulls.values()].map((p) => ({
