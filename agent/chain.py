@@ -143,6 +143,7 @@ class Snapshot:
     checks_passed: set[str] = field(default_factory=set)        # heads with a passing check
     approvals: dict[str, set[str]] = field(default_factory=dict)  # "review:code" -> heads approved
     pr_head: str | None = None            # head sha recorded on the task's open PR
+    proofs_refused: set[str] = field(default_factory=set)      # heads whose proof found no flipping test
 
 
 def _artifact_missing(snap: Snapshot, key: str) -> str | None:
@@ -159,6 +160,8 @@ def _artifact_missing(snap: Snapshot, key: str) -> str | None:
     if not head:
         return "the task has no head commit"
     if key == "local_check_pass":
+        if head in snap.proofs_refused:  # DESIGN.md "The proof": no test fails on the base and passes here
+            return f"no test proves head {head[:12]}: nothing that fails on the base passes here"
         return None if head in snap.checks_passed else f"no passing check recorded for head {head[:12]}"
     if key == "reviewer_approved":
         return None if head in snap.approvals.get("review:code", set()) else \

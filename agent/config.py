@@ -286,6 +286,18 @@ class RepoSettings:
     check: str | None = None
     blocked_paths: tuple[str, ...] = ()
     lanes: dict[str, LaneConfig] = field(default_factory=dict)
+    proof: "ProofSettings" = field(default_factory=lambda: ProofSettings())
+
+
+PROOF_MODES = ("required", "optional", "off")
+
+
+@dataclass(frozen=True)
+class ProofSettings:
+    """``proof:`` in a repository's own config (DESIGN.md "The proof"): which paths are tests (globs; empty: the
+    per-language defaults in ``agent.proof``) and whether a round needs a test that fails on the base."""
+    mode: str = "required"
+    tests: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- validation
@@ -731,12 +743,25 @@ def _api_url(v: _V, value: Any, path: str) -> str:
 
 def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
     v = _V(filename)
-    top = v.mapping(data, "", ("check", "blocked_paths", "lanes"))
+    top = v.mapping(data, "", ("check", "blocked_paths", "lanes", "proof"))
     return RepoSettings(
         check=v.opt_string(top.get("check"), "check"),
         blocked_paths=v.strings(top.get("blocked_paths"), "blocked_paths"),
         lanes=_lanes(v, top.get("lanes"), "lanes"),
+        proof=_proof(v, top.get("proof")),
     )
+
+
+def _proof(v: _V, value: Any) -> ProofSettings:
+    """``proof: optional`` (a mode alone) or ``proof: {mode: required|optional|off, tests: [globs]}``."""
+    if value is None:
+        return ProofSettings()
+    if value is False or isinstance(value, str):   # YAML reads a bare `off` as false
+        return ProofSettings(mode=v.string("off" if value is False else value, "proof", PROOF_MODES))
+    top = v.mapping(value, "proof", ("mode", "tests"))
+    mode = top.get("mode", "required")
+    mode = v.string("off" if mode is False else mode, "proof.mode", PROOF_MODES)
+    return ProofSettings(mode=mode, tests=v.strings(top.get("tests"), "proof.tests"))
 
 
 def _read_yaml(path: Path) -> Any:

@@ -271,6 +271,10 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
             _review_round(app, task, pr, echo, max_passes)
             task = first_task(app.ledger)
             pr = demo_pr(app.ledger, task["id"])
+        from agent.ledger.proofs import proof_for_head, summary
+        from agent.ledger.tasks import find_task
+
+        proof = summary(proof_for_head(app.ledger, task["id"], find_task(app.ledger, task["id"])["head_sha"]))
     finally:
         app.close()
     h = shlex.quote(str(home))
@@ -279,10 +283,11 @@ def run_demo(root: Path, echo=print, max_passes: int = 8) -> dict:
     echo(f"task {task['id']}: {task['state']} after {task['round']} round(s) in {time.monotonic() - started:.1f}s")
     if pr:
         echo(f"draft PR: {pr['url']} (branch {pr['head_branch']} at {pr['head_sha'][:12]})")
+    echo(f"proof: {proof}")   # the demo's failing test at the base flips (DESIGN.md "The proof")
     echo("look next:")
     echo(f"  {me} --home {h} status")
     echo(f"  {me} --home {h} task show {task['id']}")
     echo(f"  {me} --home {h} pr show {task['id']}")
     echo(f"  {me} --home {h} events --task {task['id']}")
     echo(f"  git -C {shlex.quote(str(paths['remote']))} log --oneline main..{pr['head_branch'] if pr else 'HEAD'}")
-    return {"task": task, "pr": pr, **{k: str(v) for k, v in paths.items()}}
+    return {"task": task, "pr": pr, "proof": proof, **{k: str(v) for k, v in paths.items()}}

@@ -59,7 +59,7 @@ def crashpoint(name: str) -> None:
 
     It simulates a SIGKILL at an exact place (no finally blocks, no atexit, no flush), so the crash tests can
     prove that the next scan continues from there.  Never set in production; a no-op unless the env var matches.
-    Names in use: ``commit.done``, ``commit.ref_pushed``, ``commit.recorded``, ``push.done``, ``pr.created``, ``lane.finished``.
+    Names in use: ``commit.done``, ``commit.ref_pushed``, ``commit.recorded``, ``push.done``, ``pr.created``, ``lane.finished``, ``proof.recorded``.
     """
     if os.environ.get(CRASHPOINT_ENV) == name:
         os._exit(137)

@@ -70,6 +70,7 @@ class PRData:
     ci_state: str | None = None                                # pending | success | failure | neutral
     feedback_rounds: list[dict] = field(default_factory=list)  # {round, trigger, keys}
     lesson: dict | None = None         # the task's lesson: {id, state, text, reason}; None: it left none
+    proof: dict | None = None          # the head's proof row (agent.ledger.proofs); None: not checked
 
     @classmethod
     def from_dict(cls, d: dict) -> "PRData":
@@ -219,6 +220,52 @@ def _memory(d: PRData) -> str:
             f"gibt sie späteren Korrekturen mit; `agent lesson forget {lid}` verwirft sie in jedem Fall:\n\n{quoted}")
 
 
+def _proof(d: PRData) -> str:
+    """Whether the PR proves itself (EN, then DE): a test that fails on the base and passes on the head."""
+    p = d.proof or {}
+    verdict = p.get("verdict")
+    if verdict == "proven":
+        n = len(p.get("flipped") or [])
+        one = n == 1
+        if p.get("reproduces"):
+            how_en = "the base failure reproduces the production error"
+            how_de = "der Fehlschlag auf der Basis reproduziert den Produktionsfehler"
+        else:
+            how_en = "a regression test only: the base failure does not show the production error"
+            how_de = "nur ein Regressionstest: der Fehlschlag auf der Basis zeigt den Produktionsfehler nicht"
+        return (f"**Proof:** {n} {'test fails' if one else 'tests fail'} on the base commit and "
+                f"{'passes' if one else 'pass'} with this change; {how_en}.\n\n"
+                f"**Nachweis:** {n} {'Test schlägt' if one else 'Tests schlagen'} auf dem Basis-Commit fehl und "
+                f"{'besteht' if one else 'bestehen'} mit dieser Änderung; {how_de}.")
+    why_en = "proof is off for this repository" if verdict == "off" else \
+        "no test fails on the base commit (the repository says proof: optional)"
+    why_de = "der Nachweis ist für dieses Repository abgeschaltet" if verdict == "off" else \
+        "kein Test schlägt auf dem Basis-Commit fehl (das Repository sagt proof: optional)"
+    return f"**Proof:** unproven: {why_en}.\n\n**Nachweis:** unbewiesen: {why_de}."
+
+
+def _proof_details(d: PRData) -> list[str]:
+    """The proof in the details block: the flipping tests and the base failure's last lines (fenced)."""
+    p = d.proof or {}
+    if p.get("verdict") != "proven":
+        return []
+    parts = ["**Proof**", "", f"On the base commit {_code(_hexid(p.get('base_sha'), 12))} with only this PR's test "
+             f"changes, {_code(guard(p.get('command') or ''))} failed (exit {p.get('base_exit')}); at the head it "
+             "passes. Tests that flip:", ""]
+    parts += [f"- {_code(guard(name)[:200])}" for name in (p.get("flipped") or [])[:20]]
+    for key, what in (("skipped", "made to skip or xfail"), ("removed", "removed")):
+        if p.get(key):   # proven by other tests; a reviewer still sees these
+            names = ", ".join(_code(guard(n)[:200]) for n in p[key][:20])
+            parts += ["", f"Tests this PR {what} (they prove nothing): {names}"]
+    why = _one_line(guard(p.get("reproduces_why") or ""))
+    if why:
+        parts += ["", ("Reproduces the error: " if p.get("reproduces") else "Regression test only: ") + _clip(why, 300)]
+    tail = (p.get("base_tail") or "").strip()
+    if tail:
+        parts += ["", "The base failure ends with:", "", fence(_clip(guard(tail), 4000)), ""]
+    return parts + [""]
+
+
 def render_body(d: PRData) -> str:
     cls = _code(guard(d.error_class)) if d.error_class.strip() else "an error"
     cls_de = _code(guard(d.error_class)) if d.error_class.strip() else "einen Fehler"
@@ -260,6 +307,7 @@ def render_body(d: PRData) -> str:
     if d.summary.strip():
         parts += ["**Implementer summary**", "", fence(_clip(guard(d.summary), 2000)), ""]
 
+    parts += _proof_details(d)
     parts += ["**Reviewer verdicts**", ""]
     if not d.verdicts:
         parts += ["- none recorded", ""]
@@ -300,7 +348,7 @@ def render_body(d: PRData) -> str:
                          f"({_code(guard(c.get('conclusion') or '')[:40])}){link}")
     parts += ["", "</details>", "", task_marker(d.task_id), ""]
 
-    body = "\n\n".join([en, de, _memory(d)]) + "\n\n" + "\n".join(parts)
+    body = "\n\n".join([en, de, _memory(d)] + ([_proof(d)] if d.proof else [])) + "\n\n" + "\n".join(parts)
     if len(body) > BODY_MAX:  # keep the marker and the closing tag; shorten the middle
         tail = "\n\n</details>\n\n" + task_marker(d.task_id) + "\n"
         body = body[: BODY_MAX - len(tail) - 80] + "\n\n_(shortened: the full record is in the ledger)_" + tail
@@ -357,7 +405,8 @@ def pr_data_from_rows(inputs: dict) -> PRData:
                   ci=list(inputs.get("ci") or []), ci_head=inputs.get("ci_head"), ci_state=inputs.get("ci_state"),
                   feedback_rounds=list(inputs.get("feedback_rounds") or []),
                   lesson={k: (inputs.get("lesson") or {}).get(k) for k in ("id", "state", "text", "reason")}
-                  if inputs.get("lesson") else None)
+                  if inputs.get("lesson") else None,
+                  proof=inputs.get("proof"))
 
 
 # --------------------------------------------------------------------------- from the ledger

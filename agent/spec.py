@@ -46,7 +46,7 @@ def _context(task: dict, error: dict | None) -> str:
 
 def implementer_spec(task: dict, error: dict | None, brief: str, check: str | None,
                      blocked_paths: tuple[str, ...], findings: list[str], lessons: list[str],
-                     pr_feedback: list[str] | None = None) -> str:
+                     pr_feedback: list[str] | None = None, proof: bool = True) -> str:
     """The five-part spec (context, task, constraints, verification, definition of done) plus findings/lessons."""
     parts = [f"# Context\n\nYou are fixing a production error in this repository (your working directory).\n\n"
              f"{_context(task, error)}",
@@ -73,7 +73,11 @@ def implementer_spec(task: dict, error: dict | None, brief: str, check: str | No
                  "- Add no new dependencies unless the fix requires one; say so in SUMMARY if you do.\n"
                  "- Add or adjust a test that fails without the fix when the repository has tests.")
     parts.append("# Verification\n\n" + (f"The orchestrator runs this check on your change:\n\n{fence(check, 'sh')}"
-                                         "\n\nRun it yourself before you finish." if check else
+                                         "\n\nRun it yourself before you finish." + (
+                                             " It also runs it on the base commit with only your test changes "
+                                             "applied: there it must fail (a test that fails without the fix; a "
+                                             "skipped, xfailed or deleted test proves nothing)." if proof else "")
+                                         if check else
                                          "No check command is configured; run the repository's tests if it has any."))
     parts.append("# Definition of Done\n\n- The brief's error no longer happens and the check passes.\n"
                  "- The change is limited to what the fix needs.\n"
@@ -83,7 +87,8 @@ def implementer_spec(task: dict, error: dict | None, brief: str, check: str | No
     return "\n\n".join(parts) + "\n"
 
 
-def reviewer_spec(implementer_spec_text: str, diff: str, check_summary: str | None, dimension: str = "code") -> str:
+def reviewer_spec(implementer_spec_text: str, diff: str, check_summary: str | None, dimension: str = "code",
+                  proof: str | None = None) -> str:
     """A read-only review of the diff against base, given the spec the implementer had."""
     focus = {
         "code": "Does the diff fix what the spec asks, without breaking anything, within the constraints?",
@@ -97,6 +102,9 @@ def reviewer_spec(implementer_spec_text: str, diff: str, check_summary: str | No
              "# The diff against the base branch\n\n" + fence(diff or "(empty diff)", "diff")]
     if check_summary:
         parts.append("# Check result\n\n" + fence(check_summary))
+    if proof:  # DESIGN.md "The proof": which tests fail on the base and pass on the head (redacted run output)
+        parts.append("# Proof\n\nThe check ran on the base commit with only this change's test changes. "
+                     "Judge whether the tests that flip really pin the bug.\n\n" + fence(proof))
     parts.append("# Definition of Done\n\nEnd your last message with exactly one final report, nothing after it, "
                  "not in a code fence. List every problem that must be fixed before merge as a finding; "
                  "write `FINDINGS: none` to approve.\n\n" + REPORT_REVIEWER)

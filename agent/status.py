@@ -144,7 +144,7 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
     ages = {r["id"]: r for r in active}
     for t in blocked:
         t.update({k: ages[t["id"]][k] for k in ("age_s", "idle_s", "step") if t["id"] in ages})
-    prs = ledger.open_pr_rows()
+    prs = _with_proof(ledger, ledger.open_pr_rows())
     for p in prs:
         opened = _epoch(p["created_at"])
         p["age_s"] = round(now - opened, 1) if opened else None
@@ -173,6 +173,20 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
         **({"disk": disk_use(home)} if home is not None else {}),
     }
     return data
+
+
+def proof_word(verdict: str | None) -> str:
+    """A task's proof for its head in one word (DESIGN.md "The proof")."""
+    return {None: "not checked", "proven": "proven"}.get(verdict, "unproven")
+
+
+def _with_proof(ledger: Ledger, rows: list[dict]) -> list[dict]:
+    from agent.ledger.proofs import proof_states
+
+    states = proof_states(ledger)
+    for r in rows:
+        r["proof"] = proof_word(states.get(r["task_id"]))
+    return rows
 
 
 def lesson_counts(ledger: Ledger) -> dict[str, int]:
@@ -285,7 +299,7 @@ def render_text(data: dict) -> str:
         lines.append("\ndraft PRs waiting for review:")
         for p in data["open_prs"]:
             age = f" (opened {ago(p['age_s'])} ago)" if p.get("age_s") is not None else ""
-            lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}{age}: {p['url']}")
+            lines.append(f"  task {p['task_id']} {p['repo']}#{p['number']}{age}: {p['url']} ({p.get('proof', '?')})")
     if data.get("undecided"):
         n, shown = data["errors"].get("open", len(data["undecided"])), len(data["undecided"])
         more = f", newest {shown} shown" if n > shown else ""
@@ -366,10 +380,11 @@ def summary_sections(data: dict, href=lambda i: f"#task-{i}", now: float | None 
                               f"<th>why stuck</th></tr>{rows}</table>")
     rows = "".join(f"<tr><td>{_a(p['task_id'], href)}</td><td>{e(p['repo'])}#{p['number']}</td>"
                    f"<td>{ago(p['age_s']) if p.get('age_s') is not None else ''}</td><td>{e(one_line(p['title'], 200))}</td>"
-                   f"<td><a href='{e(p['url'] or '')}'>{e(p['url'] or '')}</a></td></tr>" for p in data["open_prs"])
+                   f"<td><a href='{e(p['url'] or '')}'>{e(p['url'] or '')}</a></td>"
+                   f"<td class='proof'>{e(p.get('proof', ''))}</td></tr>" for p in data["open_prs"])
     out["s-review"] = _section("s-review", "Waiting for review", len(data["open_prs"]),
                                "<table id='review'><tr><th>task</th><th>PR</th><th>opened</th><th>title</th>"
-                               f"<th>link</th></tr>{rows}</table>")
+                               f"<th>link</th><th>proof</th></tr>{rows}</table>")
     n_open = data["errors"].get("open", 0)
     rows = "".join(f"<tr><td><code>{e(x['id'])}</code></td><td>{e(x['service'])}</td>"
                    f"<td>{e(one_line(error_headline(x['class'], x['message']), 200))}</td><td>{x['count']}</td>"
@@ -549,6 +564,10 @@ def render_task_page(ledger: Ledger, task_id: int, back: str = "/") -> str | Non
         return None
     why = t["blocked_reason"] or t["failed_reason"] or t["wait_reason"] or ""
     pr = f"<p>PR: <a href='{e(t['pr_url'])}'>{e(t['pr_url'])}</a></p>" if t["pr_url"] else ""
+    from agent.ledger.proofs import proof_states
+
+    verdict = proof_states(ledger).get(task_id)
+    pr += f"<p class='proof'>proof: {e(proof_word(verdict))}</p>" if verdict else ""
     then = (f"<p>then run: <code>{e(reset_command(task_id, t['state']))}</code></p>"
             if t["state"] in ("gate-blocked", "failed") else "")
     events = ledger.events(task_id=task_id, limit=2000, newest=True)

@@ -19,7 +19,7 @@ from chaos_support import (build, check_invariants, git, kill_group, lane_launch
 from test_forge_github_sim import sim  # noqa: F401  (the module-scoped simulator fixture)
 from conftest import ledger_conn
 
-POINTS = ["commit.done", "commit.recorded", "push.done", "pr.created", "lane.finished"]
+POINTS = ["commit.done", "commit.recorded", "push.done", "pr.created", "lane.finished", "proof.recorded"]
 
 
 def _db(home):
@@ -55,6 +55,10 @@ def test_crash_point_then_resume_local_forge(tmp_path, point):
     elif point == "pr.created":
         assert con.execute("SELECT count(*) FROM prs").fetchone()[0] == 0
         assert con.execute("SELECT count(*) FROM local_prs").fetchone()[0] == 1
+    elif point == "proof.recorded":
+        assert con.execute("SELECT count(*) FROM proofs WHERE verdict = 'proven'").fetchone()[0] == 1
+        assert con.execute("SELECT status FROM steps WHERE task_id = ? AND key = 'local_check_pass'",
+                           (t["id"],)).fetchone()[0] == "pending"
     con.close()
 
     run_to_end(home, log=tmp_path / "resume.log")
@@ -70,6 +74,9 @@ def test_crash_point_then_resume_local_forge(tmp_path, point):
         assert ev == 1 or "round.started" in kinds  # round 1 was closed from the adopted commit
     if point == "pr.created":
         assert "pr.adopted" in kinds and kinds.count("pr.created") == 0
+    if point == "proof.recorded":  # the proof recorded before the crash closes the step: never proven twice
+        heads = [r[0] for r in con.execute("SELECT head_sha FROM proofs ORDER BY id")]
+        assert len(heads) == len(set(heads)) == 2, heads
     if point == "push.done":
         pushed = [r[0] for r in con.execute("SELECT payload FROM events WHERE kind = 'branch.pushed'")]
         assert any('"pushed": false' in x for x in pushed), pushed  # found on the remote, not pushed again

@@ -25,6 +25,11 @@ def test_demo_runs_to_a_draft_pr_and_a_third_round_from_a_review_comment(tmp_pat
     assert len(pr_files) == 1 and "(draft)" in pr_files[0].read_text()
     md = pr_files[0].read_text()
     assert "DEFAULT_QTY" in md and "agent-own: task-1-round-3" in md  # the review comment and the one reply
+    # the PR proves itself: the demo's failing test at the base flips, and its base run shows the production error
+    assert "proof: proven: 1 test fails on the base and passes on the head (reproduces the error)" in r.stdout
+    assert "**Proof:** 1 test fails on the base commit and passes with this change; the base failure reproduces " \
+           "the production error." in md
+    assert "test_pricing.OrderTotal.test_missing_qty_means_one_unit" in md and "KeyError: 'qty'" in md
     status = subprocess.run([*agent_bin(), "--home", str(out / "home"), "status", "--json"], capture_output=True,
                             text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     data = json.loads(status.stdout)

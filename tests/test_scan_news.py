@@ -33,7 +33,7 @@ def test_status_says_why_a_working_task_waits_and_an_unchanged_tick_prints_nothi
     assert [(w["id"], w["state"]) for w in data["waiting"]] == [(2, "working")]
     assert "(limits.prs_per_hour=1)" in data["waiting"][0]["wait_reason"]
     text = agent("status").output
-    assert "working, but waiting:" in text and "task 2 demo/widgets: waiting to open a PR" in text
+    assert "\nworking:\n  task 2 demo/widgets working" in text and "; waiting: waiting to open a PR" in text
     # the next cron tick changes nothing: it prints nothing (old: "no progress possible now", "still open")
     second = agent("watch", "all")
     assert second.exit_code == 0 and second.output == "", second.output

@@ -40,7 +40,7 @@ def status(as_json, html_file):
     from agent.status import gather, render_html, render_text, status_config, write_page
 
     app = get_app()
-    ledger = app.ledger   # first: a config that hides where the ledger is refuses in one line
+    ledger = app.ledger   # a home or ledger that cannot be opened is the one error, not a config warning first
     config, problem = status_config(app)
     if problem:
         click.echo(f"status: {problem}", err=True)

@@ -97,6 +97,8 @@ def task_show(task_id, as_json):
                        f"findings={r['findings_count']} cost={r['cost_usd']}")
         for ch in t["checks"]:
             click.echo(f"  check r{ch['round']} {'pass' if ch['passed'] else 'FAIL'} at {(ch['head_sha'] or '')[:12]}")
+        if t.get("proof"):
+            click.echo(f"  proof: {t['proof']['summary']}")
         if t["pr"]:
             click.echo(f"  pr: {t['pr']['url']} ({t['pr']['state']}, draft)")
         for f in t.get("pr_feedback") or []:

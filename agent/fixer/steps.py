@@ -69,6 +69,12 @@ def _blocked_paths(ctx: Ctx, repo: RepoConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(repo.blocked_paths + extra))
 
 
+def _proof_wanted(ctx: Ctx) -> bool:
+    """Whether the repository wants the proof (``proof:`` in its .agent/config.yaml at the base; default yes)."""
+    settings = repo_settings(ctx)
+    return settings is None or settings.proof.mode != "off"
+
+
 def _require_lane(ctx: Ctx, role: str) -> None:
     """No lane for the role is a config problem: gate-block at once with the fix; it clears by itself once the
     config has the lane again (see ``lift_config_blocks``)."""
@@ -191,7 +197,7 @@ def step_spec_written(ctx: Ctx) -> None:
     repo = repo_config(ctx)
     error = _error(ctx)
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
-                            [], _lessons(ctx, error))
+                            [], _lessons(ctx, error), proof=_proof_wanted(ctx))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
     record_spec(ctx.ledger, ctx.task_id, str(path), t["round"], claim_token=ctx.token)
     snap = snapshot(ctx.ledger, ctx.task_id)
@@ -218,7 +224,7 @@ def _round_spec(ctx: Ctx) -> Path:
 
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
                             _feedback(ctx), _lessons(ctx, error),
-                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id))
+                            pr_feedback=spec_findings(ctx.ledger, ctx.task_id), proof=_proof_wanted(ctx))
     path = write_spec(ctx.home, ctx.task_id, f"round-{t['round']}", text)
     record_spec(ctx.ledger, ctx.task_id, str(path), t["round"], claim_token=ctx.token)
     return path
@@ -401,12 +407,65 @@ def step_local_check_pass(ctx: Ctx) -> None:
                  head=head, output_path=str(out), duration_s=round(res.duration_s, 3), status=res.status,
                  claim_token=ctx.token)
     if passed:
-        close_step(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s")
+        proven = _prove(ctx, command, folder)
+        if proven is None:
+            return
+        close_step(ctx, "local_check_pass", f"`{command}` passed at {head[:12]} in {res.duration_s:.1f}s; {proven}")
         return
     tail = redact_text(res.tail(2500))
     what = "timed out" if res.timed_out else f"exit {res.exit_code}"
     reject_round(ctx, f"check failed ({what})", f"The check `{command}` failed ({what}) on the previous round's "
                                                 f"commit. Its output ends with:\n{tail}")
+
+
+def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
+    """The proof of the head (DESIGN.md "The proof"): the check once more on the base plus the round's test
+    changes, in the check's sandbox. Returns its summary line, or None when the round was sent back."""
+    from agent import proof as P
+    from agent.config import ProofSettings
+    from agent.fence import lease_keeper
+    from agent.lanes.sandbox import check_argv
+    from agent.ledger.proofs import proof_for_head, record_proof
+    from agent.proc import run
+    from agent.workspace import mirror_path
+
+    t = ctx.task
+    head = t["head_sha"]
+    done = proof_for_head(ctx.ledger, ctx.task_id, head)
+    if done is not None and done["verdict"] != P.REJECTED:   # recorded before a crash: never run twice
+        return P.summary(done)
+    settings = repo_settings(ctx)
+    wanted = settings.proof if settings else ProofSettings()
+
+    def run_check(tree: Path, cmd: str, name: str):
+        try:
+            argv, env = check_argv(ctx.config, ctx.home, tree, cmd, folder / "sandbox")
+        except AgentError as exc:
+            block(ctx, f"proof not started: {exc}")
+        out = folder / f"round-{t['round']}-{head[:8]}-{name}.log"
+        keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
+            else nullcontext()
+        with keeping as keeper:
+            res = run(argv, cwd=tree, env=env, timeout=ctx.config.limits.check_timeout, stdout_path=out,
+                      stderr_path=out.with_suffix(".err"))
+        _lease_held(ctx, keeper, "proof")
+        return res
+
+    p = P.prove(mode=wanted.mode, globs=wanted.tests, command=command, mirror=mirror_path(ctx.home, t["repo"]),
+                tree=folder / f"proof-task-{ctx.task_id}", base=t["base_sha"], head=head, run_check=run_check,
+                error=_error(ctx), redact=redact_text)
+    if STOP.is_set():  # killed by the daemon's second signal: prove it again next scan
+        ctx.say("proof interrupted by shutdown; the next scan runs it again")
+        raise Stop()
+    record_proof(ctx.ledger, ctx.task_id, t["round"], head=head, base=t["base_sha"], mode=p.mode,
+                 verdict=p.verdict, reproduces=p.reproduces, reproduces_why=p.reproduces_why, command=p.command,
+                 narrowed=p.narrowed, lists=p.lists(), base_exit=p.base_exit, base_status=p.base_status,
+                 base_tail=p.base_tail, duration_s=p.duration_s, claim_token=ctx.token)
+    crashpoint("proof.recorded")
+    if p.verdict == P.REJECTED:
+        reject_round(ctx, "no test proves the fix", P.feedback(p))
+        return None
+    return P.summary(p)
 
 
 def _diff(ctx: Ctx) -> str:
@@ -420,6 +479,13 @@ def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> 
                 findings=result.findings, head=t["head_sha"], lane_run_id=result.run_id, claim_token=ctx.token)
 
 
+def _proof_text(ctx: Ctx) -> str | None:
+    from agent.ledger.proofs import proof_for_head
+    from agent.proof import spec_text
+
+    return spec_text(proof_for_head(ctx.ledger, ctx.task_id, ctx.task["head_sha"]))
+
+
 def _review_spec(ctx: Ctx, dimension: str) -> Path:
     from agent.spec import reviewer_spec, without_section, write_spec
 
@@ -429,7 +495,7 @@ def _review_spec(ctx: Ctx, dimension: str) -> Path:
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
     if not ctx.config.lessons.reviewers:   # a reviewer judges the diff, not what earlier lanes left behind
         spec_text = without_section(spec_text, "Lessons")
-    text = reviewer_spec(spec_text, _diff(ctx), summary, dimension)
+    text = reviewer_spec(spec_text, _diff(ctx), summary, dimension, proof=_proof_text(ctx))
     return write_spec(ctx.home, ctx.task_id, f"review-{dimension}-round-{t['round']}", text)
 
 

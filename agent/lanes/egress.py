@@ -18,8 +18,8 @@
 Whatever the mode (under bwrap), the lane never sees ``/run`` and ``/var/run`` (the PostgreSQL socket,
 ``/run/user/UID`` with the ssh-agent and D-Bus sockets), the directory of ``$SSH_AUTH_SOCK`` and the socket
 directory of a configured PostgreSQL ledger (``hidden_socket_dirs``); sockets other services left in
-``/var/tmp``, ``/var/lib`` and ``/var/spool`` are blanked (``host_sockets``).  Repository checks run lane-written
-code: they get a network namespace with no proxy unless ``sandbox.network`` is ``host``.
+``/var/lib`` and ``/var/spool`` are blanked (``host_sockets``); ``/var/tmp`` is a private tmpfs like ``/tmp``.
+Repository checks run lane-written code: they get a network namespace with no proxy unless ``sandbox.network`` is ``host``.
 """
 
 from __future__ import annotations
@@ -418,7 +418,7 @@ def hidden_socket_dirs(config, environ=None) -> list[Path]:
 
 # Shared places outside /run where services leave unix sockets (a MySQL socket in /var/lib/mysql, an ssh-agent or
 # a tool's socket in /var/tmp): scanned this many levels down when a lane starts, each socket found blanked.
-SOCKET_SCAN = (("/var/tmp", 2), ("/var/lib", 2), ("/var/spool", 2))
+SOCKET_SCAN = (("/var/lib", 2), ("/var/spool", 2))    # /var/tmp is a private tmpfs in the sandbox (sandbox.wrap)
 
 
 def host_sockets(hidden: list[Path], scan=SOCKET_SCAN) -> list[Path]:

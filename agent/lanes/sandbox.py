@@ -436,6 +436,9 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     # every writable tmpfs (the private /tmp, the homes, the hidden agent home) is RAM: each one capped
     size = ["--size", str(max(16, int(plan.tmpfs_mb)) << 20)]
     args += [*size, "--tmpfs", "/tmp"]
+    if Path("/var/tmp").is_dir() and not Path("/var/tmp").is_symlink():
+        # the host's other temp dir: private too (its files and sockets come and go, so they are not listed)
+        args += [*size, "--tmpfs", "/var/tmp"]
     mounts: list[tuple[int, int, list[str]]] = []
     order = 0
 

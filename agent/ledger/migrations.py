@@ -405,6 +405,26 @@ def m013_ledger_keys(db) -> None:
 
 
 @migration
+def m019_proofs(db) -> None:
+    """The PR proves itself (DESIGN.md "The proof"): one row per proof run, bound to the head like a check.
+
+    ``verdict``: ``proven`` (a test fails on the base plus the round's test changes and the head passes),
+    ``unproven`` (none did, and the repository says ``proof: optional``), ``rejected`` (none did: the round is sent
+    back) or ``off``. ``reproduces``: 1 when the base failure shows the production error's class and a frame of it,
+    0 when not, NULL when nothing failed (``reproduces_why``: what matched or not).
+    ``flipped``/``passed_on_base``/``skipped``/``removed``: JSON lists of test names; ``base_tail``: the redacted
+    end of the base run's output.
+    """
+    db["proofs"].create({
+        "id": int, "task_id": int, "round": int, "head_sha": str, "base_sha": str, "mode": str, "verdict": str,
+        "reproduces": int, "reproduces_why": str, "command": str, "narrowed": int, "test_files": str,
+        "flipped": str, "passed_on_base": str, "skipped": str, "removed": str, "base_exit": int, "base_status": str,
+        "base_tail": str, "duration_s": float, "created_at": str,
+    }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "verdict"})
+    db["proofs"].create_index(["task_id", "head_sha"])
+
+
+@migration
 def m015_errors_last_seen(db) -> None:
     """`agent error list` reads the most recently seen errors first, a page at a time: an index on ``last_seen``
     makes that a range read whatever the number of errors (``(state, last_seen)`` serves ``--state``)."""

@@ -146,6 +146,8 @@ def pr_inputs(ledger: Ledger, task_id: int) -> dict | None:
     checks = ledger.all("SELECT * FROM checks WHERE task_id = ? ORDER BY id", (task_id,))
     cost = ledger.scalar("SELECT coalesce(sum(cost_usd), 0) FROM lane_runs WHERE task_id = ?", (task_id,)) or 0.0
     from agent.ledger.lessons import task_lesson
+    from agent.ledger.proofs import proof_for_head
 
     return {"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates, "checks": checks,
-            "cost_usd": cost, "summary": summary, "lesson": task_lesson(ledger, task_id)}
+            "cost_usd": cost, "summary": summary, "lesson": task_lesson(ledger, task_id),
+            "proof": proof_for_head(ledger, task_id, t["head_sha"])}

@@ -115,11 +115,13 @@ def snapshot(ledger: Ledger, task_id: int, conn: sqlite3.Connection | None = Non
                                       "WHERE task_id = ? AND verdict = 'approve'", (task_id,)):
         approvals.setdefault(f"{stage}:{dim}", set()).add(head)
     pr = c.execute("SELECT head_sha FROM prs WHERE task_id = ? AND state = 'open'", (task_id,)).fetchone()
+    refused = {r[0] for r in c.execute("SELECT head_sha FROM proofs WHERE task_id = ? AND verdict = 'rejected'",
+                                       (task_id,))}
     return chain.Snapshot(
         task_id=task_id, state=t["state"], round=t["round"], from_conclusion=from_conclusion,
         head_sha=t["head_sha"], base_sha=t["base_sha"], pushed_sha=t["pushed_sha"], spec_path=t["spec_path"],
         steps=steps, implementer_complete=impl is not None, committed_round=committed,
-        checks_passed=checks, approvals=approvals, pr_head=pr[0] if pr else None)
+        checks_passed=checks, approvals=approvals, pr_head=pr[0] if pr else None, proofs_refused=refused)
 
 
 def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str | None,
@@ -357,6 +359,12 @@ def task_detail(ledger: Ledger, task_id: int) -> dict:
                             "FROM gates WHERE task_id = ? ORDER BY id", (task_id,))
     t["pr"] = ledger.one("SELECT forge, repo, number, url, head_sha, state, draft FROM prs WHERE task_id = ?",
                          (task_id,))
+    from agent.ledger.proofs import proof_for_head, summary
+
+    p = proof_for_head(ledger, task_id, t["head_sha"]) if t["head_sha"] else None
+    t["proof"] = None if p is None else {
+        "verdict": p["verdict"], "proven": p["verdict"] == "proven", "summary": summary(p),
+        "reproduces": p["reproduces"], "flipped": p["flipped"], "command": p["command"], "head_sha": p["head_sha"]}
     t["pr_feedback"] = [{k: r[k] for k in ("key", "kind", "author", "path", "line", "state", "decision", "reason",
                                             "round")} for r in ledger.feedback_items(task_id)]
     return t

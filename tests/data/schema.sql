@@ -290,6 +290,30 @@ table pr_watch
   ci_results TEXT
   updated_at TEXT
   fk task_id -> tasks.id
+table proofs
+  id INTEGER PK1
+  task_id INTEGER NOT NULL
+  round INTEGER
+  head_sha TEXT
+  base_sha TEXT
+  mode TEXT
+  verdict TEXT NOT NULL
+  reproduces INTEGER
+  reproduces_why TEXT
+  command TEXT
+  narrowed INTEGER
+  test_files TEXT
+  flipped TEXT
+  passed_on_base TEXT
+  skipped TEXT
+  removed TEXT
+  base_exit INTEGER
+  base_status TEXT
+  base_tail TEXT
+  duration_s REAL
+  created_at TEXT
+  fk task_id -> tasks.id
+  index (task_id, head_sha) c
 table prs
   id INTEGER PK1
   task_id INTEGER NOT NULL
