@@ -405,6 +405,13 @@ def m013_ledger_keys(db) -> None:
 
 
 @migration
+def m015_errors_last_seen(db) -> None:
+    """`agent error list` reads the most recently seen errors first, a page at a time: an index on ``last_seen``
+    makes that a range read whatever the number of errors (``(state, last_seen)`` serves ``--state``)."""
+    db["errors"].create_index(["last_seen"])
+
+
+@migration
 def m019_proofs(db) -> None:
     """The PR proves itself (DESIGN.md "The proof"): one row per proof run, bound to the head like a check.
 
@@ -422,10 +429,3 @@ def m019_proofs(db) -> None:
         "base_tail": str, "duration_s": float, "created_at": str,
     }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "verdict"})
     db["proofs"].create_index(["task_id", "head_sha"])
-
-
-@migration
-def m015_errors_last_seen(db) -> None:
-    """`agent error list` reads the most recently seen errors first, a page at a time: an index on ``last_seen``
-    makes that a range read whatever the number of errors (``(state, last_seen)`` serves ``--state``)."""
-    db["errors"].create_index(["last_seen"])
