@@ -81,6 +81,17 @@ class App:
             self._config = config
         return self._config
 
+    def config_problem(self) -> str | None:
+        """Why the config file cannot be used (its one line), or None: for commands that work without it
+        (`status`, listings), which still say so."""
+        from agent.config import ConfigError, load_config
+
+        try:
+            load_config(self.config_path, required=self.config_file is not None)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     def reload_config(self) -> Config:
         """Read the config file again (the daemon does before every pass)."""
         self._config = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import AgentError
+from agent.textio import InputError
 
 ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
 FIXER_ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic")   # the roles every task's chain runs
@@ -24,7 +24,7 @@ NETWORKS = ("proxy", "none", "host")      # sandbox.network (agent.lanes.egress)
 DEFAULT_BLOCKED = (".github/", ".agent/")
 
 
-class ConfigError(AgentError):
+class ConfigError(InputError):
     """``config.yaml: limits.round_cap: expected an integer >= 1, got "five"``"""
 
 
@@ -765,18 +765,9 @@ def _proof(v: _V, value: Any) -> ProofSettings:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml  # imported here: a cron tick without config should not pay for it
+    from agent.textio import load_yaml, read_text
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return load_yaml(read_text(path, error=ConfigError).text, str(path), error=ConfigError)
 
 
 def load_config(path: Path, required: bool = False) -> Config:
@@ -828,22 +819,16 @@ REPO_SETTINGS_PATH = ".agent/config.yaml"
 def load_repo_settings(mirror: Path, base_sha: str | None) -> RepoSettings:
     """A repository's own ``.agent/config.yaml`` as it is in the BASE commit (never the task's worktree, which a
     lane can write: a lane must not be able to loosen its own checks, blocked paths or reviewers)."""
-    import yaml
-
+    from agent.textio import decode, load_yaml
     from agent.workspace import read_base_file
 
     if not base_sha or not Path(mirror).exists():
         return RepoSettings()
-    text = read_base_file(Path(mirror), base_sha, REPO_SETTINGS_PATH)
-    if text is None:
+    raw = read_base_file(Path(mirror), base_sha, REPO_SETTINGS_PATH, raw=True)
+    if raw is None:
         return RepoSettings()
     filename = f"{REPO_SETTINGS_PATH} at {base_sha[:12]}"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{filename}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    data = load_yaml(decode(raw, filename, error=ConfigError).text, filename, error=ConfigError)
     return parse_repo_settings(data, filename=filename)
 
 

@@ -419,6 +419,7 @@ class Captured:
     stdout: str
     stderr: str
     timed_out: bool = False
+    raw: bytes = b""          # stdout as bytes (a file git shows, decoded by its reader: agent.textio)
 
 
 def capture(argv: Sequence[str], *, cwd: Path | str | None, env: dict[str, str], timeout: float | None = 120,
@@ -449,7 +450,7 @@ def capture(argv: Sequence[str], *, cwd: Path | str | None, env: dict[str, str],
         with _RUNNING_LOCK:
             _RUNNING.pop(proc.pid, None)
     return Captured(proc.returncode if not timed_out else -signal.SIGKILL, out.decode("utf-8", "replace"),
-                    err.decode("utf-8", "replace"), timed_out)
+                    err.decode("utf-8", "replace"), timed_out, out)
 
 
 # ---------------------------------------------------------------------------- process identity

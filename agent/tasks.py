@@ -8,11 +8,11 @@ They are the record operations of the tasks aggregate and live with the ledger (
 from __future__ import annotations
 
 from agent.ledger.tasks import (HUMAN_STEP_PENDING, ClaimLost, LeaseLost, Refused, check_claim, claimed_tx,
-                                config_blocked_tasks, create_task, get_task, lift_config_block, list_tasks,
+                                config_blocked_tasks, create_task, get_task, lift_config_block, iter_tasks, list_tasks,
                                 note_wait, open_task_needs, reset_task, set_step, snapshot, start_feedback_round,
                                 start_next_round, task_budget, task_detail, transition, transition_in)
 
 __all__ = ["HUMAN_STEP_PENDING", "ClaimLost", "LeaseLost", "Refused", "check_claim", "claimed_tx", "config_blocked_tasks",
-           "create_task", "get_task", "lift_config_block", "list_tasks", "note_wait", "open_task_needs",
+           "create_task", "get_task", "lift_config_block", "iter_tasks", "list_tasks", "note_wait", "open_task_needs",
            "reset_task", "set_step", "snapshot", "start_feedback_round", "start_next_round",
            "task_budget", "task_detail", "transition", "transition_in"]

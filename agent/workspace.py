@@ -178,12 +178,12 @@ def git_env(push: bool = False, config=None, network: bool = False) -> dict[str,
 
 def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = None,
         work_tree: Path | str | None = None, network: bool = False, push: bool = False,
-        timeout: float = GIT_TIMEOUT, input: bytes | None = None, check: bool = True) -> str:
+        timeout: float = GIT_TIMEOUT, input: bytes | None = None, check: bool = True, raw: bool = False) -> str:
     """Run one hardened git command and return its stdout (trailing newline kept off).
 
     ``git_dir``/``work_tree`` are passed explicitly when given (a task's worktree: never trust its ``.git``
     file). ``network`` keeps the user's credential helpers and ssh setup; ``push`` also passes credential
-    variables. Raises GitError (with stderr) when ``check`` and git fails."""
+    variables. Raises GitError (with stderr) when ``check`` and git fails. ``raw``: stdout as bytes, untouched."""
     from agent import proc
 
     overrides = [c for c in SAFE_GIT_CONFIG if not ((network or push) and c in _NETWORK_DROPS)]
@@ -203,6 +203,8 @@ def git(*args: str, cwd: Path | str | None = None, git_dir: Path | str | None = 
     if check and res.exit_code != 0:
         what = "timed out" if res.timed_out else (git_error_line(res.stderr)[:300] or f"exit {res.exit_code}")
         raise GitError(f"git {args[0] if args else ''}: {what}", res.stderr, res.exit_code)
+    if raw:
+        return res.raw  # type: ignore[return-value]
     return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
 
 
@@ -663,10 +665,11 @@ def remove_worktree(mirror: Path, path: Path) -> None:
         git("worktree", "prune", git_dir=mirror, check=False)
 
 
-def read_base_file(mirror: Path, base_sha: str, path: str) -> str | None:
-    """A file's text at the base commit (trusted: a lane cannot change it), or None when it is not there."""
+def read_base_file(mirror: Path, base_sha: str, path: str, raw: bool = False) -> str | bytes | None:
+    """A file's text (``raw``: its bytes) at the base commit (trusted: a lane cannot change it), or None when it is
+    not there."""
     try:
-        return git("show", "--no-textconv", f"{base_sha}:{path}", git_dir=mirror)
+        return git("show", "--no-textconv", f"{base_sha}:{path}", git_dir=mirror, raw=raw)
     except GitError:
         return None
 

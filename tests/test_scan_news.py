@@ -91,5 +91,7 @@ def test_events_limit_shows_the_newest(agent, home):
     assert [e["id"] for e in two] == sorted(e["id"] for e in two) and two[-1]["id"] == newest[0]["id"]
     first_of_a = agent("events", "--task", str(a), "--limit", "1").output.splitlines()
     assert len(first_of_a) == 1 and "task.state" in first_of_a[0]
-    assert agent("events", "--limit", "0").exit_code == 2
+    assert agent("events", "--limit", "-1").exit_code == 2
+    every = agent.json("events", "--limit", "0")          # 0: every event (as for every listing)
+    assert [e["id"] for e in every] == list(range(1, len(every) + 1)) and every[-1]["id"] == newest[0]["id"]
     assert json.loads(agent("events", "--json").stdout)[0]["kind"] == "task.created"

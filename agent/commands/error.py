@@ -7,7 +7,8 @@ import sys
 import click
 
 from agent import AgentError
-from agent.commands.common import emit, get_app, json_option
+from agent.commands.common import (emit, emit_rows, get_app, json_option, limit_option, listing_args, since_option,
+                                   warn_broken_config)
 
 STATES = ("open", "fixing", "resolved", "skipped")
 
@@ -32,54 +33,68 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     Example:
       agent error ingest app.log --format traceback --service widgets-api --env production
     """
-    from agent.intake.store import ingest_text
-
     from agent.config import repo_key_problem
+    from agent.intake.formats import nothing_found
+    from agent.intake.store import ingest_text
+    from agent.textio import decode
 
     if repo is not None and repo_key_problem(repo):
         raise click.BadParameter(repo_key_problem(repo), param_hint="--repo")
+    name = file if file != "-" else "stdin"
     if file == "-":
-        text = sys.stdin.buffer.read().decode("utf-8", "replace")
+        data = sys.stdin.buffer.read()
     else:
         try:
             with open(file, "rb") as fh:
-                text = fh.read().decode("utf-8", "replace")
+                data = fh.read()
         except OSError as exc:
             raise AgentError(f"{file}: cannot read ({exc.strerror})") from None
-    result, used = ingest_text(get_app().ledger, text, fmt, service=service, environment=environment, repo=repo,
-                               actor="human")
+    decoded = decode(data, name, strict=False)   # one bad byte must not cost the events around it
+    del data
+    note = decoded.note(name)
+    if note:
+        click.echo(f"agent: warning: {note}", err=True)
+    result, used = ingest_text(get_app().ledger, decoded.text, fmt, service=service, environment=environment,
+                              repo=repo, actor="human")
     for r in result.rejections:
         reason = " ".join(str(r.reason).split())[:300]
-        click.echo(f"{file if file != '-' else 'stdin'}: line {r.line}: rejected: {reason}", err=True)
-    emit({**result.to_json(), "format": used}, as_json,
+        click.echo(f"{name}: line {r.line}: rejected: {reason}", err=True)
+    why, clean = nothing_found(decoded.text, used) if not (result.new or result.deduplicated or result.rejected) \
+        else (None, True)
+    emit({**result.to_json(), "format": used, "nothing_found": why}, as_json,
          lambda d: click.echo(f"new {d['new']}, deduplicated {d['deduplicated']}, rejected {d['rejected']}"))
     if result.rejected:
         raise AgentError(f"{result.rejected} line(s) or event(s) rejected; the rest was ingested")
+    if why and not clean:
+        raise AgentError(f"no error found in {name}: {why}")
+    if why:
+        click.echo(f"no error found in {name}: {why}", err=True)
 
 
 @error.command("list")
 @click.option("--state", type=click.Choice(STATES), help="Only errors in this state.")
+@since_option("errors last seen")
+@limit_option("errors, most recently seen first")
 @json_option
-def error_list(state, as_json):
+def error_list(state, since, limit, as_json):
     """List errors, most recently seen first.
 
     \b
     Example:
       agent error list --state open --json
+      agent error list --since 1d --limit 0
     """
-    from agent.intake.store import list_errors
     from agent.intake.formats import error_headline
+    from agent.ledger.errors import iter_errors
 
-    rows = list_errors(get_app().ledger, state)
+    app = get_app()
+    warn_broken_config(app)
 
-    def human(rows):
-        for r in rows:
-            click.echo(f"{r['id']}  {r['state']:<8} x{r['count']:<6} {r['service']}/{r['environment']}  "
-                       f"{error_headline(r['class'], r['message'])[:100]}")
-        if not rows:
-            click.echo("no errors")
+    def line(r):
+        click.echo(f"{r['id']}  {r['state']:<8} x{r['count']:<6} {r['service']}/{r['environment']}  "
+                   f"{error_headline(r['class'], r['message'])[:100]}")
 
-    emit(rows, as_json, human)
+    emit_rows(iter_errors(app.ledger, state, **listing_args(limit, since)), as_json, line, "no errors", "errors")
 
 
 @error.command("show")

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import click
 
-from agent.commands.common import emit, get_app, json_option
+from agent.commands.common import (emit, emit_rows, get_app, json_option, limit_option, listing_args, since_option,
+                                   warn_broken_config)
 
 
 @click.group()
 def pr():
     """Draft pull requests opened by agent (ID is the task id)."""
-
-
-def list_prs(ledger) -> list[dict]:
-    from agent.ledger.prs import list_prs as rows
-
-    return rows(ledger)
 
 
 def get_pr(ledger, task_id: int) -> dict:
@@ -29,25 +24,28 @@ def get_pr(ledger, task_id: int) -> dict:
 
 
 @pr.command("list")
+@click.option("--state", type=click.Choice(("open", "merged", "closed")), help="Only PRs in this state.")
+@since_option("PRs updated")
+@limit_option("PRs, the newest (still in task order)")
 @json_option
-def pr_list(as_json):
+def pr_list(state, since, limit, as_json):
     """List the PRs agent opened, with their state.
 
     \b
     Example:
       agent pr list --json
     """
-    rows = list_prs(get_app().ledger)
+    from agent.ledger.prs import iter_prs
 
-    def human(rows):
-        if not rows:
-            click.echo("no PRs yet")
-        for r in rows:
-            kind = "draft" if r["draft"] else "ready"
-            click.echo(f"task {r['task_id']:>4}  {r['forge']:<6} {r['repo']}#{r['number']}  {r['state']:<6} "
-                       f"{kind}  {r['head']}  {r['url']}")
+    app = get_app()
+    warn_broken_config(app)
 
-    emit(rows, as_json, human)
+    def line(r):
+        kind = "draft" if r["draft"] else "ready"
+        click.echo(f"task {r['task_id']:>4}  {r['forge']:<6} {r['repo']}#{r['number']}  {r['state']:<6} "
+                   f"{kind}  {r['head']}  {r['url']}")
+
+    emit_rows(iter_prs(app.ledger, state, **listing_args(limit, since)), as_json, line, "no PRs yet", "PRs")
 
 
 @pr.command("show")

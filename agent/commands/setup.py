@@ -45,6 +45,7 @@ def status(as_json, html_file):
     if problem:
         click.echo(f"status: {problem}", err=True)
     data = gather(ledger, app.home, config=config)
+    data["config_error"] = problem   # status works without the config (the line above said so); JSON says it too
     if html_file:
         data["html"] = write_page(Path(html_file), render_html(ledger, data))
     emit(data, as_json, lambda d: click.echo(render_text(d) + (f"\n\nwrote {d['html']}" if html_file else "")))

@@ -8,7 +8,8 @@ import time
 import click
 
 from agent import AgentError
-from agent.commands.common import emit, get_app, json_option
+from agent.commands.common import (emit, emit_rows, get_app, json_option, limit_option, listing_args, since_option,
+                                   warn_broken_config)
 
 STATES = ("open", "working", "gate-blocked", "done", "failed")
 
@@ -46,8 +47,10 @@ def task_create(repo, title, error_id, base, as_json):
 
 @task.command("list")
 @click.option("--state", type=click.Choice(STATES), help="Only tasks in this state.")
+@since_option("tasks updated")
+@limit_option("tasks, the newest (still in id order)")
 @json_option
-def task_list(state, as_json):
+def task_list(state, since, limit, as_json):
     """List tasks.
 
     \b
@@ -55,19 +58,17 @@ def task_list(state, as_json):
       agent task list --state gate-blocked --json
     """
     from agent.status import one_line
-    from agent.tasks import list_tasks
+    from agent.tasks import iter_tasks
 
-    rows = list_tasks(get_app().ledger, state)
+    app = get_app()
+    warn_broken_config(app)
 
-    def human(rows):
-        for r in rows:  # one line per task, whatever a reason or title holds
-            why = one_line(r["blocked_reason"] or r["failed_reason"] or r["wait_reason"], 200)
-            click.echo(f"{r['id']:>5}  {r['state']:<12} round {r['round']}/{r['round_cap']}  {r['repo']}  "
-                       f"{one_line(r['title'], 100)}{'  -- ' + why if why else ''}")
-        if not rows:
-            click.echo("no tasks")
+    def line(r):  # one line per task, whatever a reason or title holds
+        why = one_line(r["blocked_reason"] or r["failed_reason"] or r["wait_reason"], 200)
+        click.echo(f"{r['id']:>5}  {r['state']:<12} round {r['round']}/{r['round_cap']}  {r['repo']}  "
+                   f"{one_line(r['title'], 100)}{'  -- ' + why if why else ''}")
 
-    emit(rows, as_json, human)
+    emit_rows(iter_tasks(app.ledger, state, **listing_args(limit, since)), as_json, line, "no tasks", "tasks")
 
 
 @task.command("show")
@@ -182,9 +183,10 @@ def checklist_set(task_id, key, status, evidence, source, as_json):
 @click.command()
 @click.option("--task", "task_id", type=int, help="Only events of this task.")
 @click.option("--follow", is_flag=True, help="Keep printing new events (Ctrl-C stops).")
-@click.option("--limit", type=click.IntRange(min=1), help="Only the newest N events (still oldest first).")
+@since_option("events")
+@limit_option("events, the newest (still oldest first)")
 @json_option
-def events(task_id, follow, limit, as_json):
+def events(task_id, follow, since, limit, as_json):
     """The append-only event log.
 
     With --follow it keeps printing; with --follow --json, one JSON object per line (a stream, not one document).
@@ -194,22 +196,28 @@ def events(task_id, follow, limit, as_json):
       agent events --task 12
       agent events --follow
     """
+    from agent.ledger.listing import iter_events
+
     app = get_app()
-    rows = app.ledger.events(task_id=task_id, limit=limit, newest=True)
+    warn_broken_config(app)
+    rows = iter_events(app.ledger, task_id, **listing_args(limit, since))
+    last = 0
 
     def line(e):
+        nonlocal last
+        last = e["id"]
+        if as_json:
+            click.echo(json.dumps(e, default=str))
+            return
         who = f"task {e['task_id']}" if e["task_id"] else (f"error {e['error_id'][:8]}" if e["error_id"] else "-")
         click.echo(f"{e['id']:>6} {e['ts']} {e['actor']:<6} {who:<10} {e['kind']} "
                    f"{json.dumps(e['payload'], sort_keys=True)[:160]}")
 
     if as_json and not follow:
-        emit(rows, True)
+        emit_rows(rows, True, line, "", "events")
         return
-    for e in rows:
-        click.echo(json.dumps(e, default=str)) if as_json else line(e)
-    last = rows[-1]["id"] if rows else 0
+    emit_rows(rows, False, line, "" if follow else "no events", "events")
     while follow:
         time.sleep(0.5)
         for e in app.ledger.events(task_id=task_id, after_id=last):
-            click.echo(json.dumps(e, default=str)) if as_json else line(e)
-            last = e["id"]
+            line(e)

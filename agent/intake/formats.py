@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator
 
+from agent.textio import one_newline, split_lines
+
 FORMATS = ("auto", "jsonl", "sentry", "traceback")
 ERROR_LEVELS = ("error", "err", "critical", "crit", "fatal", "emerg", "emergency", "alert", "panic", "severe")
 MAX_EXCERPT_LINES = 200
@@ -429,7 +431,7 @@ def parse_log_text(text: str, final: bool = True, line_base: int = 1) -> ParseRe
     With ``final=False`` (tailing a file still being written) an event that reaches the end of the
     text is held back: ``consumed_lines`` stops before it so the next read starts there.
     """
-    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
+    lines = split_lines(text)
     if any(len(ln) > MAX_LINE for ln in lines):
         lines = [cap(ln, MAX_LINE) for ln in lines]
     if lines and lines[-1] == "":
@@ -541,9 +543,8 @@ def _stack_text_event(stack: str) -> Event | None:
     """A stack/traceback string through the log-text parsers: the event with the most frames, else the
     frame lines found in it (a stack printed without its header or exception line)."""
     stack = cap(stack, MAX_STACK)
-    lines = stack.split("\n")
-    if len(lines) < 4 * MAX_EXCERPT_LINES and all(len(ln) <= MAX_LINE for ln in lines):
-        lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+    lines = split_lines(stack)
+    if len(lines) < 4 * MAX_EXCERPT_LINES and max(map(len, lines)) <= MAX_LINE:
         if _is_py_start(lines[0]):        # the common shapes, without building an excerpt
             ev, _, status = _parse_python(lines, 0)
             if status == "ok" and ev is not None and ev.frames:
@@ -559,10 +560,10 @@ def _stack_text_event(stack: str) -> Event | None:
             return best
     frames = []
     python = False
-    for line in stack.split("\n"):
+    for line in lines:
         if len(frames) >= MAX_FRAMES_KEPT * 4:
             break
-        line = cap(line.rstrip("\r"), MAX_LINE)
+        line = cap(line, MAX_LINE)
         head = line.lstrip()
         if head.startswith("File ") or head.startswith("at "):
             f = _frame_from_text(line if line[:1].isspace() else "  " + line)
@@ -637,7 +638,7 @@ def _bool(value: Any) -> bool | None:
 
 def _json_lines(text: str, line_base: int) -> Iterator[tuple[int, Any, str | None]]:
     """(line number, parsed object or None, why it is not JSON or None) for every non-blank line."""
-    for offset, line in enumerate(text.split("\n")):
+    for offset, line in enumerate(split_lines(text)):
         if not line.strip():
             continue
         obj, bad = loads(line)
@@ -678,6 +679,7 @@ def parse_jsonl(text: str, line_base: int = 1) -> ParseResult:
 # --------------------------------------------------------------------------- Sentry
 
 _SENTRY_KEYS = ("exception", "entries", "logentry", "event_id", "eventID", "sdk", "culprit", "threads")
+_SENTRY_KEY_SET = frozenset(_SENTRY_KEYS)
 _ITEM_HEADER_KEYS = {"type", "length", "content_type", "filename", "attachment_type", "item_count"}
 _BUILTIN_MODULES = ("builtins", "__builtin__", "exceptions", "__main__")
 
@@ -708,7 +710,7 @@ def _is_sentry(obj: Any) -> bool:
     if not isinstance(obj, dict):
         return False
     inner, wrapper = _unwrap(obj)
-    return bool(wrapper) or any(k in inner for k in _SENTRY_KEYS)
+    return bool(wrapper) or not _SENTRY_KEY_SET.isdisjoint(inner)
 
 
 def _tags(raw: Any) -> dict[str, str]:
@@ -915,6 +917,7 @@ def parse(text: str, fmt: str = "auto", *, service: str | None = None, environme
     Never raises for any text (an unknown ``fmt`` is a programming error and raises ValueError)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    text = one_newline(text[1:] if text.startswith("\ufeff") else text)
     chosen = sniff(text) if fmt == "auto" else fmt
     try:
         if chosen == "jsonl":
@@ -930,3 +933,30 @@ def parse(text: str, fmt: str = "auto", *, service: str | None = None, environme
         ev.environment = ev.environment or environment
         ev.repo = ev.repo or repo
     return result
+
+
+_ERRORISH = re.compile(r"\b(?i:error|exception|traceback|fatal|panic|critical)\b|[a-z](?:Error|Exception)\b")
+
+
+def nothing_found(text: str, fmt: str) -> tuple[str, bool]:
+    """For an input that gave no event and no rejection: (why, in a few words; whether it really holds no error).
+
+    It holds none when it is empty or blank, a document with no event in it, or log text in which no line even
+    mentions an error. Text that holds NUL characters (binary, or UTF-16/32 without a byte-order mark) or log text
+    that mentions errors in a shape not read here is not called clean."""
+    lines = split_lines(text)
+    count = sum(1 for ln in lines if ln.strip())
+    if not count:
+        return "the input is empty", True
+    head = text[:4 * 1024 * 1024]
+    if "\x00" in head:
+        return ("it holds NUL characters: binary, or UTF-16/UTF-32 without a byte-order mark; save it as UTF-8",
+                False)
+    if fmt in ("jsonl", "sentry"):
+        return f"{count} {'JSON line' if fmt == 'jsonl' else 'line'}{'s' if count > 1 else ''} of {fmt}, " \
+               "holding no event", True
+    if _ERRORISH.search(head):
+        return (f"{count} line{'s' if count > 1 else ''} of log text mention errors, but none reads as an error "
+                "line (ERROR, FATAL, level=error ...), a trace or a JSON error record; pass --format if it is JSON",
+                False)
+    return f"{count} line{'s' if count > 1 else ''} of log text, none an error line, trace or JSON error record", True

@@ -161,7 +161,8 @@ _LITERALS = ("private key", "privatekey", "private_key", "private-key", "apikey"
              "github_pat_", "akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa", "abia", "acca",
              "xox", "_live_", "_test_", "aiza", "sk-", "@", "pass", "pwd", "secret", "credential", "session", "sessid",
              "signature", "auth", "jwt", "dsn", "otp", "pin")
-_MAYBE_RE = re.compile(r"gh[pousr]_|(?<![0-9a-fA-F])[0-9a-fA-F]{32}")
+_GH_PREFIX = re.compile(r"gh[pousr]_")
+_HEX32 = re.compile(r"[0-9a-fA-F]{32}")   # a 32-hex run anywhere means one that starts a run (the rule's lookbehind)
 
 
 def _maybe(text: str) -> bool:
@@ -169,7 +170,7 @@ def _maybe(text: str) -> bool:
     for lit in _LITERALS:
         if lit in low:
             return True
-    return _MAYBE_RE.search(text) is not None
+    return ("gh" in text and _GH_PREFIX.search(text) is not None) or _HEX32.search(text) is not None
 
 
 # Per rule, literals (lowercased) at least one of which every match contains: a rule whose literals are all

@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,6 +30,7 @@ from agent.intake.formats import Event, ParseResult, Rejected, event_from_sentry
 from agent.intake.redact import redact
 from agent.intake.store import IngestResult, get_cursor, ingest
 from agent.ledger import Ledger
+from agent.textio import sniff_bom, without_escapes
 
 LOKI_LOOKBACK_S = 3600
 LOKI_LIMIT = 1000
@@ -156,29 +158,59 @@ def pull_files(src: SourceConfig, cursor: str | None) -> Pull:
             line = prev.get("line", 0) if same else 0
             final = same and prev.get("size") == st.st_size          # not grown since the last pull
             with open(path, "rb") as fh:
+                codec, bom = sniff_bom(fh.read(4))                   # the file's byte-order mark, read each pull
+                unit = _unit(codec)
+                offset = max(offset, bom)
+                after_cr = False
+                if offset - unit >= bom:          # the last pull ended on a CR: an LF now completes that line end
+                    fh.seek(offset - unit)
+                    after_cr = fh.read(unit).decode(codec, "replace") == "\r"
                 fh.seek(offset)
                 data = fh.read(min(st.st_size - offset, FILE_MAX_BYTES))
         except OSError as exc:
             rejected.append(Rejected(0, f"{path}: cannot read ({exc.strerror})"))
             continue
-        if not final and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n")
-            data = data[:cut + 1] if cut >= 0 else b""
-        text = data.decode("utf-8", "replace")
+        text, used_of = _file_lines(data, codec, final, after_cr)
         result: ParseResult = parse(text, src.format, service=src.service, environment=src.environment,
                                     final=final, line_base=line + 1)
-        raw_lines = data.split(b"\n")
-        if data.endswith(b"\n"):
-            raw_lines.pop()
-        consumed = result.consumed_lines if result.consumed_lines is not None else len(raw_lines)
-        consumed = min(consumed, len(raw_lines))
-        used = sum(len(x) + 1 for x in raw_lines[:consumed])
-        used = min(used, len(data))
+        consumed = result.consumed_lines if result.consumed_lines is not None else len(used_of)
+        consumed = min(consumed, len(used_of))
         events.extend(result.events)
         rejected.extend(Rejected(r.line, f"{path}: {r.reason}") for r in result.rejected)
-        new_state[key] = {"inode": st.st_ino, "offset": offset + used, "line": line + consumed,
-                          "size": st.st_size}
+        new_state[key] = {"inode": st.st_ino, "offset": offset + (used_of[consumed - 1] if consumed else 0),
+                          "line": line + consumed, "size": st.st_size}
     return Pull(events, rejected, json.dumps({"files": new_state}, sort_keys=True))
+
+
+def _unit(codec: str) -> int:
+    return 1 if codec == "utf-8" else (4 if "32" in codec else 2)
+
+
+def _file_lines(data: bytes, codec: str, final: bool, after_cr: bool = False) -> tuple[str, list[int]]:
+    """A piece of a tailed file as text of whole lines (any line ending; a last line without one is held back
+    unless the file stopped growing), and the byte length of the piece through each line. ``after_cr``: the
+    piece before ended on a CR, so an LF first completes that CRLF (it is no line). Invalid UTF-8 bytes are read
+    as U+FFFD (agent.textio), each still counted as the byte it was."""
+    utf8, unit = codec == "utf-8", _unit(codec)
+    errors = "surrogateescape" if utf8 else "replace"
+    raw = data[:len(data) - len(data) % unit].decode(codec, errors)
+    skip = 0
+    if after_cr and raw.startswith("\n"):
+        raw, skip = raw[1:], unit
+    pieces = _LINE.findall(raw)
+    if pieces and pieces[-1] == "":
+        pieces.pop()
+    if pieces and not final and not pieces[-1].endswith(("\n", "\r")):
+        pieces.pop()
+    ends, total = [], skip
+    for piece in pieces:
+        total += len(piece) if utf8 and piece.isascii() else len(piece.encode(codec, errors))
+        ends.append(total)
+    text = "".join(pieces)
+    return (without_escapes(text) if utf8 else text), ends
+
+
+_LINE = re.compile(r"[^\r\n]*+(?:\r\n|\n\r|\r|\n)|[^\r\n]++$|$")
 
 
 # --------------------------------------------------------------------------- sentry

@@ -133,7 +133,7 @@ def _known_migrations() -> list[str]:
 
 
 # Bumped with every migration; checked without importing sqlite_utils so a cron tick stays cheap.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 
 class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):

@@ -159,19 +159,23 @@ _LEDGER_KEY = re.compile(r"^ledger\s*:", re.M)
 def configured_url(config_path: Path) -> str | None:
     """``ledger.url`` from a config file, read before (and without) the full config validation, so opening the
     ledger never needs the config that itself needs the ledger (open tasks). A file without a top-level
-    ``ledger:`` key is not even parsed as YAML. A malformed value is config validation's to report."""
-    try:
-        text = Path(config_path).read_text(encoding="utf-8")
-    except OSError:
-        return None
-    if not _LEDGER_KEY.search(text):
-        return None
-    import yaml
+    ``ledger:`` key is not even parsed as YAML, so a config broken elsewhere still lets `status`, `task list` and
+    `doctor` open the ledger (they say the config is broken). One whose YAML cannot be read at all while it has
+    a ``ledger:`` key is refused: where the ledger is cannot be known. A malformed value is config validation's
+    to report."""
+    from agent.textio import InputError, decode, load_yaml, one_newline
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None   # load_config says where the YAML is broken
+        raw = Path(config_path).read_bytes()
+    except OSError:
+        return None
+    text = decode(raw, str(config_path), strict=False).text   # a bad byte elsewhere does not hide ledger.url
+    if not _LEDGER_KEY.search(one_newline(text)):
+        return None
+    try:
+        data = load_yaml(text, str(config_path))
+    except InputError as exc:
+        raise BackendError(f"{exc} (the ledger's location, ledger.url, is read from it)") from None
     if not isinstance(data, dict) or data.get("ledger") is None:
         return None
     section = data["ledger"]

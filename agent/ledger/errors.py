@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
+from agent.ledger.listing import Listing
 
 
 class ErrorStateRefused(AgentError):
@@ -43,14 +44,19 @@ def resolve_error(ledger: Ledger, ref: str) -> dict:
     raise AgentError(f"no error with id {ref!r}; see `agent error list`")
 
 
+ERROR_COLUMNS = ("id, fingerprint, service, environment, class, message, count, first_seen, last_seen, state, repo, "
+                 "level")
+
+
+def iter_errors(ledger: Ledger, state: str | None = None, since: str | None = None,
+                limit: int | None = None) -> Listing:
+    """Errors most recently seen first (``since``: seen at or after that ledger timestamp), read page by page."""
+    return Listing(ledger, ERROR_COLUMNS, "errors", [("state = ?", state), ("last_seen >= ?", since)],
+                   [("last_seen", "last_seen", True), ("id", "id", False)], limit)
+
+
 def list_errors(ledger: Ledger, state: str | None = None) -> list[dict]:
-    sql = ("SELECT id, fingerprint, service, environment, class, message, count, first_seen, last_seen, state, "
-           "repo, level FROM errors")
-    params: tuple = ()
-    if state:
-        sql += " WHERE state = ?"
-        params = (state,)
-    return ledger.all(sql + " ORDER BY last_seen DESC, id", params)
+    return list(iter_errors(ledger, state))
 
 
 def error_detail(ledger: Ledger, error_id: str) -> dict:

@@ -405,6 +405,13 @@ def m013_ledger_keys(db) -> None:
 
 
 @migration
+def m015_errors_last_seen(db) -> None:
+    """`agent error list` reads the most recently seen errors first, a page at a time: an index on ``last_seen``
+    makes that a range read whatever the number of errors (``(state, last_seen)`` serves ``--state``)."""
+    db["errors"].create_index(["last_seen"])
+
+
+@migration
 def m019_proofs(db) -> None:
     """The PR proves itself (DESIGN.md "The proof"): one row per proof run, bound to the head like a check.
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from agent import chain
 from agent.ledger import Ledger, now
+from agent.ledger.listing import Listing
 
 
 def get_pr(ledger: Ledger, task_id: int) -> dict | None:
@@ -23,12 +24,21 @@ def has_pr(ledger: Ledger, task_id: int) -> bool:
     return ledger.one("SELECT 1 FROM prs WHERE task_id = ?", (task_id,)) is not None
 
 
+def iter_prs(ledger: Ledger, state: str | None = None, since: str | None = None,
+             limit: int | None = None) -> Listing:
+    """PRs in task order; with ``limit``, the newest ``limit`` of them (``since``: updated at or after then)."""
+    return Listing(ledger, "task_id, forge, repo, number, url, head_branch AS head, head_sha, base, state, draft, "
+                           "title, updated_at", "prs", [("state = ?", state), ("updated_at >= ?", since)],
+                   [("task_id", "task_id", False)], limit, tail=True, convert=_draft_bool)
+
+
+def _draft_bool(row: dict) -> dict:
+    row["draft"] = bool(row["draft"])
+    return row
+
+
 def list_prs(ledger: Ledger) -> list[dict]:
-    rows = ledger.all("SELECT task_id, forge, repo, number, url, head_branch AS head, head_sha, base, state, "
-                      "draft, title, updated_at FROM prs ORDER BY task_id")
-    for r in rows:
-        r["draft"] = bool(r["draft"])
-    return rows
+    return list(iter_prs(ledger))
 
 
 def demo_pr(ledger: Ledger, task_id: int) -> dict | None:

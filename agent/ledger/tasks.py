@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from agent import AgentError, chain
 from agent.ledger import Ledger, now
+from agent.ledger.listing import Listing
 # ClaimLost (a claim token that is not the task's) and LeaseLost (a ClaimLost: what the fencing check raises) live
 # with the claim records in agent.ledger.leases, and so does check_claim, the fencing check every write here runs
 from agent.ledger.leases import ClaimLost, LeaseLost, check_claim  # noqa: F401
@@ -327,16 +328,20 @@ def lift_config_block(ledger: Ledger, task_id: int, why: str) -> bool:
         return True
 
 
+TASK_COLUMNS = ("t.id, t.error_id, t.repo, t.branch, t.state, t.round, t.round_cap, t.title, t.blocked_reason, "
+                "t.failed_reason, t.wait_reason, t.head_sha, t.updated_at, p.url AS pr_url, "
+                "(SELECT coalesce(sum(cost_usd), 0) FROM lane_runs r WHERE r.task_id = t.id) AS cost_usd")
+
+
+def iter_tasks(ledger: Ledger, state: str | None = None, since: str | None = None,
+               limit: int | None = None) -> Listing:
+    """Tasks in id order; with ``limit``, the newest ``limit`` of them (``since``: updated at or after then)."""
+    return Listing(ledger, TASK_COLUMNS, "tasks t LEFT JOIN prs p ON p.task_id = t.id",
+                   [("t.state = ?", state), ("t.updated_at >= ?", since)], [("t.id", "id", False)], limit, tail=True)
+
+
 def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
-    sql = ("SELECT t.id, t.error_id, t.repo, t.branch, t.state, t.round, t.round_cap, t.title, "
-           "t.blocked_reason, t.failed_reason, t.wait_reason, t.head_sha, t.updated_at, p.url AS pr_url, "
-           "(SELECT coalesce(sum(cost_usd), 0) FROM lane_runs r WHERE r.task_id = t.id) AS cost_usd "
-           "FROM tasks t LEFT JOIN prs p ON p.task_id = t.id")
-    params: tuple = ()
-    if state:
-        sql += " WHERE t.state = ?"
-        params = (state,)
-    return ledger.all(sql + " ORDER BY t.id", params)
+    return list(iter_tasks(ledger, state))
 
 
 def task_detail(ledger: Ledger, task_id: int) -> dict:

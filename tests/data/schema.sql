@@ -59,6 +59,7 @@ table errors
   state TEXT NOT NULL DEFAULT 'open'
   state_reason TEXT
   created_at TEXT
+  index (last_seen) c
   index (state, last_seen) c
   index (fingerprint) c
   index unique (id) pk
