@@ -119,15 +119,41 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-_VERSION_CACHE: dict[tuple, str] = {}
+_VERSION_CACHE: dict[str, str] = {}
+VERSION_CACHE_FILE = "versions.json"
+VERSION_CACHE_MAX = 200
 
 
-def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path) -> str:
-    """The vendor's ``--version`` output (first line), or the binary's content hash when it has none."""
-    st = os.stat(bin_path)
-    key = (vendor.name, bin_path, st.st_mtime_ns, st.st_size)
+def _version_key(vendor, bin_path: str) -> str:
+    """The binary's identity: vendor, resolved path, size and mtime (a replaced or touched binary is a new key)."""
+    real = os.path.realpath(bin_path)
+    st = os.stat(real)
+    return json.dumps([vendor.name, real, st.st_size, st.st_mtime_ns])
+
+
+def _read_version_cache(path: Path) -> dict[str, str]:
+    raw = read_bytes_nofollow(path, cap=1 << 20)
+    try:
+        doc = json.loads(raw.decode("utf-8")) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str) and len(v) <= 200}
+
+
+def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path, cache: Path | None = None) -> str:
+    """The vendor's ``--version`` output (first line), or the binary's content hash when it has none.
+
+    Cached in this process and, when ``cache`` (a JSON file in the agent home) is given, across processes, keyed by
+    the binary's resolved path, size and mtime, so a new process (a cron tick) does not pay the probe again."""
+    key = _version_key(vendor, bin_path)
     if key in _VERSION_CACHE:
         return _VERSION_CACHE[key]
+    stored = _read_version_cache(cache) if cache is not None else {}
+    if key in stored:
+        _VERSION_CACHE[key] = stored[key]
+        return stored[key]
     argv = vendor.version_argv(bin_path)
     version = ""
     if argv:
@@ -136,11 +162,20 @@ def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path) ->
         res = proc.run(argv, cwd=run_dir, env=env, timeout=VERSION_TIMEOUT,
                        stdout_path=run_dir / "version.stdout", stderr_path=run_dir / "version.stderr",
                        max_bytes=65536)
-        text = (res.stdout_text() or res.stderr_text()).strip()
+        text = strip_controls((res.stdout_text() or res.stderr_text()).strip())
         version = text.splitlines()[0][:200] if text and res.exit_code == 0 else ""
     if not version:
         version = "sha256:" + sha256_file(Path(bin_path))[:16]
     _VERSION_CACHE[key] = version
+    if cache is not None:
+        stored = _read_version_cache(cache)          # re-read: another process may have added its own
+        real = json.loads(key)[1]
+        stored = {k: v for k, v in stored.items() if not k.startswith(json.dumps([vendor.name, real])[:-1] + ",")}
+        stored[key] = version
+        try:
+            write_private(cache, json.dumps(dict(list(stored.items())[-VERSION_CACHE_MAX:]), indent=1))
+        except OSError:
+            pass                                     # a read-only home only costs the probe next time
     return version
 
 
@@ -562,7 +597,8 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     except AgentError as exc:
         return finish("unavailable", f"vendor {vendor_name} cannot run this lane: {exc}", None, None)
     manifest = {"vendor": vendor_name, "bin": bin_path,
-                "version": binary_version(adapter, bin_path, probe_env, run_dir),
+                "version": binary_version(adapter, bin_path, probe_env, run_dir,
+                                          cache=home / "lanes" / VERSION_CACHE_FILE),
                 "model": model, "role": role, "argv": _template(adapter, first, ctx),
                 "spec_sha256": sha256_file(spec_path)}
     mhash = manifest_hash(manifest)
@@ -725,7 +761,7 @@ def list_lanes(config, scratch: Path) -> list[dict]:
         version = None
         if path and adapter is not None:
             try:
-                version = binary_version(adapter, path, env, probe_dir)
+                version = binary_version(adapter, path, env, probe_dir, cache=Path(scratch) / VERSION_CACHE_FILE)
             except OSError:
                 version = None
         rows.append({"vendor": name, "kind": "command" if vc.command else "builtin",
