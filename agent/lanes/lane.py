@@ -35,7 +35,7 @@ from agent.lanes.env import config_denylist, lane_env
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
-from agent.lanes.sandbox import SandboxUnavailable, lane_plan, require as require_sandbox, with_argv_files, wrap
+from agent.lanes.sandbox import SandboxUnavailable, lane_plan, sandbox_exec_failure, require as require_sandbox, with_argv_files, wrap
 from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutput, get_vendor
 
 WRITABLE_ROLES = ("implementer",)
@@ -446,6 +446,12 @@ class _Run:
         """(final status or None when the report needs repair, reason, report)."""
         if res.missing:
             return "unavailable", res.error or "binary not found", None
+        if res.exit_code in (1, 126, 127) and self.bwrap is not None and not res.timed_out:
+            cause = sandbox_exec_failure(res.stderr_text())
+            if cause:
+                return "unavailable", (f"the sandbox could not start the vendor CLI ({cause}); install it where "
+                                       f"its files are readable, or set vendors.{self.vendor.name}.bin to an "
+                                       "executable whose interpreter exists, then `agent doctor`"), None
         if res.exit_code == 127 and not res.timed_out:
             return "unavailable", "exit 127: command not found inside the lane", None
         if out.auth_failed:

@@ -376,13 +376,17 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
         for t in tools:
             add(t)
         blanks += [(Path("/dev/null"), s) for s in secrets]
-        if argv and argv[0].startswith("/") and os.path.exists(argv[0]):
-            b = Path(os.path.abspath(argv[0]))
-            if _inside(b, plan.homes) is not None and b.parent not in plan.homes:
-                add(b.parent)                                   # the binary as named (a symlink stays one)
-            for p in package_root(b):                           # e.g. a venv outside made from ~/.pyenv's python
-                if _inside(p, plan.homes) is not None:
-                    add(p)
+    hidden_roots = [Path("/tmp"), *plan.homes]                  # what the private /tmp and the homes hide
+    if argv and argv[0].startswith("/") and os.path.exists(argv[0]):
+        b = Path(os.path.abspath(argv[0]))
+        roots = package_root(b)                                 # e.g. a venv outside made from ~/.pyenv's python
+        if _inside(b, plan.homes) is not None and b.parent not in plan.homes:
+            add(b.parent)                                       # the binary as named (a symlink stays one)
+        elif _inside(b, [Path("/tmp")]) is not None and _inside(b, roots) is None:
+            add(b)                                              # under /tmp: the file as named, not its directory
+        for p in roots:                                         # its node_modules (with .bin/), venv, interpreter
+            if _inside(p, hidden_roots) is not None:
+                add(p)
     if not extra and not blanks:
         return plan
     return dataclasses.replace(plan, ro=list(plan.ro) + extra, over=list(plan.over) + blanks)
@@ -411,6 +415,16 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
 
 
 LANE_UID = 1000
+
+
+def sandbox_exec_failure(stderr: str) -> str | None:
+    """bwrap's own failure to exec the command (``bwrap: execvp X: No such file or directory``), which exits 1 like
+    a crashing CLI would: the line, or None when the command did start."""
+    for line in (stderr or "").splitlines()[:5]:
+        if line.startswith(("bwrap: execvp ", "bwrap: Can't ")) or (
+                line.startswith("agent-lane: ") and " exec: " in line):   # the egress launcher's own exec
+            return line.strip()[:300]
+    return None
 
 
 def _uid_args() -> list[str]:
