@@ -151,6 +151,7 @@ def test_version_probe_is_cached_across_processes_and_redone_when_the_binary_cha
     codex.chmod(0o755)
     cfg = yaml.safe_load((home / "config.yaml").read_text())
     cfg["vendors"]["codex"] = {"bin": str(codex)}
+    cfg["sandbox"] = "none"              # the probe's log is outside any sandbox (a sandboxed probe: test_lane_start)
     (home / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "AGENT_HOME": str(home)}
 

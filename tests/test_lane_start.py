@@ -99,3 +99,30 @@ def test_crash_reason_picks_the_first_error_line():
     assert crash_reason(py, 2) == "ValueError: bad key (exit 2)"
     assert crash_reason("warning: slow\nsomething odd happened\n", 3) == "warning: slow (exit 3)"
     assert crash_reason("", None) == "no exit code"
+
+
+def test_doctor_and_lane_list_probe_the_binary_in_the_lanes_sandbox(env):
+    """`agent doctor` and `agent lane list` run the version probe in the sandbox the lane gets: a CLI the sandbox
+    cannot start (here: inside the agent home, which every lane has hidden) is not "ok"; one under /tmp is."""
+    from agent.doctor import check_vendor
+    from agent.lanes.lane import list_lanes
+
+    tmp, home = env[0], env[1]
+    hidden = home / "bin" / "codex"
+    hidden.parent.mkdir()
+    hidden.write_text("#!/bin/sh\necho 'codex-cli 1.2.3'\n")
+    hidden.chmod(0o755)
+    visible = npm_install(tmp / "cli")
+
+    def config(bin_path):
+        return make_config({"codex": {"bin": str(bin_path)}}, {"implementer": {"vendor": "codex"}},
+                           sandbox={"mode": "bwrap", "network": "none"})
+
+    bad = check_vendor(config(hidden), "codex", ["implementer"], home)
+    assert not bad.ok and "sandbox cannot start it" in bad.detail and "bwrap: execvp" in bad.detail, bad.detail
+    good = check_vendor(config(visible), "codex", ["implementer"], home)
+    assert good.ok and "codex-cli 0.0.1" in good.detail, good.detail
+    rows = {r["vendor"]: r for r in list_lanes(config(hidden), home / "lanes")}
+    assert rows["codex"]["version"].startswith("sha256:")          # the probe failed in the sandbox
+    rows = {r["vendor"]: r for r in list_lanes(config(visible), home / "lanes")}
+    assert rows["codex"]["version"] == "codex-cli 0.0.1"

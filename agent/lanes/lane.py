@@ -142,11 +142,14 @@ def _read_version_cache(path: Path) -> dict[str, str]:
     return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str) and len(v) <= 200}
 
 
-def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path, cache: Path | None = None) -> str:
+def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path, cache: Path | None = None,
+                   sandbox: Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None = None
+                   ) -> str:
     """The vendor's ``--version`` output (first line), or the binary's content hash when it has none.
 
     Cached in this process and, when ``cache`` (a JSON file in the agent home) is given, across processes, keyed by
-    the binary's resolved path, size and mtime, so a new process (a cron tick) does not pay the probe again."""
+    the binary's resolved path, size and mtime, so a new process (a cron tick) does not pay the probe again.
+    ``sandbox(argv, env)``: wraps the probe in the lane's sandbox (``agent.lanes.sandbox.probe_argv``)."""
     key = _version_key(vendor, bin_path)
     if key in _VERSION_CACHE:
         return _VERSION_CACHE[key]
@@ -159,6 +162,8 @@ def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path, ca
     if argv:
         from agent import proc
 
+        if sandbox is not None:
+            argv, env = sandbox(argv, env)
         res = proc.run(argv, cwd=run_dir, env=env, timeout=VERSION_TIMEOUT,
                        stdout_path=run_dir / "version.stdout", stderr_path=run_dir / "version.stderr",
                        max_bytes=65536)
@@ -604,7 +609,8 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         return finish("unavailable", f"vendor {vendor_name} cannot run this lane: {exc}", None, None)
     manifest = {"vendor": vendor_name, "bin": bin_path,
                 "version": binary_version(adapter, bin_path, probe_env, run_dir,
-                                          cache=home / "lanes" / VERSION_CACHE_FILE),
+                                          cache=home / "lanes" / VERSION_CACHE_FILE,
+                                          sandbox=_probe_sandbox(config, home, run_dir)),
                 "model": model, "role": role, "argv": _template(adapter, first, ctx),
                 "spec_sha256": sha256_file(spec_path)}
     mhash = manifest_hash(manifest)
@@ -746,6 +752,13 @@ def _settle_files(r: _Run, cwd: Path, writable: bool, max_mb: int) -> tuple[list
     return setid, None
 
 
+def _probe_sandbox(config, agent_home: Path, scratch: Path):
+    """The wrapper that runs a version probe in the sandbox its lane gets (agent.lanes.sandbox.probe_argv)."""
+    from agent.lanes.sandbox import probe_argv
+
+    return lambda argv, env: probe_argv(config, agent_home, argv, env, scratch / "sandbox")
+
+
 def list_lanes(config, scratch: Path) -> list[dict]:
     """Every vendor (built-in, configured, or named by a lane) with its roles, binary and version."""
     from agent.config import BUILTIN_VENDORS
@@ -767,8 +780,9 @@ def list_lanes(config, scratch: Path) -> list[dict]:
         version = None
         if path and adapter is not None:
             try:
-                version = binary_version(adapter, path, env, probe_dir, cache=Path(scratch) / VERSION_CACHE_FILE)
-            except OSError:
+                version = binary_version(adapter, path, env, probe_dir, cache=Path(scratch) / VERSION_CACHE_FILE,
+                                         sandbox=_probe_sandbox(config, Path(scratch).parent, probe_dir))
+            except (OSError, SandboxUnavailable):
                 version = None
         rows.append({"vendor": name, "kind": "command" if vc.command else "builtin",
                      "roles": sorted(role for role, lc in config.lanes.items() if lc.vendor == name),

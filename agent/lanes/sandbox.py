@@ -414,6 +414,24 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     return wrap(bwrap, argv, with_argv_files(plan, argv, env), env, check_network(config))
 
 
+def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], scratch: Path
+               ) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of a vendor binary's probe (``--version``) in the sandbox its lane gets (the same
+    binds of its binary, package tree and interpreter; home hidden), so a probe that works means the lane can start.
+    ``scratch``: the runner's, made fresh here; the probe runs in an empty read-only directory inside it."""
+    from agent.lanes.files import fresh_dir
+
+    bwrap = require(config)
+    if bwrap is None:
+        return list(argv), dict(env)
+    fresh_dir(scratch)
+    cwd = fresh_dir(Path(scratch) / "cwd")
+    plan = lane_plan(cwd=cwd, writable=False, agent_home=agent_home, run_dir=Path(scratch), spec_paths=[],
+                     state_paths=[], extra_writable=[])
+    plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
+    return wrap(bwrap, list(argv), with_argv_files(plan, list(argv), env), env, None)
+
+
 LANE_UID = 1000
 
 
