@@ -385,7 +385,7 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
         elif _inside(b, [Path("/tmp")]) is not None and _inside(b, roots) is None:
             add(b)                                              # under /tmp: the file as named, not its directory
         for p in roots:                                         # its node_modules (with .bin/), venv, interpreter
-            if _inside(p, hidden_roots) is not None:
+            if _inside(p, hidden_roots) is not None and p not in hidden_roots:   # never all of /tmp or a home
                 add(p)
     if not extra and not blanks:
         return plan
