@@ -316,8 +316,9 @@ def _which(bin_name: str, path_var: str | None) -> str | None:
     return found
 
 
-def check_vendor(config, name: str, roles: list[str]) -> Check:
-    """Binary on the lane's PATH and its version, for one vendor serving ``roles``."""
+def check_vendor(config, name: str, roles: list[str], home: Path | None = None) -> Check:
+    """Binary on the lane's PATH and its version, for one vendor serving ``roles``; with ``home``, the version is
+    probed in the sandbox the lane gets, so "ok" means the lane can start there."""
     from agent import AgentError
     from agent.lanes.env import config_denylist, lane_env
     from agent.lanes.vendors import get_vendor
@@ -341,12 +342,30 @@ def check_vendor(config, name: str, roles: list[str]) -> Check:
 
         return Check(label, True, f"{bin_path}; no version flag for a command vendor, binary "
                      f"sha256:{sha256_file(Path(bin_path))[:16]}")
-    res, out, err = _run(argv, PROBE_TIMEOUT, env=env)
+    shown = " ".join(argv)
+    if home is not None:
+        from agent.lanes.sandbox import SandboxUnavailable, probe_argv
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="agent-probe-") as scratch:
+                argv, env = probe_argv(config, Path(home), argv, env, Path(scratch) / "sandbox")
+                res, out, err = _run(argv, PROBE_TIMEOUT, env=env)
+        except SandboxUnavailable as exc:
+            return Check(label, False, str(exc)[:300], "see the sandbox check above")
+    else:
+        res, out, err = _run(argv, PROBE_TIMEOUT, env=env)
     text = (out or err).strip()
     if res.status != "ok" or not text:
         why = "timed out" if res.timed_out else f"exit {res.exit_code}"
-        return Check(label, False, f"{' '.join(argv)}: {why} ({_last_line(err or out) or 'no output'})",
-                     f"run `{' '.join(argv)}` by hand; reinstall {bin_name} if it does not print a version")
+        from agent.lanes.sandbox import sandbox_exec_failure
+
+        cause = sandbox_exec_failure(err)
+        if cause:
+            return Check(label, False, f"{shown}: the lane's sandbox cannot start it ({cause})",
+                         f"install {bin_name} where its files are readable, or set vendors.{name}.bin to an "
+                         "executable whose interpreter exists")
+        return Check(label, False, f"{shown}: {why} ({_last_line(err or out) or 'no output'})",
+                     f"run `{shown}` by hand; reinstall {bin_name} if it does not print a version")
     return Check(label, True, f"{bin_path}; {text.splitlines()[0][:120]}")
 
 
@@ -606,7 +625,7 @@ def run_doctor(home: Path, config_path: Path, config_required: bool = False, onl
         checks += check_lane_secrets(config)
         checks += check_roles(config)
         for vendor, roles in lane_vendors(config).items():
-            checks.append(check_vendor(config, vendor, roles))
+            checks.append(check_vendor(config, vendor, roles, home))
             checks.append(check_vendor_auth(config, vendor, environ))
         checks += check_forges(config, online, environ)
         checks += check_sentry_dsn(config, environ)

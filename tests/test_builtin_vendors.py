@@ -147,7 +147,7 @@ def test_codex_read_turn_falls_back_to_last_message_file(tmp_path):
 def test_claude_read_turn_errors(tmp_path):
     c = ctx(tmp_path, True)
     out = ADAPTERS["claude"].read_turn("segfault\n", "Error: something broke\n", 1, c)
-    assert out.message == "" and out.api_error == "Error: something broke" and not out.auth_failed
+    assert out.message == "" and out.api_error == "Error: something broke (exit 1)" and not out.auth_failed
     doc = {"type": "result", "subtype": "error_max_turns", "is_error": False, "result": "", "session_id": "s",
            "total_cost_usd": 0.5, "usage": {"input_tokens": 9}, "permission_denials": []}
     out = ADAPTERS["claude"].read_turn(json.dumps(doc), "", 0, c)

@@ -138,3 +138,40 @@ def test_real_agent_subprocess_lane_run_and_list(setup, tmp_path):
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["status"] == "unavailable"
     assert proc.stderr.startswith("agent: lane unavailable")
+
+
+def test_version_probe_is_cached_across_processes_and_redone_when_the_binary_changes(setup, tmp_path):
+    """A cron tick is a new process: the vendor's `--version` runs once per binary, not once per process; a
+    touched or replaced binary (new mtime/size) is probed again."""
+    home, agent, repo, spec = setup
+    log = tmp_path / "version-calls.log"
+    codex = tmp_path / "bin" / "codex"
+    codex.parent.mkdir()
+    codex.write_text(f"#!/bin/sh\necho probed >> {log}\necho 'codex-cli 9.9.1'\n")
+    codex.chmod(0o755)
+    cfg = yaml.safe_load((home / "config.yaml").read_text())
+    cfg["vendors"]["codex"] = {"bin": str(codex)}
+    cfg["sandbox"] = "none"              # the probe's log is outside any sandbox (a sandboxed probe: test_lane_start)
+    (home / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "AGENT_HOME": str(home)}
+
+    def listed() -> str:
+        proc = subprocess.run([str(AGENT_BIN), "lane", "list", "--json"], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return {r["vendor"]: r for r in json.loads(proc.stdout)}["codex"]["version"]
+
+    def calls() -> int:
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    assert listed() == "codex-cli 9.9.1" and calls() == 1
+    assert listed() == "codex-cli 9.9.1" and calls() == 1          # second process: from the home's cache
+    st = codex.stat()
+    os.utime(codex, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # touched
+    assert listed() == "codex-cli 9.9.1" and calls() == 2
+    codex.write_text(f"#!/bin/sh\necho probed >> {log}\necho 'codex-cli 9.9.2 (new)'\n")   # replaced
+    assert listed() == "codex-cli 9.9.2 (new)" and calls() == 3
+    assert listed() == "codex-cli 9.9.2 (new)" and calls() == 3
+    # a garbage cache file is ignored (probed again), never trusted as a version
+    (home / "lanes" / "versions.json").write_text("[not, a dict")
+    assert listed() == "codex-cli 9.9.2 (new)" and calls() == 4

@@ -122,8 +122,9 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
 
     def run(cli: str, role: str, script, *, refuse_auth: bool = False, repair: int = 1,
             args: tuple[str, ...] = (), ledger=None, sandbox: str = "bwrap", prices: dict | None = None,
-            user_home: Path | None = None, network: str = "proxy", no_hosts: bool = False):
-        binary, why = find_cli(cli)
+            user_home: Path | None = None, network: str = "proxy", no_hosts: bool = False,
+            binary: Path | None = None):
+        binary, why = (binary, "") if binary is not None else find_cli(cli)
         if binary is None:
             pytest.skip(why)
         server = fake(script)
@@ -291,6 +292,26 @@ def test_cli_in_a_user_home_cannot_read_its_secrets(cli, lane, repo):
         assert 'return "hello, world"' in (repo / "app.py").read_text(), why
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cli_installed_under_tmp_runs_in_bwrap(lane, repo, tmp_path):
+    """codex installed under /tmp as npm lays it out (`node_modules/.bin/codex` -> `../@openai/codex/bin/codex.js`,
+    which loads its platform package beside it): the sandbox's private /tmp hid it (`bwrap: execvp ...: No such file
+    or directory`); now the link and its node_modules are bound read-only and the lane completes.  The files are
+    hard links of the pinned install (same CLI, no 400 MB copy)."""
+    src, why = find_cli("codex")
+    if src is None:
+        pytest.skip(why)
+    assert str(tmp_path).startswith("/tmp/")
+    modules = tmp_path / "npm-prefix" / "node_modules"
+    modules.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(src.parent.parent / "@openai"), str(modules / "@openai")], check=True)
+    (modules / ".bin").mkdir()
+    (modules / ".bin" / "codex").symlink_to("../@openai/codex/bin/codex.js")
+    result, server = lane("codex", "implementer", implementer_script, binary=modules / ".bin" / "codex")
+    why = explain(result, server)
+    assert result.status == "complete", why
+    assert 'return "hello, world"' in (repo / "app.py").read_text(), why
 
 
 @pytest.mark.parametrize("cli", ["codex", "claude", "opencode", "aider", "gemini"])

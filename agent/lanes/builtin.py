@@ -32,6 +32,24 @@ from agent.lanes.vendors import VENDORS, Invocation, LaneContext, TurnOutput
 # Read-only lanes may inspect history but not change anything.
 GIT_READ_COMMANDS = ("git diff", "git log", "git show", "git status")
 
+# a line that names an error: "Error: ...", "TypeError: ...", "error: ...", "fatal: ...", "panic: ...", not a stack
+# frame ("    at main (...)"), not node's echo of the throwing source line ("    throw new Error(...)")
+_ERROR_LINE = re.compile(r"^\s*(?:uncaught\s+|unhandled\s+)?(?:[\w.$]*(?:Error|Exception)\b|error\b|fatal\b|panic\b)",
+                         re.IGNORECASE)
+_NOISE_LINE = re.compile(r"^\s*(?:at\s|\^+\s*$|Node\.js v\d|Traceback \(most recent|File \")")
+
+
+def crash_reason(stderr: str, exit_code: int | None, fallback: str = "") -> str:
+    """Why a CLI crashed, in one line: the first stderr line that names an error (else the first line that is not a
+    stack frame or a runtime banner), with the exit code.  The caller redacts it (agent.lanes.files.lane_text)."""
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    named = [ln for ln in lines if _ERROR_LINE.match(ln) and not _NOISE_LINE.match(ln)]
+    plain = [ln for ln in lines if not _NOISE_LINE.match(ln)]
+    line = (named or plain or [fallback])[0][:300]
+    code = f"exit {exit_code}" if exit_code is not None else "no exit code"
+    return f"{line} ({code})" if line else code
+
+
 _AUTH_PATTERNS = re.compile(
     r"\b401\b|\b403\b|unauthori[sz]ed|invalid[ _-]?(x-)?api[ _-]?key|authentication[ _]?(error|failed)|"
     r"incorrect api key|please run /login|not logged in|api key required|permission_denied.*key",
@@ -171,7 +189,7 @@ class Codex(_Base):
             message = read_lane_file(self._last_file(ctx), parse=True)   # the lane wrote it: never through a link
         api_error = errors[-1] if errors else None
         if api_error is None and exit_code not in (0, None) and not message:
-            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+            api_error = crash_reason(stderr, exit_code)
         auth = _looks_like_auth(api_error) or ("Not logged in" in stderr)
         return TurnOutput(message=message or "", session_id=session, cost_usd=None, usage=usage,
                           auth_failed=auth, api_error=api_error)
@@ -223,7 +241,7 @@ class Claude(_Base):
     def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
         doc = _last_json_object(stdout)
         if not doc or doc.get("type") != "result":
-            err = (stderr.strip().splitlines() or [stdout.strip()[-300:] or f"exit {exit_code}"])[-1]
+            err = crash_reason(stderr, exit_code, stdout.strip()[-300:])
             return TurnOutput(message="", session_id=(doc or {}).get("session_id"), cost_usd=None, usage={},
                               auth_failed=_looks_like_auth(stderr) or _looks_like_auth(stdout),
                               api_error=err or "no result from claude")
@@ -330,7 +348,7 @@ class OpenCode(_Base):
         message = "".join(texts[order[-1]]) if order else ""
         api_error = errors[-1] if errors else None
         if api_error is None and exit_code not in (0, None) and not message:
-            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+            api_error = crash_reason(stderr, exit_code)
         auth = auth or _looks_like_auth(api_error)
         return TurnOutput(message=message, session_id=session, cost_usd=round(cost, 6) if saw_cost else None,
                           usage=usage, auth_failed=auth, api_error=api_error)
@@ -473,7 +491,7 @@ class Aider(_Base):
         if m:
             api_error = m.group(1).strip()[:500]
         elif exit_code not in (0, None) and message is None:
-            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+            api_error = crash_reason(stderr, exit_code)
         auth = "AuthenticationError" in (api_error or "") or (api_error is not None and _looks_like_auth(api_error))
         chat = self.chat_file(ctx)
         return TurnOutput(message=message or "", session_id=str(chat) if chat.is_file() and not chat.is_symlink() else None,
@@ -532,7 +550,7 @@ class Grok(_Base):
                 message = content
                 api_error = None
         if api_error is None and exit_code not in (0, None) and not message:
-            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1]
+            api_error = crash_reason(stderr, exit_code)
         auth = _looks_like_auth(api_error) or "API key required" in stderr
         return TurnOutput(message=message, session_id=None, cost_usd=None, usage={}, auth_failed=auth,
                           api_error=api_error)
@@ -638,7 +656,7 @@ class Gemini(_Base):
         elif err:
             api_error = str(err)
         elif exit_code not in (0, None) and not doc.get("response"):
-            api_error = (stderr.strip().splitlines() or [f"exit {exit_code}"])[-1][:500]
+            api_error = crash_reason(stderr, exit_code)
         auth = (exit_code == 41 or code in (41, 401, 403)
                 or bool(api_error and (self._AUTH.search(api_error) or _looks_like_auth(api_error))))
         message = doc.get("response") if isinstance(doc.get("response"), str) else ""

@@ -35,7 +35,7 @@ from agent.lanes.env import config_denylist, lane_env
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
-from agent.lanes.sandbox import SandboxUnavailable, lane_plan, require as require_sandbox, with_argv_files, wrap
+from agent.lanes.sandbox import SandboxUnavailable, lane_plan, sandbox_exec_failure, require as require_sandbox, with_argv_files, wrap
 from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutput, get_vendor
 
 WRITABLE_ROLES = ("implementer",)
@@ -119,28 +119,68 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-_VERSION_CACHE: dict[tuple, str] = {}
+_VERSION_CACHE: dict[str, str] = {}
+VERSION_CACHE_FILE = "versions.json"
+VERSION_CACHE_MAX = 200
 
 
-def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path) -> str:
-    """The vendor's ``--version`` output (first line), or the binary's content hash when it has none."""
-    st = os.stat(bin_path)
-    key = (vendor.name, bin_path, st.st_mtime_ns, st.st_size)
+def _version_key(vendor, bin_path: str) -> str:
+    """The binary's identity: vendor, resolved path, size and mtime (a replaced or touched binary is a new key)."""
+    real = os.path.realpath(bin_path)
+    st = os.stat(real)
+    return json.dumps([vendor.name, real, st.st_size, st.st_mtime_ns])
+
+
+def _read_version_cache(path: Path) -> dict[str, str]:
+    raw = read_bytes_nofollow(path, cap=1 << 20)
+    try:
+        doc = json.loads(raw.decode("utf-8")) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str) and len(v) <= 200}
+
+
+def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path, cache: Path | None = None,
+                   sandbox: Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None = None
+                   ) -> str:
+    """The vendor's ``--version`` output (first line), or the binary's content hash when it has none.
+
+    Cached in this process and, when ``cache`` (a JSON file in the agent home) is given, across processes, keyed by
+    the binary's resolved path, size and mtime, so a new process (a cron tick) does not pay the probe again.
+    ``sandbox(argv, env)``: wraps the probe in the lane's sandbox (``agent.lanes.sandbox.probe_argv``)."""
+    key = _version_key(vendor, bin_path)
     if key in _VERSION_CACHE:
         return _VERSION_CACHE[key]
+    stored = _read_version_cache(cache) if cache is not None else {}
+    if key in stored:
+        _VERSION_CACHE[key] = stored[key]
+        return stored[key]
     argv = vendor.version_argv(bin_path)
     version = ""
     if argv:
         from agent import proc
 
+        if sandbox is not None:
+            argv, env = sandbox(argv, env)
         res = proc.run(argv, cwd=run_dir, env=env, timeout=VERSION_TIMEOUT,
                        stdout_path=run_dir / "version.stdout", stderr_path=run_dir / "version.stderr",
                        max_bytes=65536)
-        text = (res.stdout_text() or res.stderr_text()).strip()
+        text = strip_controls((res.stdout_text() or res.stderr_text()).strip())
         version = text.splitlines()[0][:200] if text and res.exit_code == 0 else ""
     if not version:
         version = "sha256:" + sha256_file(Path(bin_path))[:16]
     _VERSION_CACHE[key] = version
+    if cache is not None:
+        stored = _read_version_cache(cache)          # re-read: another process may have added its own
+        real = json.loads(key)[1]
+        stored = {k: v for k, v in stored.items() if not k.startswith(json.dumps([vendor.name, real])[:-1] + ",")}
+        stored[key] = version
+        try:
+            write_private(cache, json.dumps(dict(list(stored.items())[-VERSION_CACHE_MAX:]), indent=1))
+        except OSError:
+            pass                                     # a read-only home only costs the probe next time
     return version
 
 
@@ -411,6 +451,12 @@ class _Run:
         """(final status or None when the report needs repair, reason, report)."""
         if res.missing:
             return "unavailable", res.error or "binary not found", None
+        if res.exit_code in (1, 126, 127) and self.bwrap is not None and not res.timed_out:
+            cause = sandbox_exec_failure(res.stderr_text())
+            if cause:
+                return "unavailable", (f"the sandbox could not start the vendor CLI ({cause}); install it where "
+                                       f"its files are readable, or set vendors.{self.vendor.name}.bin to an "
+                                       "executable whose interpreter exists, then `agent doctor`"), None
         if res.exit_code == 127 and not res.timed_out:
             return "unavailable", "exit 127: command not found inside the lane", None
         if out.auth_failed:
@@ -562,7 +608,9 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     except AgentError as exc:
         return finish("unavailable", f"vendor {vendor_name} cannot run this lane: {exc}", None, None)
     manifest = {"vendor": vendor_name, "bin": bin_path,
-                "version": binary_version(adapter, bin_path, probe_env, run_dir),
+                "version": binary_version(adapter, bin_path, probe_env, run_dir,
+                                          cache=home / "lanes" / VERSION_CACHE_FILE,
+                                          sandbox=_probe_sandbox(config, home, run_dir)),
                 "model": model, "role": role, "argv": _template(adapter, first, ctx),
                 "spec_sha256": sha256_file(spec_path)}
     mhash = manifest_hash(manifest)
@@ -704,6 +752,13 @@ def _settle_files(r: _Run, cwd: Path, writable: bool, max_mb: int) -> tuple[list
     return setid, None
 
 
+def _probe_sandbox(config, agent_home: Path, scratch: Path):
+    """The wrapper that runs a version probe in the sandbox its lane gets (agent.lanes.sandbox.probe_argv)."""
+    from agent.lanes.sandbox import probe_argv
+
+    return lambda argv, env: probe_argv(config, agent_home, argv, env, scratch / "sandbox")
+
+
 def list_lanes(config, scratch: Path) -> list[dict]:
     """Every vendor (built-in, configured, or named by a lane) with its roles, binary and version."""
     from agent.config import BUILTIN_VENDORS
@@ -725,8 +780,9 @@ def list_lanes(config, scratch: Path) -> list[dict]:
         version = None
         if path and adapter is not None:
             try:
-                version = binary_version(adapter, path, env, probe_dir)
-            except OSError:
+                version = binary_version(adapter, path, env, probe_dir, cache=Path(scratch) / VERSION_CACHE_FILE,
+                                         sandbox=_probe_sandbox(config, Path(scratch).parent, probe_dir))
+            except (OSError, SandboxUnavailable):
                 version = None
         rows.append({"vendor": name, "kind": "command" if vc.command else "builtin",
                      "roles": sorted(role for role, lc in config.lanes.items() if lc.vendor == name),

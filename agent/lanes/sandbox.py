@@ -376,13 +376,17 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
         for t in tools:
             add(t)
         blanks += [(Path("/dev/null"), s) for s in secrets]
-        if argv and argv[0].startswith("/") and os.path.exists(argv[0]):
-            b = Path(os.path.abspath(argv[0]))
-            if _inside(b, plan.homes) is not None and b.parent not in plan.homes:
-                add(b.parent)                                   # the binary as named (a symlink stays one)
-            for p in package_root(b):                           # e.g. a venv outside made from ~/.pyenv's python
-                if _inside(p, plan.homes) is not None:
-                    add(p)
+    hidden_roots = [Path("/tmp"), *plan.homes]                  # what the private /tmp and the homes hide
+    if argv and argv[0].startswith("/") and os.path.exists(argv[0]):
+        b = Path(os.path.abspath(argv[0]))
+        roots = package_root(b)                                 # e.g. a venv outside made from ~/.pyenv's python
+        if _inside(b, plan.homes) is not None and b.parent not in plan.homes:
+            add(b.parent)                                       # the binary as named (a symlink stays one)
+        elif _inside(b, [Path("/tmp")]) is not None and _inside(b, roots) is None:
+            add(b)                                              # under /tmp: the file as named, not its directory
+        for p in roots:                                         # its node_modules (with .bin/), venv, interpreter
+            if _inside(p, hidden_roots) is not None and p not in hidden_roots:   # never all of /tmp or a home
+                add(p)
     if not extra and not blanks:
         return plan
     return dataclasses.replace(plan, ro=list(plan.ro) + extra, over=list(plan.over) + blanks)
@@ -410,7 +414,35 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     return wrap(bwrap, argv, with_argv_files(plan, argv, env), env, check_network(config))
 
 
+def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], scratch: Path
+               ) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of a vendor binary's probe (``--version``) in the sandbox its lane gets (the same
+    binds of its binary, package tree and interpreter; home hidden), so a probe that works means the lane can start.
+    ``scratch``: the runner's, made fresh here; the probe runs in an empty read-only directory inside it."""
+    from agent.lanes.files import fresh_dir
+
+    bwrap = require(config)
+    if bwrap is None:
+        return list(argv), dict(env)
+    fresh_dir(scratch)
+    cwd = fresh_dir(Path(scratch) / "cwd")
+    plan = lane_plan(cwd=cwd, writable=False, agent_home=agent_home, run_dir=Path(scratch), spec_paths=[],
+                     state_paths=[], extra_writable=[])
+    plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
+    return wrap(bwrap, list(argv), with_argv_files(plan, list(argv), env), env, None)
+
+
 LANE_UID = 1000
+
+
+def sandbox_exec_failure(stderr: str) -> str | None:
+    """bwrap's own failure to exec the command (``bwrap: execvp X: No such file or directory``), which exits 1 like
+    a crashing CLI would: the line, or None when the command did start."""
+    for line in (stderr or "").splitlines()[:5]:
+        if line.startswith(("bwrap: execvp ", "bwrap: Can't ")) or (
+                line.startswith("agent-lane: ") and " exec: " in line):   # the egress launcher's own exec
+            return line.strip()[:300]
+    return None
 
 
 def _uid_args() -> list[str]:
