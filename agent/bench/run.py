@@ -329,12 +329,24 @@ def _verify(case: Case, folder: Path, remote: Path, outcome: dict, base_sha: str
 
 def run_one(case_path: Path, vendor: str, folder: Path, base_config: dict, cache_dir: Path | None = None,
             echo: Callable[[str], None] = print) -> dict:
-    """One (case, vendor, repeat), start to result.json; resumes a killed one."""
-    from agent.app import App
+    """One (case, vendor, repeat), start to result.json; resumes a killed one. One process at a time per run
+    folder: a `bench one` left running by a killed `bench run` (it has its own process group) finishes first, and
+    the next one then finds its result."""
+    import fcntl
 
     case = load_case(case_path)
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "run.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = finished(Planned(case, vendor, 0, folder))
+        return done if done is not None else _run_locked(case, vendor, folder, base_config, cache_dir, echo)
+
+
+def _run_locked(case: Case, vendor: str, folder: Path, base_config: dict, cache_dir: Path | None,
+                echo: Callable[[str], None]) -> dict:
+    from agent.app import App
+
     state = _prepare(case, vendor, folder, base_config, Path(cache_dir or folder / "cache"))
     outcome = _drive(folder, state, case, echo)
     app = App(home=folder / "home")
