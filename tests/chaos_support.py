@@ -1,6 +1,6 @@
 """Builders and checks shared by the crash, chaos and concurrency tests (and scripts/chaos).
 
-Everything is real: the demo project (agent/demo.py) with a bare git remote, N distinct errors decided `fix`,
+Everything is real: the demo project (agent/app/demo.py) with a bare git remote, N distinct errors decided `fix`,
 scripted lanes run as subprocesses through the `command` vendor, `agent watch error-fix-work` run as a real
 process in its own process group so a test can SIGKILL it (and only it: lanes run in their own groups).
 """
@@ -32,10 +32,10 @@ def build(root: Path, tasks: int = 1, lane_args: tuple[str, ...] = (), forge: st
           repo: str | None = None) -> dict:
     """Demo project + remote + config + ``tasks`` distinct errors decided fix + `watch error-fix` run once
     (``repo``: the repository key in config, default the demo's)."""
-    from agent.app import App
-    from agent.scans import run_scan
-    from agent.decide import decide
-    from agent.demo import BRIEF, PLAYBOOK, error_events, make_project, write_config
+    from agent.app.context import App
+    from agent.app.scans import run_scan
+    from agent.flows.decide import decide
+    from agent.app.demo import BRIEF, PLAYBOOK, error_events, make_project, write_config
     from agent.intake.store import ingest_text
 
     root.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,7 @@ def check_invariants(home: Path, remote: Path, tasks: int, sim=None, require_don
                      homes: list[Path] | None = None) -> list[dict]:
     """The exactly-once guarantees, asserted from the ledger, the remote, the forge and the PR files (written by the
     local forge into the home of the runner that opened the PR: one of ``homes`` when several share the ledger)."""
-    from agent import chain
+    from agent.domain import chain
 
     con = ledger_conn(home)
     try:

@@ -261,10 +261,10 @@ def remote_with_branch(tmp_path: Path, branch: str) -> tuple[Path, Path]:
 def _process_wide_state_reset():
     """Tests that exercise shutdown (proc.kill_all halts the runner, shutdown.STOP) must not leak into the next."""
     yield
-    if "agent.proc" in sys.modules:
-        sys.modules["agent.proc"].resume_starting()
-    if "agent.shutdown" in sys.modules:
-        sys.modules["agent.shutdown"].STOP.clear()
+    if "agent.infra.proc" in sys.modules:
+        sys.modules["agent.infra.proc"].resume_starting()
+    if "agent.infra.shutdown" in sys.modules:
+        sys.modules["agent.infra.shutdown"].STOP.clear()
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import re
 from re import _constants as C  # type: ignore[attr-defined]
 from re import _parser  # type: ignore[attr-defined]
 
-from agent.intake import fingerprint, formats, redact
+from agent.intake import fingerprint, formats
+from agent.infra import redact
 
 MODULES = (formats, redact, fingerprint)
 MAX_BOUND = 4096

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from agent.app import App
+from agent.app.context import App
 from agent.config import parse_config
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.bench.cases import CaseError, load_case, load_cases
-from agent.bench.report import summarize, wilson
-from agent.demo import BRIEF, PLAYBOOK, error_events, make_project
+from agent.app.bench.cases import CaseError, load_case, load_cases
+from agent.app.bench.report import summarize, wilson
+from agent.app.demo import BRIEF, PLAYBOOK, error_events, make_project
 from conftest import agent_bin
 
 FIX = '    return item["price"] * item["qty"]'
@@ -61,9 +61,9 @@ def setup_bench(tmp_path: Path) -> tuple[Path, Path]:
     for name, book in books.items():
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(book))
-        vendors[name] = {"command": [py, "-m", "agent.demo_lanes.implementer", "--spec", "{spec}", "--playbook",
+        vendors[name] = {"command": [py, "-m", "agent.app.demo_lanes.implementer", "--spec", "{spec}", "--playbook",
                                      str(path), "--cwd", "{cwd}"]}
-    vendors["demo-reviewer"] = {"command": [py, "-m", "agent.demo_lanes.reviewer", "--spec", "{spec}", "--role",
+    vendors["demo-reviewer"] = {"command": [py, "-m", "agent.app.demo_lanes.reviewer", "--spec", "{spec}", "--role",
                                             "{role}"]}
     config = {"vendors": vendors, "lanes": {r: {"vendor": "demo-reviewer", "timeout": 120}
                                             for r in ("reviewer", "pr-quality", "pr-logic")},

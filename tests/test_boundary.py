@@ -95,7 +95,7 @@ def test_case1_the_checks_scratch_dir_is_the_runners_and_fresh(tmp_path):
     """Test code the lane committed plants a link in the check's scratch dir (``checks/task-N/sandbox``, bound
     read-write on main and reused every round); the next check's set-up wrote its git config copy through it.
     Now the scratch dir is never shown to the check and is made fresh for each one."""
-    from agent import proc
+    from agent.infra import proc
     from agent.config import parse_config
 
     victim = tmp_path / "victim"
@@ -302,7 +302,7 @@ def test_case6_symlink_chains_are_judged_by_resolving_through_the_tree(tmp_path)
     """``s -> .``, ``u1 -> s/..``, ``u2 -> u1/..``: each target alone stays inside by text, and main committed
     and pushed them; resolved through the tree u1 and u2 leave the worktree.  A link through another link is
     refused; a plain link inside stays allowed."""
-    from agent.workspace import TaskGit, unsafe_changes
+    from agent.git.workspace import TaskGit, unsafe_changes
 
     repo = tmp_path / "r"
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
@@ -323,7 +323,7 @@ def test_case6_symlink_chains_are_judged_by_resolving_through_the_tree(tmp_path)
 
 
 def test_case6_an_unchanged_link_through_a_changed_one_is_judged_again(tmp_path):
-    from agent.workspace import TaskGit, unsafe_changes
+    from agent.git.workspace import TaskGit, unsafe_changes
 
     repo = tmp_path / "r"
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
@@ -347,8 +347,8 @@ def test_case7_the_agents_git_reads_no_global_or_system_config(tmp_path, monkeyp
     """A lane's ``.gitattributes`` names a filter driver the user's ~/.gitconfig defines: on main the agent's own
     ``git add``/``status`` ran it, unsandboxed.  Now no global or system config is read, and HOME is private; a
     command that talks to a remote gets the user's credential helper, and only that."""
-    from agent import workspace
-    from agent.workspace import git as agent_git
+    from agent.git import workspace
+    from agent.git.workspace import git as agent_git
 
     user = tmp_path / "user"
     user.mkdir()
@@ -415,14 +415,14 @@ print("STATUS: complete\nSUMMARY: guarded the cart ESC done\n".replace("ESC", %r
 
 
 def test_case8_strip_controls():
-    from agent.text import strip_controls
+    from agent.infra.text import strip_controls
 
     assert strip_controls("a" + ESCAPES + "b\tc\r\nd\u202eevil\x9b31m") == "ab\tc\ndevil"
     assert strip_controls("plain ünïcode ✓\n") == "plain ünïcode ✓\n" and strip_controls("a\rb") == "a\nb"
 
 
 def test_case9_the_netrc_form_is_redacted():
-    from agent.intake.redact import redact
+    from agent.infra.redact import redact
 
     assert redact("machine api.github.com login bob password s3cr3tP4ss") == \
         "machine api.github.com login bob password [redacted:password]"

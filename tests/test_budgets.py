@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from agent.config import ConfigError, parse_config
-from agent.fence import take
-from agent.fixer.limits import day_start, daily_wait_line
-from agent.lanes.prices import DEFAULT_PRICES, Price, price_for, priced_cost, tokens
+from agent.coord.fence import take
+from agent.flows.fixer.limits import day_start, daily_wait_line
+from agent.domain.prices import DEFAULT_PRICES, Price, price_for, priced_cost, tokens
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.lanes import (BudgetRefused, DailyBudget, daily_spend_since, finish_run, interrupt_run,
                                 lane_estimate, start_run)
-from agent.tasks import create_task
+from agent.ledger.tasks import create_task
 from conftest import ledger_conn
 from test_fixer import edit_config, home, ingest_and_decide, ledger, run_until_settled, scan, world  # noqa: F401
 from test_runners import two_runners  # noqa: F401 (shared_homes: conftest)

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from agent import chain
+from agent.domain import chain
 from agent.ledger import ledger_path, now
-from agent.tasks import Refused, create_task, reset_task, set_step, snapshot, start_next_round, transition
+from agent.ledger.tasks import Refused, create_task, reset_task, set_step, snapshot, start_next_round, transition
 
 HEAD = "a" * 40
 BASE = "b" * 40

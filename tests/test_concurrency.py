@@ -1,7 +1,7 @@
 """Overlapping watchers, the per-task claim, and `--jobs N`.
 
 Real processes (`agent watch error-fix-work`), real threads calling `fixer.advance`, scripted lanes that log their
-start/end to a shared file (agent/demo_lanes --log), one SQLite ledger.
+start/end to a shared file (agent/app/demo_lanes --log), one SQLite ledger.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ def test_overlapping_watchers_launch_each_lane_once_per_round(tmp_path):
 
 
 def _app(home):
-    from agent.app import App
+    from agent.app.context import App
 
     return App(home=home)
 
 
 def test_two_workers_on_one_task_one_works_the_other_is_refused(tmp_path):
     """Bypass the scan lock: two threads call fixer.advance on the same task at the same moment."""
-    from agent import fixer
+    from agent.flows import fixer
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "0.4", "--log", str(log)))
@@ -79,7 +79,7 @@ def test_two_processes_on_one_task(tmp_path):
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "0.5", "--log", str(log)))
-    code = ("import sys; from pathlib import Path; from agent.app import App; from agent import fixer; "
+    code = ("import sys; from pathlib import Path; from agent.app.context import App; from agent.flows import fixer; "
             "h = Path(sys.argv[1]); print('\\n'.join(fixer.advance(h, App(home=h).config, 1, max_steps=2)))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(p["home"])], stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
@@ -91,8 +91,8 @@ def test_two_processes_on_one_task(tmp_path):
 def test_worker_whose_claim_was_stolen_cannot_write_its_result(tmp_path):
     """While the worker's lane runs, its claim is taken over (token changed): the lane's result is not
     written as step state, and the worker says so."""
-    from agent import fixer
-    from agent.tasks import ClaimLost, set_step
+    from agent.flows import fixer
+    from agent.ledger.tasks import ClaimLost, set_step
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "0.8", "--log", str(log)))
@@ -129,7 +129,7 @@ def test_worker_whose_claim_was_stolen_cannot_write_its_result(tmp_path):
 
 
 def test_stale_claims_are_reclaimed_live_ones_are_not(tmp_path):
-    from agent.fence import claim, release
+    from agent.coord.fence import claim, release
     from agent.ledger import Ledger
 
     p = build(tmp_path / "w", tasks=1)

@@ -158,7 +158,7 @@ def test_repo_settings_come_from_the_base_commit(tmp_path):
 def test_this_repository_has_its_own_repo_settings():
     import subprocess
 
-    from agent.workspace import find_common_dir
+    from agent.git.workspace import find_common_dir
 
     root = Path(__file__).resolve().parent.parent
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()

@@ -87,7 +87,7 @@ def _bad(config, what):
 ])
 def test_a_config_block_is_immediate_and_clears_itself_once_the_config_is_valid(tmp_path, what, reason):
     from agent.config import load_config
-    from agent.fixer import advance
+    from agent.flows.fixer import advance
 
     p = build(tmp_path / "w", tasks=1)
     home = p["home"]
@@ -122,8 +122,8 @@ def test_a_config_block_is_immediate_and_clears_itself_once_the_config_is_valid(
 
 
 def test_only_config_blocks_are_lifted_by_the_script(ledger):
-    from agent import chain
-    from agent.tasks import Refused, create_task, lift_config_block, transition
+    from agent.domain import chain
+    from agent.ledger.tasks import Refused, create_task, lift_config_block, transition
 
     tid, _ = create_task(ledger, "acme/widgets", "t")
     transition(ledger, tid, chain.BLOCKED, "script", "task budget spent")

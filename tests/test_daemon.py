@@ -47,8 +47,8 @@ def test_sigterm_lets_the_running_step_finish_then_exits_0(tmp_path):
 
 
 def test_second_signal_kills_the_lane_group_and_the_next_scan_resumes(tmp_path):
-    from agent.demo import write_config
-    from agent.fence import pid_alive
+    from agent.app.demo import write_config
+    from agent.coord.fence import pid_alive
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
@@ -88,8 +88,8 @@ def test_service_and_crontab_examples_are_shipped():
 
 
 def test_a_broken_config_edit_skips_passes_and_the_daemon_keeps_running(tmp_path):
-    from agent.app import App
-    from agent.daemon import run_daemon
+    from agent.app.context import App
+    from agent.app.daemon import run_daemon
 
     home = tmp_path / "home"
     home.mkdir()

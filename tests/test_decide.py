@@ -6,11 +6,11 @@ import json
 import pytest
 
 from agent import AgentError
-from agent.decide import decide, decider_spec
+from agent.flows.decide import decide, decider_spec
 from agent.intake.formats import Event, Frame
 from agent.intake.store import ingest
 from agent.ledger import Ledger, ledger_path
-from agent.tasks import create_task
+from agent.ledger.tasks import create_task
 
 from intake_support import config_of
 

@@ -62,7 +62,7 @@ def test_decide_scan_runs_decider_lane_and_records_conclusions(tmp_path):
                                      ("old", "widgets-api", "old_one", old, 5)):
         ids[name] = ingest(led, [_ev(service, fn, ts) for _ in range(n)]).error_ids[0]
 
-    from agent.decide import decide_scan
+    from agent.flows.decide import decide_scan
 
     items = decide_scan(app)
     by_id = {i["error_id"]: i for i in items}
@@ -93,7 +93,7 @@ def test_decide_scan_runs_decider_lane_and_records_conclusions(tmp_path):
 
 
 def test_decide_scan_does_nothing_unless_auto(tmp_path):
-    from agent.decide import decide_scan
+    from agent.flows.decide import decide_scan
 
     app = make_app(tmp_path / "home", {"decide": {"auto": False}})
     ingest(app.ledger, [_ev("widgets-api", "f", None) for _ in range(5)])

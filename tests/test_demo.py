@@ -48,7 +48,7 @@ def test_demo_runs_without_bubblewrap_and_says_so(tmp_path, monkeypatch):
     """A fresh machine has no bubblewrap: the README's first command must still reach a draft PR.  The demo's lanes
     are its own scripted stand-ins, so it runs them unsandboxed and says so.  bwrap's absence is simulated by
     patching its lookup (it is installed here, and removing it would break concurrent tests)."""
-    from agent.demo import run_demo
+    from agent.app.demo import run_demo
     from agent.lanes import sandbox
 
     monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from agent.config import load_config
-from agent.demo import make_project, write_config
-from agent.doctor import (MIN_GIT, check_disk, check_git, check_github, check_ledger, check_vendor_auth,
+from agent.app.demo import make_project, write_config
+from agent.app.doctor import (MIN_GIT, check_disk, check_git, check_github, check_ledger, check_vendor_auth,
                           parse_git_version, run_doctor)
 from agent.ledger import Ledger, ledger_path
 from conftest import on_postgres
@@ -320,7 +320,7 @@ def test_gitlab_and_gitea_credentials_access_and_remote(tmp_path, forge):
                       "acme/readonly": {"url": str(remote), "forge": forge}},
             forge: {"api_url": sim.url, "token_env": "ACME_FORGE_TOKEN"}}))
         config = load_config(cfg_path)
-        from agent.doctor import check_forges
+        from agent.app.doctor import check_forges
 
         unset = check_forges(config, online=False, environ={})
         assert [c.ok for c in unset] == [False, False]
@@ -354,8 +354,8 @@ def test_a_git_error_names_the_problem_not_the_end_of_gits_advice(tmp_path):
     """A failed fetch ends with "Please make sure you have the correct access rights / and the repository
     exists."; the line kept is the one saying what failed (real git, a path with no repository)."""
     from agent.config import parse_config
-    from agent.doctor import check_remote
-    from agent.workspace import GitError, git
+    from agent.app.doctor import check_remote
+    from agent.git.workspace import GitError, git
 
     gone = tmp_path / "gone.git"
     with pytest.raises(GitError) as err:

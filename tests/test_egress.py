@@ -131,7 +131,7 @@ def world(tmp_path, monkeypatch, home, ledger):
     serve` on 127.0.0.1, a TCP listener on every address, an abstract unix socket, and an HTTP server on loopback
     that the lane's vendor config names (the one allowed host)."""
     from pgserver import PgServer, Unavailable
-    from agent.serve import HookApp, Server
+    from agent.app.serve import HookApp, Server
     from agent.config import parse_config
 
     stops = []

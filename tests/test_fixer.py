@@ -1,7 +1,7 @@
 """The fixer end to end: real git repositories, real subprocess lanes (scripted stand-ins), the local forge.
 
-Lanes are `command` vendors running agent/demo_lanes scripts (or small scripts written here) as real processes;
-nothing is mocked. The project is agent.demo's: a real bug (KeyError 'qty') and a failing test.
+Lanes are `command` vendors running agent/app/demo_lanes scripts (or small scripts written here) as real processes;
+nothing is mocked. The project is agent.app.demo's: a real bug (KeyError 'qty') and a failing test.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import demo
-from agent.app import App
+from agent.app import demo
+from agent.app.context import App
 from agent.ledger import Ledger, ledger_path
 
 from conftest import git, ledger_bytes
@@ -62,7 +62,7 @@ def run_with_implementer(paths, name: str, script: str, round_cap: int | None = 
 
 
 def ingest_and_decide(paths, service=demo.SERVICE, brief=demo.BRIEF, events=None) -> str:
-    from agent.decide import decide
+    from agent.flows.decide import decide
     from agent.intake.store import ingest_text
 
     app = App(home=paths["home"])
@@ -76,7 +76,7 @@ def ingest_and_decide(paths, service=demo.SERVICE, brief=demo.BRIEF, events=None
 
 
 def scan(paths, name, jobs=1):
-    from agent.scans import run_scan
+    from agent.app.scans import run_scan
 
     app = App(home=paths["home"])
     try:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent import chain
+from agent.domain import chain
 from agent.config import parse_config
-from agent.followup import follow_prs
+from agent.flows.followup import follow_prs
 from agent.forge import get_forge, publish_pr
 from agent.ledger import now
-from agent.push import push_branch, remote_branch_sha, remote_ref_sha
-from agent.tasks import create_task, transition
+from agent.git.push import push_branch, remote_branch_sha, remote_ref_sha
+from agent.ledger.tasks import create_task, transition
 from conftest import LANES_YAML, add_failing_trigger, db_errors, drop_trigger, git, remote_with_branch
 
 EID = "0a1b2c3d4e5f6789"

@@ -20,7 +20,7 @@ import requests
 
 from agent.forge import (ForgeAuthError, ForgeBadAnswer, ForgeError, ForgeRateLimited, ForgeTransient,
                          publish_pr)
-from agent.tasks import create_task
+from agent.ledger.tasks import create_task
 from fault_proxy import Fault, FaultProxy
 from forge_sim import FakeClock
 from intake_support import LocalServer
@@ -288,7 +288,7 @@ def test_html_answers_never_stop_a_follow_up_pass(hub, ledger, tmp_path):
     """`watch pr-merged` over two PRs: a proxy's HTML page for the first is one item with an error; the second
     PR is still followed (it was merged), nothing raises."""
     from agent.config import parse_config
-    from agent.followup import follow_prs
+    from agent.flows.followup import follow_prs
 
     forge = hub.make()
     config = parse_config({"repos": {REPO: {"url": str(tmp_path / "r.git"), "forge": hub.name}}})

@@ -179,7 +179,7 @@ def test_the_apps_own_comments_are_its_own_for_feedback(world, sim):
 
 
 def test_doctor_online_shows_the_installation_its_permissions_and_what_is_missing(world, sim, keys):
-    from agent.doctor import check_forges
+    from agent.app.doctor import check_forges
 
     [offline] = check_forges(world["cfg"], online=False)
     assert offline.ok and "signs a JWT" in offline.detail

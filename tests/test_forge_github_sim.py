@@ -19,7 +19,7 @@ import requests
 from agent.forge import ForgeError, publish_pr
 from agent.forge.github import GithubForge
 
-from agent.tasks import create_task
+from agent.ledger.tasks import create_task
 from conftest import ledger_conn
 from github_sim import Sim, running
 

@@ -294,7 +294,7 @@ def test_5_listings_page_by_keyset_and_never_read_more_than_a_page(ledger):
 def test_5_cli_listings_default_to_100_with_limit_since_state_and_say_what_they_left_out(ledger, agent):
     """In-process (click's runner, stdout and stderr apart): the listings' whole code path, without a process
     start per call."""
-    from agent.tasks import create_task
+    from agent.ledger.tasks import create_task
 
     _errors(ledger, 130)
     for i in range(105):

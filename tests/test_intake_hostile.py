@@ -15,7 +15,7 @@ import pytest
 
 from agent.intake.fingerprint import signature
 from agent.intake.formats import parse
-from agent.intake.redact import redact
+from agent.infra.redact import redact
 from agent.intake.store import ingest, ingest_text, prepare
 from agent.ledger import Ledger
 

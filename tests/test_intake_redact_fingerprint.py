@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from agent.intake.fingerprint import fingerprint, normalise_text, signature
 from agent.intake.formats import Frame
-from agent.intake.redact import redact
+from agent.infra.redact import redact
 
 CASES = [
     ("Authorization: Bearer abcDEF0123456789xyz", "abcDEF0123456789xyz"),
@@ -62,7 +62,7 @@ SECRETISH = st.sampled_from([c[0] for c in CASES] + ["key=abc", "X-Api-Key: zzz"
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=30), SECRETISH), max_size=6))
 def test_prefilter_never_changes_the_result(parts):
-    from agent.intake.redact import _apply_rules
+    from agent.infra.redact import _apply_rules
 
     text = " ".join(parts)
     assert redact(text) == _apply_rules(text)

@@ -104,7 +104,7 @@ def test_crash_reason_picks_the_first_error_line():
 def test_doctor_and_lane_list_probe_the_binary_in_the_lanes_sandbox(env):
     """`agent doctor` and `agent lane list` run the version probe in the sandbox the lane gets: a CLI the sandbox
     cannot start (here: inside the agent home, which every lane has hidden) is not "ok"; one under /tmp is."""
-    from agent.doctor import check_vendor
+    from agent.app.doctor import check_vendor
     from agent.lanes.lane import list_lanes
 
     tmp, home = env[0], env[1]

@@ -401,7 +401,7 @@ def test_caller_errors_raise_agent_error(env):
 
 
 def test_lost_claim_refuses_to_start(env):
-    from agent.tasks import ClaimLost, create_task
+    from agent.ledger.tasks import ClaimLost, create_task
 
     task_id, _ = create_task(env.ledger, "acme/widgets", "fix it")
     with env.ledger.tx() as c:

@@ -1,5 +1,5 @@
-"""Layering: the daemon and the demo run scans through ``agent.scans``, below the CLI layer; neither imports
-``agent.commands`` (the CLI) to do it."""
+"""Layering: the daemon and the demo run scans through ``agent.app.scans``, below the CLI layer; neither imports
+``agent.cli`` (the CLI) to do it."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, sys
 from pathlib import Path
-import agent.daemon, agent.demo
-from agent.app import App
-from agent.daemon import run_daemon
-from agent.demo import run_demo
+import agent.app.daemon, agent.app.demo
+from agent.app.context import App
+from agent.app.daemon import run_daemon
+from agent.app.demo import run_demo
 
 root = Path(sys.argv[1])
 run_demo(root / "demo", echo=lambda s: None)          # every scan the demo runs, to a draft PR
@@ -30,7 +30,7 @@ try:
     run_daemon(app, interval=0, max_ticks=1, echo=lambda s: None)   # one pass of every scan in the registry
 finally:
     app.close()
-print(json.dumps(sorted(m for m in sys.modules if m == "agent.commands" or m.startswith("agent.commands.")
+print(json.dumps(sorted(m for m in sys.modules if m == "agent.cli" or m.startswith("agent.cli.")
                         or m == "agent.cli")))
 """
 
@@ -60,11 +60,11 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", ["daemon.py", "demo.py", "scans.py", "fixer"])
+@pytest.mark.parametrize("module", ["app/daemon.py", "app/demo.py", "app/scans.py", "flows/fixer"])
 def test_no_import_of_the_cli_layer_even_inside_a_function(module):
     """The run above sees only the paths it took; this reads every import statement, lazy ones included."""
     target = ROOT / "agent" / module
     files = sorted(target.rglob("*.py")) if target.is_dir() else [target]
     bad = {f"{f.relative_to(ROOT)}: {name}" for f in files for name in _imports(f)
-           if name == "agent.cli" or name == "agent.commands" or name.startswith("agent.commands.")}
+           if name == "agent.cli" or name.startswith("agent.cli.")}
     assert not bad, sorted(bad)

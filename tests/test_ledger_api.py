@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import chain
-from agent.fence import claim
+from agent.domain import chain
+from agent.coord.fence import claim
 from agent.ledger import Ledger, errors, lanes, ledger_path, lessons, prs, tasks
 from agent.ledger.errors import ErrorStateRefused, transition_error
-from agent.tasks import ClaimLost
+from agent.ledger.tasks import ClaimLost
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -317,7 +317,9 @@ def test_fix_scan_prepares_a_worktree_only_under_the_tasks_claim(tmp_path, monke
     the claim after."""
     from test_fixer import ingest_and_decide, scan
 
-    from agent import demo, workspace
+    from agent.app import demo
+
+    from agent.git import workspace
 
     paths = demo.setup(tmp_path / "w")
     monkeypatch.setenv("AGENT_HOME", str(paths["home"]))

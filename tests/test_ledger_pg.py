@@ -273,7 +273,7 @@ def test_events_update_delete_and_truncate_are_refused(pg_url):
 
 
 def test_doctor_on_postgres_clean_then_a_dropped_trigger_and_a_deleted_event(pg_home, pg_url):
-    from agent.doctor import check_ledger, check_ledger_tamper
+    from agent.app.doctor import check_ledger, check_ledger_tamper
 
     led = Ledger.open(pg_url)
     with led.tx() as c:
@@ -301,7 +301,7 @@ def test_doctor_on_postgres_clean_then_a_dropped_trigger_and_a_deleted_event(pg_
 
 
 def test_doctor_names_an_unreachable_server_and_unknown_migrations(pg_home, pg_url, monkeypatch):
-    from agent.doctor import check_ledger
+    from agent.app.doctor import check_ledger
 
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute("INSERT INTO _migrations (name, applied_at) VALUES ('m900_other', 'x')")

@@ -11,13 +11,15 @@ import json
 
 import pytest
 
-from agent import chain, demo
+from agent.domain import chain
+
+from agent.app import demo
 from agent.config import parse_config
-from agent.fence import claim
+from agent.coord.fence import claim
 from agent.ledger import Ledger, ledger_path, tasks
 from agent.ledger import lessons as store
-from agent.lessons import for_spec, propose, vet
-from agent.spec import implementer_spec, reviewer_spec, without_section
+from agent.flows.lessons import for_spec, propose, vet
+from agent.domain.spec import implementer_spec, reviewer_spec, without_section
 from conftest import on_postgres
 from test_fixer import home, world  # noqa: F401 - the demo world and its home (fixtures)
 from test_fixer import edit_config, ingest_and_decide, run_until_settled, scan, script_vendor
@@ -270,7 +272,7 @@ def test_lesson_cli_accept_forget_and_bad_input(world, agent):
     assert agent("lesson", "list").output.startswith(f"lesson {good:>4}  accepted ")
     status = agent("status")
     assert "lessons candidate 0  accepted 1" in status.output
-    from agent.status import gather, render_html
+    from agent.app.status import gather, render_html
 
     led = Ledger.open(ledger_path(world["home"]))
     try:
@@ -313,7 +315,7 @@ def test_migration_keeps_stored_lessons_as_candidates_that_steer_nothing(tmp_pat
 
 
 def test_the_pr_body_says_what_will_be_remembered_in_english_and_german():
-    from agent.pr import render_pr
+    from agent.domain.pr_text import render_pr
     from test_pr_text import data
 
     _, body = render_pr(data())

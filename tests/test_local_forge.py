@@ -10,8 +10,8 @@ import pytest
 from agent.config import RepoConfig, parse_config
 from agent.forge import ForgeError, PR, get_forge, publish_pr
 from agent.forge.local import LocalForge
-from agent.push import push_branch
-from agent.tasks import create_task
+from agent.git.push import push_branch
+from agent.ledger.tasks import create_task
 from conftest import LANES_YAML, git, remote_with_branch
 
 BRANCH = "agent/fix-0a1b2c3d"

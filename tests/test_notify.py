@@ -16,11 +16,13 @@ import time
 
 import pytest
 
-from agent import chain, notify
+from agent.domain import chain
+
+from agent.flows import notify
 from agent.config import ConfigError, parse_config
 from agent.ledger import ledger_path
 from agent.ledger.outbox import kinds_for
-from agent.tasks import create_task, transition
+from agent.ledger.tasks import create_task, transition
 from conftest import agent_bin, ledger_conn
 from notify_support import Receiver, self_signed_cert
 
@@ -72,7 +74,7 @@ def test_outbox_row_commits_and_rolls_back_with_its_event(ledger):
     tid2, _ = create_task(ledger, "acme/widgets", "another")
     with pytest.raises(RuntimeError):
         with ledger.tx() as c:
-            from agent.tasks import transition_in
+            from agent.ledger.tasks import transition_in
             transition_in(ledger, c, tid2, "open", chain.FAILED, "script", "boom")
             raise RuntimeError("crash inside the transaction")
     assert ledger.scalar("SELECT count(*) FROM outbox") == 1  # neither the event nor its outbox row survived
@@ -292,7 +294,7 @@ def _write_config(home, url):
                                       )
 
 
-BLOCK = ("import sys; from agent.ledger import Ledger; from agent.tasks import create_task, transition; "
+BLOCK = ("import sys; from agent.ledger import Ledger; from agent.ledger.tasks import create_task, transition; "
          "led = Ledger.open(sys.argv[1]); t, _ = create_task(led, 'acme/widgets', 't'); "
          "transition(led, t, 'gate-blocked', 'script', 'lane codex: not logged in')")
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.ledger import now
-from agent.pr import (BODY_MAX, TITLE_MAX, CheckResult, PRData, Verdict, fence, guard, parse_task_marker,
+from agent.domain.pr_text import (BODY_MAX, TITLE_MAX, CheckResult, PRData, Verdict, fence, guard, parse_task_marker,
                       pr_data_from_ledger, render_pr, task_marker)
 
 HEAD = "0123456789abcdef0123456789abcdef01234567"
@@ -139,7 +139,7 @@ def test_accepts_dataclasses_too():
 
 
 def test_pr_data_from_ledger(ledger):
-    from agent.tasks import create_task
+    from agent.ledger.tasks import create_task
 
     with ledger.tx() as c:
         ledger.insert(c, "errors", {"id": "0a1b2c3d4e5f6789", "fingerprint": "fp1", "service": "widgets-api",

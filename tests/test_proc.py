@@ -1,4 +1,4 @@
-"""agent.proc.run and agent.lanes.env: real subprocesses, no mocks."""
+"""agent.infra.proc.run and agent.lanes.env: real subprocesses, no mocks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from agent import proc
+from agent.infra import proc
 from agent.lanes.env import config_denylist, lane_env
 
 

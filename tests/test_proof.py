@@ -1,6 +1,6 @@
 """The PR proves itself (issue 32, DESIGN.md "The proof"): a test that fails on the base and passes on the head.
 
-End to end on agent.demo's project with real git, the real check sandbox (bubblewrap) and scripted implementer
+End to end on agent.app.demo's project with real git, the real check sandbox (bubblewrap) and scripted implementer
 lanes as real subprocesses; both ledgers (``--ledger=postgres``). The pure parts (which files are tests, runner
 output, matching the production error) get unit tests with real runner output.
 """
@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import chain, demo
+from agent.domain import chain
+
+from agent.app import demo
 from agent.config import ConfigError, parse_repo_settings
 from agent.ledger.proofs import proof_for_head, record_proof
-from agent.proof import (failing_tests, feedback, is_test_path, narrowed_command, reproduces)
+from agent.flows.proof import (failing_tests, feedback, is_test_path, narrowed_command, reproduces)
 
 from conftest import git
 from test_fixer import edit_config, home, ingest_and_decide, ledger, run_until_settled, scan, script_vendor, world  # noqa: F401
@@ -118,8 +120,8 @@ def _task(world) -> tuple[dict, list[dict], list[str]]:
 
 
 def _pr_body(world) -> str:
-    from agent.app import App
-    from agent.pr import pr_data_from_ledger, render_pr
+    from agent.app.context import App
+    from agent.domain.pr_text import pr_data_from_ledger, render_pr
 
     app = App(home=world["home"])
     try:
@@ -258,7 +260,7 @@ def test_proof_off_runs_nothing_more(world, tmp_path):
 
 def test_a_rejected_proof_keeps_the_check_step_closed_for_everyone(ledger):
     from agent.ledger import now
-    from agent.tasks import Refused, create_task, set_step, snapshot
+    from agent.ledger.tasks import Refused, create_task, set_step, snapshot
 
     tid, _ = create_task(ledger, "acme/widgets", "fix it")
     head, base = "a" * 40, "b" * 40
@@ -371,7 +373,7 @@ def test_only_known_runners_are_narrowed():
 
 
 def test_base_tail_is_the_last_lines_without_control_characters():
-    from agent.proof import last_lines
+    from agent.flows.proof import last_lines
 
     out = "\n".join(f"line {i}" for i in range(40)) + "\n\x1b[31mKeyError\x1b[0m: 'qty'\x07\r\n\n"
     tail = last_lines(out, 3)
@@ -379,7 +381,7 @@ def test_base_tail_is_the_last_lines_without_control_characters():
 
 
 def test_feedback_says_what_ran_and_what_passed():
-    from agent.proof import Proof
+    from agent.flows.proof import Proof
 
     text = feedback(Proof(mode="required", verdict="rejected", command="pytest -q", test_files=["tests/test_a.py"],
                           passed_on_base=["tests/test_a.py::test_new"], base_status="ok"))
@@ -391,7 +393,7 @@ def test_feedback_says_what_ran_and_what_passed():
 def test_the_base_tree_takes_over_a_crash_leftover_and_leaves_nothing_registered(tmp_path):
     import shutil
 
-    from agent.proof import FileChange, base_tree, drop_tree
+    from agent.flows.proof import FileChange, base_tree, drop_tree
 
     project, remote = demo.make_project(tmp_path)
     base = git(project, "rev-parse", "HEAD")
@@ -425,7 +427,7 @@ def test_a_pytest_check_runs_only_the_new_test_module_on_the_base(world, tmp_pat
 
 
 def test_pr_body_fences_the_base_output_and_names_skips_beside_a_proof():
-    from agent.pr import PRData, render_body
+    from agent.domain.pr_text import PRData, render_body
 
     tail = "E   ```\n</details>\ntoken ghp_" + "a" * 36 + "\nFAILED"
     d = PRData(task_id=3, error_id="ab12", fingerprint="f", service="s", head_sha="a" * 40, brief="b",

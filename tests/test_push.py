@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.push import PushError, check_branch, delete_remote_branch, push_branch, remote_branch_sha, safe_url
+from agent.git.push import PushError, check_branch, delete_remote_branch, push_branch, remote_branch_sha, safe_url
 from conftest import git
 
 PREFIX = "agent/fix-"

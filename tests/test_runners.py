@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, pid_scope, runner_id, runners, take
+from agent.coord.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, pid_scope, runner_id, runners, take
 from agent.ledger import Ledger, ledger_path
-from agent.tasks import ClaimLost, LeaseLost, claimed_tx, create_task, note_wait, set_step, start_next_round, \
+from agent.ledger.tasks import ClaimLost, LeaseLost, claimed_tx, create_task, note_wait, set_step, start_next_round, \
     transition
 
 from conftest import Agent, agent_bin, ledger_conn, on_postgres
@@ -92,8 +92,8 @@ def test_every_scan_registers_then_beats_the_runner(agent, home):
 
 
 def test_the_daemon_beats_once_per_pass(home, agent):
-    from agent.app import App
-    from agent.daemon import run_daemon
+    from agent.app.context import App
+    from agent.app.daemon import run_daemon
 
     assert agent("init").exit_code == 0
     app = App(home=home)
@@ -177,7 +177,7 @@ def test_a_new_claim_increments_the_fencing_token_and_names_the_previous_holder(
         assert second.previous_owner.startswith(os.uname().nodename + ":")
         ev = [e for e in led_a.events(task_id=tid) if e["kind"] == "task.claim_reclaimed"][-1]["payload"]
         assert ev["previous_runner"] == "runner-a" and ev["runner"] == "runner-b" and ev["token"] == second.token
-        from agent.fence import release
+        from agent.coord.fence import release
 
         release(led_b, tid, second.token)
         third = take(led_a, tid, runner="runner-a")              # released: a plain claim, but it moved back
@@ -275,10 +275,10 @@ def test_a_holder_whose_lease_expired_but_was_not_taken_still_writes_and_renews(
 STALLED_WORKER = r"""
 import sys, time
 from pathlib import Path
-from agent import proc
-from agent.fence import lease_keeper, take
+from agent.infra import proc
+from agent.coord.fence import lease_keeper, take
 from agent.ledger import Ledger, ledger_path
-from agent.tasks import note_wait, LeaseLost
+from agent.ledger.tasks import note_wait, LeaseLost
 
 path, tid, logs = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 path = path if "://" in path else Path(path)
@@ -375,7 +375,7 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
 HOLD_LEASE = r"""
 import sys, time
 from pathlib import Path
-from agent.fence import named_lease
+from agent.coord.fence import named_lease
 from agent.ledger import Ledger, ledger_path
 led = Ledger.open(ledger_path(Path(sys.argv[1])), create=False)
 with named_lease(led, "pr-open", ttl=60, runner="runner-a") as token:
@@ -509,8 +509,8 @@ def test_the_open_draft_limit_counts_across_two_runners(tmp_path, monkeypatch):
     for home, order in ((a_home, "1"), (b_home, "2")):
         env = _runner_env(home, AGENT_PAUSEPOINT="pr.limits_checked:3")
         # each runner starts on a different task so both reach their PR at about the same time
-        code = ("import sys; from pathlib import Path; from agent.app import App; from agent import fixer; "
-                "from agent.fence import beat; h = Path(sys.argv[1]); app = App(home=h); beat(app.ledger, h); "
+        code = ("import sys; from pathlib import Path; from agent.app.context import App; from agent.flows import fixer; "
+                "from agent.coord.fence import beat; h = Path(sys.argv[1]); app = App(home=h); beat(app.ledger, h); "
                 "print('\\n'.join(fixer.advance(h, app.config, int(sys.argv[2]))))")
         procs.append(subprocess.Popen([sys.executable, "-c", code, str(home), order], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -542,7 +542,7 @@ def test_a_runner_stopped_past_its_lease_loses_the_task_and_stops_its_lane_witho
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "30", "--log", str(log)))
     home = p["home"]
-    code = ("import sys; from pathlib import Path; from agent.app import App; from agent import fixer; "
+    code = ("import sys; from pathlib import Path; from agent.app.context import App; from agent.flows import fixer; "
             "h = Path(sys.argv[1]); print('\\n'.join(fixer.advance(h, App(home=h).config, 1)), flush=True)")
     env = _runner_env(home, AGENT_CLAIM_LEASE_S="1.5", AGENT_RUNNER_ID="runner-a")
     a = subprocess.Popen([sys.executable, "-c", code, str(home)], env=env, stdout=subprocess.PIPE,
@@ -585,8 +585,8 @@ def test_the_daily_budget_counts_what_every_runner_spent(shared_homes):
     """Runner B's lanes spent $4; runner A, about to start a lane with `limits.daily_budget_usd: 5`, may go on;
     after B spends $1.50 more, A waits and says why (the spend is summed from the shared ledger)."""
     from agent.config import parse_config
-    from agent.fixer.driver import Ctx, Stop
-    from agent.fixer.limits import check_budgets
+    from agent.flows.fixer.driver import Ctx, Stop
+    from agent.flows.fixer.limits import check_budgets
     from agent.ledger import lanes
 
     a_home, _ = shared_homes

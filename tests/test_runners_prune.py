@@ -3,7 +3,7 @@ still holds), `agent runners --prune` removes the stale ones that hold nothing, 
 passes keeps beating.
 
 Everything is real: ledger files (or the PostgreSQL server with --ledger=postgres), task claims and named leases
-taken through agent.fence and the ledger's own operations, the CLI in-process and `agent daemon` as a subprocess.
+taken through agent.coord.fence and the ledger's own operations, the CLI in-process and `agent daemon` as a subprocess.
 Only the age of a heartbeat is made up (an UPDATE moves it into the past): waiting six minutes would prove nothing
 more.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.doctor import render_text, run_doctor
-from agent.fence import beat, runner_id, stale_after_s, take
+from agent.app.doctor import render_text, run_doctor
+from agent.coord.fence import beat, runner_id, stale_after_s, take
 from agent.ledger import Ledger, ledger_path
-from agent.tasks import create_task
+from agent.ledger.tasks import create_task
 from conftest import Agent, agent_bin, ledger_conn, on_postgres
 
 HOUR = 3600.0

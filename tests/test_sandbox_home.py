@@ -83,7 +83,7 @@ def user_home(monkeypatch):
 
 def _world(home: Path):
     """A mirror and a task worktree inside the agent home inside the user's HOME (the default layout)."""
-    from agent.workspace import ensure_worktree
+    from agent.git.workspace import ensure_worktree
 
     agent_home = home / ".local" / "share" / "agent"
     agent_home.mkdir(parents=True)
@@ -188,7 +188,7 @@ def test_lane_runs_a_venv_kept_in_the_users_home(user_home, monkeypatch):
 @needs_bwrap
 def test_repository_check_cannot_read_the_users_home(user_home, tmp_path):
     """The repository check (code a lane wrote) runs in the same sandbox: it gets a private HOME too."""
-    from agent import proc
+    from agent.infra import proc
     from agent.config import parse_config
 
     agent_home, ws, spec = _world(user_home)
@@ -260,7 +260,7 @@ def test_root_only_system_secrets_are_blanked_when_the_agent_is_root(tmp_path):
     is a /dev/null the lane cannot open, each such dir an empty one (the test only counts bytes read inside; it never
     reads the real file outside).  Not as root,
     there is nothing to blank: the lane cannot read them anyway."""
-    from agent import proc
+    from agent.infra import proc
     from agent.config import parse_config
     from agent.lanes.sandbox import system_secrets
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
-from agent import chain, demo
+from agent.domain import chain
+
+from agent.app import demo
 from agent.ledger import Ledger, ledger_path
-from agent.tasks import create_task, transition
+from agent.ledger.tasks import create_task, transition
 from test_fixer import edit_config, home, ingest_and_decide, run_until_settled, scan, world  # noqa: F401
 from test_status import Page
 

@@ -20,7 +20,7 @@ import pytest
 
 from agent.config import parse_config
 from agent.intake import envelope as wire
-from agent.serve import HookApp, Server
+from agent.app.serve import HookApp, Server
 from test_serve import call, sig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,7 +324,7 @@ def test_sdk_fingerprint_groups_as_sentry_does(ledger):
 
 
 def test_doctor_prints_the_dsn_and_warns_about_plain_http_beyond_loopback():
-    from agent.doctor import check_sentry_dsn
+    from agent.app.doctor import check_sentry_dsn
 
     cfg = parse_config({"serve": {"url": "http://agent.internal:8080",
                                   "dsn": [{"project": 7, "key_env": "AGENT_DSN_KEY", "service": "widgets-api"},
@@ -362,7 +362,7 @@ def test_group_commit_one_bad_delivery_fails_alone_and_a_key_twice_in_a_batch_is
     import agent.ledger.hooks as hooks
     from agent.intake.formats import Event
     from agent.ledger import Ledger, ledger_path
-    from agent.serve import GroupCommit
+    from agent.app.serve import GroupCommit
 
     real_ingest, real_batch, sizes = store.ingest, hooks.accept_batch, []
 

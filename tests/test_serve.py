@@ -17,10 +17,10 @@ import urllib.request
 
 import pytest
 
-from agent import chain
+from agent.domain import chain
 from agent.config import parse_config
-from agent.serve import HookApp, Server
-from agent.tasks import create_task, transition
+from agent.app.serve import HookApp, Server
+from agent.ledger.tasks import create_task, transition
 from conftest import agent_bin
 from intake_payloads import sentry_python_event
 
@@ -328,7 +328,7 @@ def test_the_systemd_example_runs_the_server_in_the_daemon():
     import shlex
     from pathlib import Path
 
-    from agent.commands.watch import daemon
+    from agent.cli.watch import daemon
 
     unit = (Path(__file__).resolve().parent.parent / "scripts" / "agent.service").read_text()
     [exec_line] = [ln for ln in unit.splitlines() if ln.startswith("ExecStart=")]
@@ -476,7 +476,7 @@ def test_non_loopback_bind_is_refused_without_a_token_unless_public(home):
     finally:
         if p.poll() is None:
             p.kill()
-    from agent.serve import check_exposure
+    from agent.app.serve import check_exposure
 
     assert check_exposure("0.0.0.0", parse_config({"serve": {"read_token_env": "T"}}), False) is None
     assert check_exposure("::1", parse_config({}), False) is None

@@ -6,7 +6,7 @@ import re
 
 from hypothesis import given, strategies as st
 
-from agent.spec import fence, implementer_spec, reviewer_spec
+from agent.domain.spec import fence, implementer_spec, reviewer_spec
 
 TASK = {"repo": "acme/widgets", "branch": "agent/fix-01234567", "base": "main", "title": "Fix KeyError"}
 ERROR = {"id": "0123456789abcdef", "service": "widgets-api", "environment": "production", "class": "KeyError",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-from agent import chain
+from agent.domain import chain
 from agent.ledger import Ledger, ledger_path
-from agent.tasks import create_task, transition
+from agent.ledger.tasks import create_task, transition
 
 
 class Page(HTMLParser):

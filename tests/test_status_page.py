@@ -1,4 +1,4 @@
-"""The on-call summary: what needs a human, what is stuck (one rule: agent.status.stuck_reason), PRs waiting for
+"""The on-call summary: what needs a human, what is stuck (one rule: agent.app.status.stuck_reason), PRs waiting for
 review, errors waiting for a decision, runners; finished tasks paged; a task's timeline in words on /tasks/N.
 Real ledger (both backends), real runners' rows and claims, the real server over 127.0.0.1."""
 
@@ -12,12 +12,14 @@ from datetime import datetime, timezone
 
 import pytest
 
-from agent import chain, fence
+from agent.domain import chain
+
+from agent.coord import fence
 from agent.config import parse_config
 from agent.ledger.tasks import note_wait
-from agent.serve import HookApp, Server
-from agent.status import gather, render_text, stuck_reason
-from agent.tasks import create_task, transition
+from agent.app.serve import HookApp, Server
+from agent.app.status import gather, render_text, stuck_reason
+from agent.ledger.tasks import create_task, transition
 
 
 def _ts(ago_s: float) -> str:

@@ -78,7 +78,7 @@ def test_disk_full_one_line_exit_1_nothing_lost_and_reads_never_say_corrupt(tmpf
     p = build(tmpfs / "w", tasks=1)
     home = p["home"]
     events = tmp_path / "events.jsonl"
-    from agent.demo import error_events
+    from agent.app.demo import error_events
 
     events.write_text(error_events(3, distinct=True))
     filler = fill(tmpfs)
@@ -107,7 +107,7 @@ def test_read_only_ledger_one_line_exit_1(tmpfs, tmp_path):
     home = tmpfs / "home"
     assert run(home, "init").returncode == 0
     events = tmp_path / "events.jsonl"
-    from agent.demo import error_events
+    from agent.app.demo import error_events
 
     events.write_text(error_events(1))
     assert run(home, "error", "ingest", str(events)).returncode == 0
@@ -138,7 +138,7 @@ def _hold_write_lock(path: Path) -> subprocess.Popen:
 def test_busy_ledger_waits_one_bounded_budget_then_says_busy(home, tmp_path):
     """Old main retried BEGIN 50 times, each on top of a 30 s busy timeout (up to ~26 minutes). The budget is one
     total wait (30 s; AGENT_LEDGER_BUSY_TIMEOUT shortens it here so the test is quick)."""
-    from agent.demo import error_events
+    from agent.app.demo import error_events
 
     assert run(home, "init").returncode == 0
     events = tmp_path / "events.jsonl"

@@ -233,12 +233,12 @@ def test_a_worker_that_lost_its_claim_pushes_nothing_to_the_hidden_ref(tmp_path)
     past its lease) neither pushes its commit nor records it, so it cannot put a sibling on the ref the new holder
     pushes to."""
     from agent.config import load_config
-    from agent.fence import claim, release
-    from agent.fixer.driver import Ctx
-    from agent.fixer.steps import _push_task_ref
+    from agent.coord.fence import claim, release
+    from agent.flows.fixer.driver import Ctx
+    from agent.flows.fixer.steps import _push_task_ref
     from agent.ledger import Ledger, ledger_path
-    from agent.tasks import ClaimLost
-    from agent.workspace import TaskGit
+    from agent.ledger.tasks import ClaimLost
+    from agent.git.workspace import TaskGit
 
     p = build(tmp_path / "w", tasks=1)
     home = p["home"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.push import PushError, delete_task_ref, push_task_ref, remote_ref_sha
-from agent.workspace import TaskGit, ensure_mirror, ensure_worktree, fetch_task_ref, fetched_task_ref, mirror_path, task_ref
+from agent.git.push import PushError, delete_task_ref, push_task_ref, remote_ref_sha
+from agent.git.workspace import TaskGit, ensure_mirror, ensure_worktree, fetch_task_ref, fetched_task_ref, mirror_path, task_ref
 from conftest import git
 
 REPO = "acme/widgets"

@@ -452,7 +452,7 @@ def test_token_only_vendors_are_priced(cli, prices, lane, tmp_path):
     """Issue 13 case 8: codex and gemini report tokens but no dollars (old: cost $0, so no budget ever stopped
     them).  The run's tokens are priced from the default table (codex) or config `prices:` (gemini here), and
     the ledger row holds that cost, which is what the task and daily budgets add up."""
-    from agent.lanes.prices import DEFAULT_PRICES, Price, tokens
+    from agent.domain.prices import DEFAULT_PRICES, Price, tokens
     from agent.ledger import Ledger
 
     ledger = Ledger.open(tmp_path / "ledger.db")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent import chain
+from agent.domain import chain
 from agent.ledger.tasks import active_task_ids, config_blocked_tasks, create_task, transition, work_queue
 
 

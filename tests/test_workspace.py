@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.workspace import WorkspaceError, branch_name, ensure_worktree, mirror_path
+from agent.git.workspace import WorkspaceError, branch_name, ensure_worktree, mirror_path
 from conftest import git
 
 

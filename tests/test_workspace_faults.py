@@ -171,7 +171,7 @@ def _head(home):
 
 
 def test_git_error_line_is_the_first_fatal_line_not_a_quote():
-    from agent.workspace import GitError, git_error_line
+    from agent.git.workspace import GitError, git_error_line
 
     exc = GitError("git clone: '", "Cloning into bare repository 'x'...\nfatal: repository '/srv/nope' does not "
                    "exist\nhint: check the path\n'\n", 128)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from agent import demo
-from agent.workspace import kept_ref, mirror_path
+from agent.app import demo
+from agent.git.workspace import kept_ref, mirror_path
 from test_fixer import edit_config, home, ingest_and_decide, ledger, run_until_settled, scan, world  # noqa: F401
 
 

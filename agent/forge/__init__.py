@@ -8,7 +8,7 @@
   point: a PR created just before a crash is found again by its head branch, never created twice.
 
 Rules every forge keeps: PRs are always drafts; a forge never marks one ready and never merges.
-All HTTP goes through ``agent.http.ApiClient`` (retries, backoff, rate limits, pagination); each hosted
+All HTTP goes through ``agent.infra.http.ApiClient`` (retries, backoff, rate limits, pagination); each hosted
 forge's module (``github``, ``gitlab``, ``gitea``) holds only that forge's quirks.
 """
 
@@ -119,7 +119,7 @@ def own_login(forge) -> str | None:
 class Feedback:
     """One thing a person wrote on a PR: a review, an inline review comment, or a conversation comment.
 
-    The text is untrusted: whoever uses it fences it (agent/fence.py) and never executes it.
+    The text is untrusted: whoever uses it fences it (agent/infra/text.py) and never executes it.
     """
     kind: str                      # review | inline | comment
     id: str                        # the forge's id (as a string), unique per kind within the repository
@@ -375,7 +375,7 @@ def publish_pr(ledger: "Ledger", forge: Forge, task_id: int, head: str, base: st
         else:
             pr = forge.create_draft(head, base, title, body)
             action = "created"
-            from agent.fence import crashpoint
+            from agent.coord.fence import crashpoint
 
             crashpoint("pr.created")  # fault injection (tests): the PR exists, the ledger does not know it yet
     record_pr(ledger, task_id, forge, pr, head_sha=head_sha, title=title, body=body, action=action, actor=actor,

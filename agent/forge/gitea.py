@@ -1,4 +1,4 @@
-"""The Gitea (and Forgejo) forge over REST API v1 (its HTTP is agent/http.py's ApiClient).
+"""The Gitea (and Forgejo) forge over REST API v1 (its HTTP is agent/infra/http.py's ApiClient).
 
 Gitea's quirks, all here:
 - Base URL from ``gitea.api_url`` (``https://HOST[/sub]/api/v1``); the token from the variable named by
@@ -34,7 +34,7 @@ WRITE_PERMISSIONS = ("write", "admin", "owner")
 REVIEW_STATES = {"APPROVED": "approved", "REQUEST_CHANGES": "changes_requested", "COMMENT": "commented"}
 MAX_PAGES = 50
 PAGE_LIMIT = 50                  # Gitea's default MAX_RESPONSE_ITEMS
-# The JSON shapes (agent.http.check_shape) Gitea's answers must have; more fields are fine.
+# The JSON shapes (agent.infra.http.check_shape) Gitea's answers must have; more fields are fine.
 USER = {"id": int, "login": str}
 LABEL = {"id": int, "name": str}
 REVIEW = {"id": int, "state?": TEXT, "body?": TEXT, "user?": (WHO, None), "dismissed?": (bool, None),

@@ -1,10 +1,10 @@
-"""The GitHub forge over REST: github.com and GitHub Enterprise (its HTTP goes through agent/http.py).
+"""The GitHub forge over REST: github.com and GitHub Enterprise (its HTTP goes through agent/infra/http.py).
 
 - Base URL from ``github.api_url`` (GHE: ``https://HOST/api/v3``).
 - Token from ``github.token_env`` (default GITHUB_TOKEN), then GITHUB_TOKEN, then GH_TOKEN, then
   ``github.token_command`` (run with a timeout).  The token is held in memory only: never stored,
   logged, put in an exception message or in ``repr``.
-- Retries, backoff, rate limits and pagination are the shared ``agent.http.ApiClient``; this module keeps
+- Retries, backoff, rate limits and pagination are the shared ``agent.infra.http.ApiClient``; this module keeps
   only GitHub's own quirks (what 401/403/404/422 mean, the secondary limit without headers).
 - Pagination follows the ``Link: <...>; rel="next"`` header (bounded).
 - 401/403/404 raise ``ForgeAuthError`` with a one-line message saying what to fix.
@@ -51,7 +51,7 @@ def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...
         if value:
             return value
     if token_command:
-        # Not agent.proc.run: that runner streams stdout to log files, and a token must never touch disk.
+        # Not agent.infra.proc.run: that runner streams stdout to log files, and a token must never touch disk.
         try:
             proc = subprocess.run(list(token_command), capture_output=True, text=True,
                                   timeout=TOKEN_COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
@@ -311,7 +311,7 @@ def _login(item: dict) -> str:
 
 
 def _message(resp) -> str:
-    from agent.http import response_message
+    from agent.infra.http import response_message
 
     return response_message(resp)
 

@@ -11,7 +11,7 @@
 - PRs and comments then show as ``<slug>[bot]`` (``GET /app``): that is the agent's own login (``bot_login``).
 - ``describe()`` (``agent doctor --online``): the installation's account, permissions and what is missing of
   ``REQUIRED`` (pull requests: write, contents: write, checks: read).
-All HTTP goes through agent.http.ApiClient (credentials pinned to the API's origin, answers shape-checked).
+All HTTP goes through agent.infra.http.ApiClient (credentials pinned to the API's origin, answers shape-checked).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class GithubApp:
 
     def __init__(self, api_url: str, app_id: int, private_key: Callable[[], str], repo: str,
                  installation_id: int | None = None, clock: Callable[[], float] = time.time, timeout: tuple[float, float] = (10.0, 30.0), session=None):
-        from agent.http import ApiClient
+        from agent.infra.http import ApiClient
 
         self.api_url = api_url.rstrip("/")
         self.app_id = int(app_id)

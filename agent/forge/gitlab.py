@@ -1,4 +1,4 @@
-"""The GitLab forge over REST API v4: gitlab.com and self-managed instances (its HTTP is agent/http.py's ApiClient).
+"""The GitLab forge over REST API v4: gitlab.com and self-managed instances (its HTTP is agent/infra/http.py's ApiClient).
 
 GitLab's quirks, all here:
 - Base URL from ``gitlab.api_url`` (self-managed: ``https://HOST/api/v4``); the token from the variable named by
@@ -38,7 +38,7 @@ DRAFT_PREFIX = "Draft: "
 _DRAFT_RE = re.compile(r"^\s*(?:draft:|\[draft\]|\(draft\))\s*", re.I)
 WRITE_ACCESS_LEVEL = 30          # Developer; 40 Maintainer, 50 Owner
 MAX_PAGES = 50
-# The JSON shapes (agent.http.check_shape) GitLab's answers must have; more fields are fine.
+# The JSON shapes (agent.infra.http.check_shape) GitLab's answers must have; more fields are fine.
 USER = {"id": int, "username": str}
 MR = {"iid": int, "state": str, "source_branch": str, "target_branch": str, "title": str, "description?": TEXT,
       "sha?": TEXT, "web_url?": TEXT, "draft?": (bool, None), "work_in_progress?": (bool, None),

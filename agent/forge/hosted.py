@@ -1,6 +1,6 @@
 """What every hosted forge (GitHub, GitLab, Gitea/Forgejo) shares; each subclass keeps only its forge's quirks.
 
-- One HTTP path: ``self.api`` is an ``agent.http.ApiClient`` (retries, backoff, rate limits, pagination); the
+- One HTTP path: ``self.api`` is an ``agent.infra.http.ApiClient`` (retries, backoff, rate limits, pagination); the
   subclass gives it ``auth_header`` (how the token travels) and ``_check`` (what its 4xx answers mean).
 - The token is resolved lazily, once, and held in memory only: never stored, logged, put in a message or ``repr``.
 - One create path, ``create_draft``: a create is not idempotent, so after a timeout, a dropped connection or a 5xx
@@ -18,7 +18,7 @@ from agent.forge import (PR, ForgeAuthError, ForgeBadAnswer, ForgeConflict, Forg
                          ForgeTransient, adoption_refusal)
 
 
-# The JSON shapes (agent.http.check_shape) GitHub and Gitea/Forgejo answers must have; more fields are fine.
+# The JSON shapes (agent.infra.http.check_shape) GitHub and Gitea/Forgejo answers must have; more fields are fine.
 TEXT = (str, None)
 WHO = {"login": str}
 PULL = {"number": int, "state": str, "head": {"ref": str, "sha?": TEXT}, "base": {"ref": str}, "title?": TEXT,
@@ -51,7 +51,7 @@ class HostedForge:
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, headers: dict | None = None, rate_limit_hint=None):
-        from agent.http import ApiClient
+        from agent.infra.http import ApiClient
 
         self.repo = repo
         self.api_url = api_url.rstrip("/")
@@ -90,8 +90,8 @@ class HostedForge:
 
     def _check(self, resp, what: str) -> None:
         """What a 4xx answer means (rate limits were handled before): one line saying what to do."""
-        from agent.http import response_message
-        from agent.intake.redact import redact
+        from agent.infra.http import response_message
+        from agent.infra.redact import redact
 
         msg = redact(response_message(resp))[:160]
         where = f"{self.name} {self.repo}"

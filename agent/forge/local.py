@@ -1,6 +1,6 @@
 """The embedded local forge: draft PRs with no account and no network.
 
-Branches are pushed to any git remote (a local bare repository is enough; see ``agent.push``).
+Branches are pushed to any git remote (a local bare repository is enough; see ``agent.git.push``).
 The forge keeps its PRs in the ledger's ``local_prs`` table (numbers allocated per repo) and writes
 each one as markdown to ``$AGENT_HOME/prs/<owner>-<name>-<number>.md`` so a human can read it.
 ``agent pr mark TASK merged|closed`` plays the human who merges or closes it; `agent watch pr-merged`
@@ -76,7 +76,7 @@ class LocalForge:
     def _remote_sha(self, branch: str) -> str | None:
         if not self.remote_url:
             return None
-        from agent.push import remote_branch_sha
+        from agent.git.push import remote_branch_sha
 
         return remote_branch_sha(self.remote_url, branch)
 
@@ -118,7 +118,7 @@ class LocalForge:
     def create_draft(self, head: str, base: str, title: str, body: str, task_id: int | None = None) -> PR:
         if head == base:
             raise ForgeError(f"local forge: head {head!r} is the base branch; a PR needs its own branch")
-        from agent.push import safe_url
+        from agent.git.push import safe_url
 
         sha = self._remote_sha(head)
         if self.remote_url and sha is None:

@@ -1,6 +1,6 @@
 """Sentry's ingest wire, as unmodified SDKs send it to a DSN: auth, content encodings and envelopes.
 
-Pure functions over bytes; `agent serve` (agent/serve.py) routes ``POST /api/<project>/envelope/`` and the legacy
+Pure functions over bytes; `agent serve` (agent/app/serve.py) routes ``POST /api/<project>/envelope/`` and the legacy
 ``POST /api/<project>/store/`` here, then stores the event items through the same parser and ingest path as every
 other Sentry payload (``formats.event_from_sentry``), so the same bug from an SDK, the Sentry webhook and the
 Sentry API gets one fingerprint.

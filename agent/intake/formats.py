@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator
 
-from agent.textio import one_newline, split_lines
+from agent.infra.textio import one_newline, split_lines
 
 FORMATS = ("auto", "jsonl", "sentry", "traceback")
 ERROR_LEVELS = ("error", "err", "critical", "crit", "fatal", "emerg", "emergency", "alert", "panic", "severe")
@@ -743,7 +743,7 @@ def _sentry_frames(stacktrace: Any) -> list[Frame]:
 
 
 def _exc_class(value: dict, platform: str | None) -> str:
-    from agent.intake.redact import redact
+    from agent.infra.redact import redact
 
     # redacted part by part: joining first could glue a secret to the next part's text
     typ = redact(_str(value.get("type"), MAX_NAME) or "")

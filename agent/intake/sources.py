@@ -27,10 +27,10 @@ from typing import Any, Mapping
 from agent import AgentError
 from agent.config import SourceConfig
 from agent.intake.formats import Event, ParseResult, Rejected, event_from_sentry, parse, parse_log_text
-from agent.intake.redact import redact
+from agent.infra.redact import redact
 from agent.intake.store import IngestResult, get_cursor, ingest
 from agent.ledger import Ledger
-from agent.textio import sniff_bom, without_escapes
+from agent.infra.textio import sniff_bom, without_escapes
 
 LOKI_LOOKBACK_S = 3600
 LOKI_LIMIT = 1000
@@ -58,7 +58,7 @@ def _loki_labels_service(labels: dict) -> str | None:
 
 def pull_loki(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | None = None,
               now_ns: int | None = None, limit: int = LOKI_LIMIT) -> Pull:
-    from agent import http
+    from agent.infra import http
 
     base = (src.url or "").rstrip("/")
     url = f"{base}/loki/api/v1/query_range"
@@ -190,7 +190,7 @@ def _file_lines(data: bytes, codec: str, final: bool, after_cr: bool = False) ->
     """A piece of a tailed file as text of whole lines (any line ending; a last line without one is held back
     unless the file stopped growing), and the byte length of the piece through each line. ``after_cr``: the
     piece before ended on a CR, so an LF first completes that CRLF (it is no line). Invalid UTF-8 bytes are read
-    as U+FFFD (agent.textio), each still counted as the byte it was."""
+    as U+FFFD (agent.infra.textio), each still counted as the byte it was."""
     utf8, unit = codec == "utf-8", _unit(codec)
     errors = "surrogateescape" if utf8 else "replace"
     raw = data[:len(data) - len(data) % unit].decode(codec, errors)
@@ -217,7 +217,7 @@ _LINE = re.compile(r"[^\r\n]*+(?:\r\n|\n\r|\r|\n)|[^\r\n]++$|$")
 
 def pull_sentry(src: SourceConfig, cursor: str | None, env: Mapping[str, str] | None = None,
                 max_pages: int = SENTRY_MAX_PAGES) -> Pull:
-    from agent import http
+    from agent.infra import http
     from agent.intake.formats import iso_ts
 
     base = (src.url or "").rstrip("/")
@@ -286,7 +286,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
     cursor, fetches and stores, and the store's transaction checks that the lease is still its own and that the
     cursor is still the one it started from, so no page is ever stored twice (a source another runner is pulling
     right now is skipped quietly)."""
-    from agent.fence import LeaseBusy, named_lease
+    from agent.coord.fence import LeaseBusy, named_lease
 
     key = src.key
     label = source_label(src)
@@ -332,7 +332,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
 
 def scan(app, jobs: int = 1) -> list[dict]:
     """The `errors` scan: pull every configured source once."""
-    from agent.fence import runner_id
+    from agent.coord.fence import runner_id
 
     runner = runner_id(app.home)
     return [pull_source(app.ledger, src, runner=runner) for src in app.config.sources]

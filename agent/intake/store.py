@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from agent.intake.fingerprint import fingerprint, signature
 from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
-from agent.intake.redact import redact
+from agent.infra.redact import redact
 from agent.ledger import Ledger, now
-from agent.text import one_line
+from agent.infra.text import one_line
 # the error rows, their occurrences and the source cursors are written by the errors aggregate's record operations
 from agent.ledger.errors import (error_detail, get_cursor, list_errors, new_error_id,  # noqa: F401
                                  record_occurrences, set_cursor)
@@ -202,9 +202,9 @@ def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | 
     chunk); Sentry documents and log text are parsed whole, since an event may span many lines.
     """
     from agent.intake.formats import parse, sniff
-    from agent.textio import one_newline
+    from agent.infra.textio import one_newline
 
-    text = one_newline(text[1:] if text.startswith("\ufeff") else text)   # (a file's BOM: agent.textio.decode)
+    text = one_newline(text[1:] if text.startswith("\ufeff") else text)   # (a file's BOM: agent.infra.textio.decode)
     chosen = sniff(text) if fmt == "auto" else fmt
     result = IngestResult()
     kw = {"service": service, "environment": environment, "repo": repo}

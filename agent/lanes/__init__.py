@@ -1,6 +1,6 @@
 """Lanes: run CLI coding agents (codex, claude, ..., or any command) on a spec, safely.
 
-- ``agent.proc``            the one process runner (process group, timeout, capped logs)
+- ``agent.infra.proc``            the one process runner (process group, timeout, capped logs)
 - ``agent.lanes.env``       the allowlisted environment a lane sees
 - ``agent.lanes.report``    the fail-closed STATUS/SUMMARY/FINDINGS report parser
 - ``agent.lanes.vendors``   the adapter protocol, the ``VENDORS`` registry, the ``command`` vendor

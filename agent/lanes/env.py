@@ -4,7 +4,7 @@ Forge tokens, the ledger's credentials and any other secret in the parent's envi
 reach a lane unless the user named that variable under ``vendors.X.env`` — and credential variables
 (``secret_env_names``: the forge tokens, every ``*_env`` the config names, such as ``github.token_env``
 or a source's ``token_env``/``auth_env``) are dropped even then (``deny``).  The same list keeps them
-out of every git command but push (``agent.workspace.git_env``).
+out of every git command but push (``agent.git.workspace.git_env``).
 """
 
 from __future__ import annotations

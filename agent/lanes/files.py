@@ -26,7 +26,7 @@ _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|_KEY$|CREDENT
 
 def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
     """Mask the values of secret-looking environment variables, then every token shape intake's redactor knows."""
-    from agent.intake.redact import redact as redact_shapes
+    from agent.infra.redact import redact as redact_shapes
 
     if not text:
         return text
@@ -42,7 +42,7 @@ def redact(text: str, extra_env: dict[str, str] | None = None) -> str:
 
 def lane_text(text: str | None, extra_env: dict[str, str] | None = None) -> str | None:
     """Lane-derived text as it may be stored or shown: redacted, then escape sequences and controls removed."""
-    from agent.text import strip_controls
+    from agent.infra.text import strip_controls
 
     return strip_controls(redact(text, extra_env)) if text else text
 
@@ -141,7 +141,7 @@ def keep_lane_files(lane_dir: Path, dest: Path, extra_env: dict[str, str] | None
                 kept.append(rel)
     if refused:
         dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-        from agent.text import strip_controls
+        from agent.infra.text import strip_controls
 
         write_private(dest / "LINKS", "not kept (a link or not a regular file):\n"
                       + "\n".join(strip_controls(r) for r in refused[:200]) + "\n")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import AgentError
-from agent.text import strip_controls
+from agent.infra.text import strip_controls
 from agent.lanes.env import config_denylist, lane_env
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
@@ -160,7 +160,7 @@ def binary_version(vendor, bin_path: str, env: dict[str, str], run_dir: Path, ca
     argv = vendor.version_argv(bin_path)
     version = ""
     if argv:
-        from agent import proc
+        from agent.infra import proc
 
         if sandbox is not None:
             argv, env = sandbox(argv, env)
@@ -210,9 +210,9 @@ _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cach
 def worktree_state(cwd: Path) -> dict[str, str]:
     """A comparable picture of a worktree: HEAD + every changed/untracked file's content hash (git),
     or every file's content hash (not a git repo).  Ignored files do not count.  Git runs hardened
-    (agent.workspace.git) with the git dir read before the lane ran, never through a hook or fsmonitor."""
+    (agent.git.workspace.git) with the git dir read before the lane ran, never through a hook or fsmonitor."""
     from agent.lanes.sandbox import git_paths
-    from agent.workspace import GitError, git
+    from agent.git.workspace import GitError, git
 
     git_dir, common = git_paths(Path(cwd))
     state: dict[str, str] = {}
@@ -278,12 +278,12 @@ def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
 
 class GitGuard:
     """The git files a lane must never change, captured before it runs: the common dir's config, hooks/ and
-    info/ (agent.workspace.protected_state), the worktree's git-dir records and its ``.git`` file.  After the
+    info/ (agent.git.workspace.protected_state), the worktree's git-dir records and its ``.git`` file.  After the
     lane, any change is restored and named (the run is rejected)."""
 
     def __init__(self, cwd: Path):
         from agent.lanes.sandbox import git_paths
-        from agent.workspace import protected_state
+        from agent.git.workspace import protected_state
 
         self.cwd = Path(cwd)
         self.git_dir, self.common = git_paths(self.cwd)
@@ -292,7 +292,7 @@ class GitGuard:
         self.state = protected_state(self.common, self.git_dir) if self.common is not None else None
 
     def check_and_restore(self) -> list[str]:
-        from agent.workspace import drift, restore
+        from agent.git.workspace import drift, restore
 
         changed: list[str] = []
         if self.dot_bytes is not None:
@@ -396,7 +396,7 @@ class _Run:
 
     # one turn ---------------------------------------------------------------
     def turn(self, inv: Invocation, slug: str, ctx: LaneContext):
-        from agent import proc
+        from agent.infra import proc
 
         self.turn_index += 1
         base = self.run_dir / f"{self.turn_index:02d}-{slug}"
@@ -531,7 +531,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
         last_res, last_out = r.turns[-1] if r.turns else (None, None)
         cost_source = "vendor" if r.cost_seen else None
         if not r.cost_seen:  # tokens only (codex, gemini): priced from config prices: or the defaults
-            from agent.lanes.prices import priced_cost
+            from agent.domain.prices import priced_cost
 
             priced = priced_cost(vendor_name, model, r.usage, getattr(config, "prices", None))
             if priced is not None:
@@ -658,7 +658,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
     # -- the first turn and the repair loop
     res, out = r.turn(first, "turn", ctx)
     status, reason, report = r.classify(res, out)
-    from agent import proc
+    from agent.infra import proc
 
     if status is None and proc.halted():
         # shutting down stopped it: no report is not a malformed one, and no repair turn may start
@@ -737,7 +737,7 @@ def _settle_files(r: _Run, cwd: Path, writable: bool, max_mb: int) -> tuple[list
     """After the lane: setuid/setgid bits removed from everything it could write (the worktree, its vendor state,
     ``vendors.X.writable``), and the worktree's size against ``limits.worktree_max_mb``.  Returns (the worktree
     files that had such bits, why the worktree is too large or None)."""
-    from agent.workspace import human_bytes, walk_tree
+    from agent.git.workspace import human_bytes, walk_tree
 
     if r.plan is not None:
         for src in [s for s, _ in r.plan.over_rw] + [p for p in r.plan.rw if p != Path(cwd)]:

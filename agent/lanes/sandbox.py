@@ -133,7 +133,7 @@ def _plain(value: str) -> str:
 
 def git_paths(cwd: Path) -> tuple[Path | None, Path | None]:
     """(the worktree's git dir, the common dir) as the worktree says before the lane runs, or (None, None)."""
-    from agent.workspace import WorkspaceError, find_common_dir
+    from agent.git.workspace import WorkspaceError, find_common_dir
 
     dot = Path(cwd) / ".git"
     if not dot.exists():

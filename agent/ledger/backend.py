@@ -163,7 +163,7 @@ def configured_url(config_path: Path) -> str | None:
     `doctor` open the ledger (they say the config is broken). One whose YAML cannot be read at all while it has
     a ``ledger:`` key is refused: where the ledger is cannot be known. A malformed value is config validation's
     to report."""
-    from agent.textio import InputError, decode, load_yaml, one_newline
+    from agent.infra.textio import InputError, decode, load_yaml, one_newline
 
     try:
         raw = Path(config_path).read_bytes()

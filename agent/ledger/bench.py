@@ -10,7 +10,7 @@ from agent.ledger import Ledger
 def run_outcome(ledger: Ledger, error_id: str | None) -> dict:
     """The task made for ``error_id`` (the newest), its PR, reviewer verdicts and every lane run of the error
     (the decider's included): count, cost, tokens. Empty values when no task was made."""
-    from agent.lanes.prices import tokens
+    from agent.domain.prices import tokens
 
     task = ledger.one("SELECT * FROM tasks WHERE error_id = ? ORDER BY id DESC LIMIT 1", (error_id,)) \
         if error_id else None

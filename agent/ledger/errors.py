@@ -11,7 +11,9 @@ import json
 import secrets
 from typing import Any, Callable
 
-from agent import AgentError, chain
+from agent import AgentError
+
+from agent.domain import chain
 from agent.ledger import Ledger, now
 from agent.ledger.listing import Listing
 

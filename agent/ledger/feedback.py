@@ -13,7 +13,7 @@ from typing import Any
 
 
 class FeedbackQueries:
-    """Methods used by ``agent.feedback``; ``self`` is a ``Ledger``."""
+    """Methods used by ``agent.flows.feedback``; ``self`` is a ``Ledger``."""
 
     def feedback_tasks(self) -> list[dict]:
         """Tasks whose PR is open and who may take feedback now (or soon: a working task may be stopped)."""

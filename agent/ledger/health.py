@@ -7,7 +7,7 @@
   included) missing, added or changed against what the migrations make; deleted events (gaps in their ids,
   which are gapless on both backends); a task whose round cap its events do not explain.
 
-Each returns plain values; agent/doctor.py turns them into checks with their one-line fixes.
+Each returns plain values; agent/app/doctor.py turns them into checks with their one-line fixes.
 """
 
 from __future__ import annotations

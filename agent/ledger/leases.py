@@ -41,7 +41,7 @@ def skip_locked(ledger) -> str:
     return ledger.dialect.for_update_skip_locked
 
 
-CLAIM_LEASE_S = 120.0   # a task claim's lease (agent.fence.LEASE_S); renewed every third of it while a lane runs
+CLAIM_LEASE_S = 120.0   # a task claim's lease (agent.coord.fence.LEASE_S); renewed every third of it while a lane runs
 LEASE_ENV = "AGENT_CLAIM_LEASE_S"
 
 
@@ -253,7 +253,7 @@ class LeaseQueries:
                    stale_token: int | None = None, scope: str | None = None) -> int | None:
         """Take the named lease for ``ttl`` seconds (on the ledger's clock) if it is free, expired, already
         ``holder``'s, or still held under ``stale_token`` (a holder the caller found dead:
-        ``agent.fence.named_lease``). Returns its token (one more than the last holder's), or None while someone
+        ``agent.coord.fence.named_lease``). Returns its token (one more than the last holder's), or None while someone
         else holds it. One atomic statement."""
         from agent.ledger import now
 

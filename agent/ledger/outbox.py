@@ -2,7 +2,7 @@
 
 ``Ledger.event`` calls :func:`on_event` inside the transaction that writes the event, so the outbox row and the
 event (and the state change they record) commit or roll back together: a crash can neither lose a notification
-whose event happened nor send one for an event that never committed. Delivery (``agent/notify.py``) happens after,
+whose event happened nor send one for an event that never committed. Delivery (``agent/flows/notify.py``) happens after,
 from these rows. This module is pure mapping plus one INSERT; it imports nothing heavy (every event pays for it).
 """
 
@@ -74,7 +74,7 @@ def ledger_now() -> str:
 
 
 # --------------------------------------------------------------------------- delivery bookkeeping
-# (the SQL of agent/notify.py's delivery passes; sending happens there, outside any transaction)
+# (the SQL of agent/flows/notify.py's delivery passes; sending happens there, outside any transaction)
 
 def expand(ledger, wants: dict[str, tuple[str, ...]]) -> int:
     """Give every unexpanded outbox row one delivery per channel that wants one of its kinds

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import chain
+from agent.domain import chain
 from agent.ledger import Ledger, now
 from agent.ledger.listing import Listing
 
@@ -130,7 +130,7 @@ def record_pr_final(ledger: Ledger, row: dict, state: str, draft: bool) -> str |
 
 
 def pr_inputs(ledger: Ledger, task_id: int) -> dict | None:
-    """Everything the PR title and body are rendered from (``agent.pr.pr_data_from_ledger``), read-only; None for
+    """Everything the PR title and body are rendered from (``agent.domain.pr_text.pr_data_from_ledger``), read-only; None for
     an unknown task."""
     t = ledger.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
     if t is None:

@@ -7,7 +7,7 @@ COUNTED = ("errors", "tasks", "prs", "lessons")   # the tables `agent status` co
 
 
 class StatusQueries:
-    """Methods used by ``agent.status``; ``self`` is a ``Ledger``."""
+    """Methods used by ``agent.app.status``; ``self`` is a ``Ledger``."""
 
     def state_counts(self, table: str) -> dict[str, int]:
         """``state -> rows`` of one of ``COUNTED``."""

@@ -2,7 +2,7 @@
 check, gate, push), rounds, resets, the workspace a task has.
 
 Every function here that writes opens one ``Ledger.tx()`` (or joins the caller's), checks the caller's claim token
-in it (``check_claim``: a worker that lost its claim writes nothing), asks ``agent.chain`` (the one guard, the one
+in it (``check_claim``: a worker that lost its claim writes nothing), asks ``agent.domain.chain`` (the one guard, the one
 state machine) inside it, and writes its event in the same transaction. ``claim_token=None`` is the explicit
 "acting without a claim": a human command (``agent task close-step``, ``checklist set``, ``task reset``), the
 follow-up of a PR's final state, the scan that lifts a config block; the fixer always passes its token.
@@ -15,7 +15,9 @@ import sqlite3
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from agent import AgentError, chain
+from agent import AgentError
+
+from agent.domain import chain
 from agent.ledger import Ledger, now
 from agent.ledger.listing import Listing
 # ClaimLost (a claim token that is not the task's) and LeaseLost (a ClaimLost: what the fencing check raises) live
@@ -60,7 +62,7 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
                 round_cap: int = 5, actor: str = "human") -> tuple[int, bool]:
     """Find or create the task for an error (never two); returns (task_id, created)."""
     from agent.config import repo_key_problem
-    from agent.text import one_line
+    from agent.infra.text import one_line
 
     if repo_key_problem(repo):
         raise AgentError(f"repo {repo!r}: {repo_key_problem(repo)}; pass e.g. --repo acme/widgets")
