@@ -12,7 +12,7 @@ import pytest
 from agent import AgentError
 from agent.lanes import vendors
 from agent.lanes.builtin import ADAPTERS, Aider
-from agent.lanes.vendors import LaneContext
+from agent.lanes.protocol import LaneContext
 
 NAMES = ("codex", "claude", "opencode", "aider", "grok", "gemini")
 
@@ -27,7 +27,7 @@ def ctx(tmp_path: Path, writable: bool, model: str | None = "m") -> LaneContext:
 
 
 def test_registry_holds_every_builtin():
-    assert set(NAMES) <= set(vendors.VENDORS)
+    assert set(NAMES) <= set(vendors.known_vendors())   # loads agent.lanes.builtin's ADAPTERS into VENDORS
     for name in NAMES:
         adapter = vendors.VENDORS[name]
         assert adapter.name == name and adapter.default_bin == name

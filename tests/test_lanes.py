@@ -513,7 +513,7 @@ def test_worktree_state_sees_head_edits_renames_and_untracked(tmp_path):
 def test_usage_adds_across_turns_unless_the_vendor_reports_cumulative_usage():
     from agent.lanes.builtin import ADAPTERS
     from agent.lanes.lane import _Run
-    from agent.lanes.vendors import TurnOutput
+    from agent.lanes.protocol import TurnOutput
 
     def turns(vendor, outs):
         run = _Run(vendor=vendor)

@@ -376,7 +376,7 @@ def test_resolution_order_and_display():
 
 
 def test_ledger_url_never_reaches_a_lane(monkeypatch):
-    from agent.lanes.env import lane_env
+    from agent.infra.env import lane_env
 
     monkeypatch.setenv("AGENT_LEDGER_URL", "postgresql://u:pw@h/db")
     monkeypatch.setenv("PGPASSWORD", "pw")

@@ -1,4 +1,4 @@
-"""agent.infra.proc.run and agent.lanes.env: real subprocesses, no mocks."""
+"""agent.infra.proc.run and agent.infra.env: real subprocesses, no mocks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 
 from agent.infra import proc
-from agent.lanes.env import config_denylist, lane_env
+from agent.infra.env import config_denylist, lane_env
 
 
 def _run(tmp_path, argv, **kw):

@@ -366,7 +366,7 @@ def test_case4_forge_and_source_tokens_never_reach_a_lane_or_git(tmp_path, monke
 
 def test_case4_secret_list_is_one_extensible_function():
     from agent.config import parse_config
-    from agent.lanes.env import register_secret_env, secret_env_names
+    from agent.infra.env import register_secret_env, secret_env_names
 
     cfg = parse_config({"github": {"token_env": "MY_GH"}})
     names = secret_env_names(cfg)

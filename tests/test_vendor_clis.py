@@ -27,7 +27,7 @@ lane_mod = pytest.importorskip(
     "agent.lanes.lane", reason="lanes core (agent.lanes.lane, branch `lanes`) not merged into this branch yet")
 from agent.config import Config, LaneConfig, Limits, VendorConfig  # noqa: E402
 from agent.lanes.builtin import ADAPTERS  # noqa: E402
-from agent.lanes.vendors import LaneContext  # noqa: E402
+from agent.lanes.protocol import LaneContext  # noqa: E402
 
 TOOL_CLIS = ("codex", "claude", "opencode", "grok", "gemini")          # CLIs that run a shell tool call
 ALL_CLIS = TOOL_CLIS + ("aider",)

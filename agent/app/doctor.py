@@ -283,7 +283,7 @@ def check_sandbox(config) -> Check:
 def check_lane_secrets(config) -> list[Check]:
     """A credential variable under vendors.X.env never reaches the lane: the config promises something that does
     not happen, or someone tried to give a lane a forge token."""
-    from agent.lanes.env import denied_in_config
+    from agent.infra.env import denied_in_config
 
     found = denied_in_config(config)
     if not found:
@@ -320,7 +320,7 @@ def check_vendor(config, name: str, roles: list[str], home: Path | None = None) 
     """Binary on the lane's PATH and its version, for one vendor serving ``roles``; with ``home``, the version is
     probed in the sandbox the lane gets, so "ok" means the lane can start there."""
     from agent import AgentError
-    from agent.lanes.env import config_denylist, lane_env
+    from agent.infra.env import config_denylist, lane_env
     from agent.lanes.vendors import get_vendor
 
     label = f"lane {name} ({', '.join(roles)})"

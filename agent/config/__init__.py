@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.domain.vendors import BUILTIN_VENDORS
 from agent.infra.textio import InputError
 
 ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
 FIXER_ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic")   # the roles every task's chain runs
-BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
 FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
 SANDBOXES = ("bwrap", "none")
@@ -574,7 +574,7 @@ def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...]]:
 
 def _hosts(v: _V, raw: Any, path: str) -> tuple[str, ...]:
     """A list of ``HOST``, ``HOST:PORT`` or ``*.DOMAIN`` entries (the egress proxy's allowlist)."""
-    from agent.lanes.egress import HostRule
+    from agent.domain.hosts import HostRule
 
     hosts = v.strings(raw, path)
     for h in hosts:

@@ -155,7 +155,7 @@ def git_env(push: bool = False, config=None, network: bool = False) -> dict[str,
     global git config is read (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``): a filter driver, alias
     or hook path in the user's ``~/.gitconfig`` never runs on a lane's files.  ``HOME`` is a private empty dir
     unless the command talks to a remote (the user's credential helper may need their home)."""
-    from agent.lanes.env import secret_env_names
+    from agent.infra.env import secret_env_names
 
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -487,9 +487,9 @@ def _write_excludes(mirror: Path) -> None:
     ``info/exclude`` of the mirror applies to every worktree made from it, and read-only lane verification
     skips ignored files too.
     """
-    from agent.lanes.builtin import ADAPTERS
+    from agent.domain.vendors import WORKTREE_LITTER
 
-    litter = sorted({p for a in ADAPTERS.values() for p in getattr(a, "worktree_litter", ())})
+    litter = sorted({p for paths in WORKTREE_LITTER.values() for p in paths})
     path = mirror / "info" / "exclude"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "# written by agent: files vendor CLIs leave in a worktree\n" + "".join(f"/{p}\n" for p in litter)

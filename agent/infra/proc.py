@@ -68,6 +68,16 @@ class ProcResult:
         return out
 
 
+def system_binary(name: str) -> str | None:
+    """A system tool on PATH or in /usr/bin (bwrap, socat), or None."""
+    import shutil
+
+    for cand in (shutil.which(name), f"/usr/bin/{name}"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
 def open_new(path: Path | str):
     """``path`` opened for writing, empty, never through a symlink planted at its name (``O_NOFOLLOW``: a link
     there is replaced by a new file, never followed)."""
@@ -299,7 +309,7 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         hard_cap: int = DEFAULT_HARD_CAP) -> ProcResult:
     """Run ``argv`` to completion or timeout; never raises for a failing child.
 
-    ``env`` is the child's *whole* environment (build it with ``agent.lanes.env.lane_env``);
+    ``env`` is the child's *whole* environment (build it with ``agent.infra.env.lane_env``);
     ``None`` inherits ours (only for trusted helpers).  ``on_line(text)`` receives the latest
     non-empty output line (from a reader thread); ``on_start(pid)`` runs right after the start.
     """

@@ -1,11 +1,13 @@
 """Lanes: run CLI coding agents (codex, claude, ..., or any command) on a spec, safely.
 
-- ``agent.infra.proc``            the one process runner (process group, timeout, capped logs)
-- ``agent.lanes.env``       the allowlisted environment a lane sees
+- ``agent.lanes.protocol``  the adapter protocol and its value types (a leaf)
+- ``agent.lanes.vendors``   the ``VENDORS`` registry and the ``command`` vendor
+- ``agent.lanes.builtin``   the built-in adapters (codex, claude, opencode, aider, grok, gemini)
 - ``agent.lanes.report``    the fail-closed STATUS/SUMMARY/FINDINGS report parser
-- ``agent.lanes.vendors``   the adapter protocol, the ``VENDORS`` registry, the ``command`` vendor
 - ``agent.lanes.lane``      ``run_lane``: one lane run with repair, read-only check, manifest, ledger
-- ``agent.lanes.progress``  elapsed time + last output line on a terminal
+- ``agent.lanes.sandbox``   bubblewrap; ``agent.lanes.egress`` the allowlisting egress proxy
+- ``agent.lanes.files``     every read of a lane-written file; ``agent.lanes.progress`` elapsed time on a terminal
 
-Import the submodules you need; this package imports nothing heavy.
+A lane runs through ``agent.infra.proc`` (the one process runner) with ``agent.infra.env``'s allowlisted
+environment. Import the submodules you need; this package imports nothing heavy.
 """

@@ -11,12 +11,13 @@ Rules every adapter follows:
   vendor's own read-only mode (the runner still verifies the worktree afterwards);
 - the spec goes in by stdin or a file, never on argv when avoidable (argv is visible in ps and
   capped at 128 KiB per argument);
-- no secret ever goes on argv (keys come from the lane environment, see lanes/env.py);
+- no secret ever goes on argv (keys come from the lane environment, see agent/infra/env.py);
 - read_turn never trusts the exit code alone and never raises.
 - build_resume with no session id raises AgentError; the runner then gives one fresh retry.
 
-Adapters may set ``worktree_litter``: paths the CLI itself writes into the worktree whatever the
-agent does (grok: ``.grok/``, aider: its repo-map cache).  The runner/fixer may exclude them.
+``worktree_litter``: paths the CLI itself writes into the worktree whatever the agent does (grok: ``.grok/``,
+aider: its repo-map cache), kept in ``agent.domain.vendors.WORKTREE_LITTER`` so git excludes them without
+importing the adapters.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from agent import AgentError
 from agent.lanes.files import read_lane_file, write_private
-from agent.lanes.vendors import VENDORS, Invocation, LaneContext, TurnOutput
+from agent.domain.vendors import WORKTREE_LITTER
+from agent.lanes.protocol import Invocation, LaneContext, TurnOutput
 
 # Read-only lanes may inspect history but not change anything.
 GIT_READ_COMMANDS = ("git diff", "git log", "git show", "git status")
@@ -370,7 +372,7 @@ class Aider(_Base):
 
     name = "aider"
     default_bin = "aider"
-    worktree_litter = (".aider.tags.cache.v4/",)
+    worktree_litter = WORKTREE_LITTER["aider"]
     COMMON = ("--yes-always", "--no-auto-commits", "--no-dirty-commits", "--no-check-update", "--no-analytics",
               "--no-pretty", "--no-stream", "--no-gitignore", "--no-show-model-warnings", "--no-detect-urls",
               "--no-show-release-notes", "--no-fancy-input")
@@ -516,7 +518,7 @@ class Grok(_Base):
     default_bin = "grok"
     login_files = ("user-settings.json",)
     can_resume = False
-    worktree_litter = (".grok/",)
+    worktree_litter = WORKTREE_LITTER["grok"]
     INLINE_MAX = 100_000      # bytes; Linux caps one argv string at 128 KiB
 
     def state_paths(self, env: dict[str, str]) -> list[Path]:
@@ -664,5 +666,4 @@ class Gemini(_Base):
                           usage=usage, auth_failed=bool(auth), api_error=api_error)
 
 
-ADAPTERS = {v.name: v for v in (Codex(), Claude(), OpenCode(), Aider(), Grok(), Gemini())}
-VENDORS.update(ADAPTERS)
+ADAPTERS = {v.name: v for v in (Codex(), Claude(), OpenCode(), Aider(), Grok(), Gemini())}   # read by vendors.VENDORS

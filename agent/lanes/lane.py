@@ -31,12 +31,13 @@ from typing import Any, Callable
 
 from agent import AgentError
 from agent.infra.text import strip_controls
-from agent.lanes.env import config_denylist, lane_env
+from agent.infra.env import config_denylist, lane_env
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
 from agent.lanes.sandbox import SandboxUnavailable, lane_plan, sandbox_exec_failure, require as require_sandbox, with_argv_files, wrap
-from agent.lanes.vendors import CommandVendor, Invocation, LaneContext, TurnOutput, get_vendor
+from agent.lanes.protocol import Invocation, LaneContext, TurnOutput
+from agent.lanes.vendors import CommandVendor, get_vendor
 
 WRITABLE_ROLES = ("implementer",)
 REPORT_STATUSES = ("complete", "partial", "blocked")
@@ -761,7 +762,7 @@ def _probe_sandbox(config, agent_home: Path, scratch: Path):
 
 def list_lanes(config, scratch: Path) -> list[dict]:
     """Every vendor (built-in, configured, or named by a lane) with its roles, binary and version."""
-    from agent.config import BUILTIN_VENDORS
+    from agent.domain.vendors import BUILTIN_VENDORS
     from agent.lanes.vendors import known_vendors
 
     names = set(known_vendors(config)) | set(BUILTIN_VENDORS) | {lc.vendor for lc in config.lanes.values()}

@@ -50,15 +50,9 @@ class SandboxUnavailable(AgentError):
     pass
 
 
-def system_binary(name: str) -> str | None:
-    """A system tool on PATH or in /usr/bin (bwrap, socat), or None."""
-    for cand in (shutil.which(name), f"/usr/bin/{name}"):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
 def bwrap_path() -> str | None:
+    from agent.infra.proc import system_binary
+
     return system_binary("bwrap")
 
 
@@ -398,7 +392,7 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     fresh here (whatever was there is removed, links unfollowed) and never shown to the check."""
     from agent.lanes.files import fresh_dir
 
-    from agent.lanes.env import lane_env, secret_env_names
+    from agent.infra.env import lane_env, secret_env_names
 
     env = lane_env((), deny=secret_env_names(config))
     argv = ["sh", "-c", command]

@@ -1,68 +1,20 @@
-"""Vendor adapters: the protocol, the ``VENDORS`` registry and the ``command`` vendor.
+"""Vendor adapters: the ``VENDORS`` registry and the ``command`` vendor (the protocol: ``agent.lanes.protocol``).
 
 An adapter only builds argv and reads a finished turn; ``agent.lanes.lane.run_lane`` does the
 running, timing, repairing and recording.  Built-in adapters (codex, claude, opencode, aider,
-grok, gemini) live in ``agent.lanes.builtin``, which fills ``VENDORS`` when imported (either by
-assigning into ``VENDORS`` at import time or by exposing an ``ADAPTERS`` dict); it is imported
-lazily by ``get_vendor`` so a cron tick that runs no lane never pays for it.
+grok, gemini) live in ``agent.lanes.builtin``, whose ``ADAPTERS`` dict fills ``VENDORS``; it is imported
+lazily by ``get_vendor`` and ``known_vendors`` so a cron tick that runs no lane never pays for it.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from agent import AgentError
-
-
-@dataclass
-class LaneContext:
-    """Everything an adapter may use to build argv."""
-    role: str
-    writable: bool
-    spec_path: Path
-    cwd: Path
-    model: str | None
-    bin: str
-    extra_args: tuple[str, ...]
-    run_dir: Path                 # the lane dir $AGENT_HOME/lanes/<run-id>/lane/: the lane writes here; read its
-                                  # files only with agent.lanes.files.read_lane_file
-
-
-@dataclass
-class Invocation:
-    argv: list[str]
-    stdin_path: Path | None = None
-    env: dict[str, str] = field(default_factory=dict)   # extra env for this turn (e.g. CODEX_HOME)
-
-
-@dataclass
-class TurnOutput:
-    """What an adapter reads from a finished turn."""
-    message: str                  # the agent's LAST message text (what the report parser sees)
-    session_id: str | None = None
-    cost_usd: float | None = None
-    usage: dict = field(default_factory=dict)
-    auth_failed: bool = False
-    api_error: str | None = None
-
-
-@runtime_checkable
-class Vendor(Protocol):
-    name: str
-    default_bin: str
-    can_resume: bool
-
-    def build(self, ctx: LaneContext) -> Invocation: ...
-
-    def build_resume(self, ctx: LaneContext, session_id: str | None, note_path: Path) -> Invocation: ...
-
-    def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput: ...
-
-    def version_argv(self, bin: str) -> list[str]: ...
+from agent.domain.vendors import BUILTIN_VENDORS
+from agent.lanes.protocol import Invocation, LaneContext, TurnOutput, Vendor
 
 
 # name -> adapter instance; agent.lanes.builtin adds the built-in CLIs.
@@ -166,8 +118,6 @@ def get_vendor(name: str, config=None) -> Vendor:
         _load_builtins()
     if name in VENDORS:
         return VENDORS[name]
-    from agent.config import BUILTIN_VENDORS
-
     if name in BUILTIN_VENDORS:
         raise AgentError(f"vendor {name}: no adapter in this build of agent; define it under vendors: "
                          f"with a command: argv instead")
