@@ -15,7 +15,7 @@ import yaml
 
 from agent.config import ConfigError, parse_config
 from agent.coord.fence import take
-from agent.flows.fixer.limits import day_start, daily_wait_line
+from agent.domain.budget import day_start, daily_wait_line
 from agent.domain.prices import DEFAULT_PRICES, Price, price_for, priced_cost, tokens
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.lanes import (BudgetRefused, DailyBudget, daily_spend_since, finish_run, interrupt_run,

@@ -7,7 +7,8 @@ import pytest
 from agent.domain import chain
 from agent.config import parse_config
 from agent.flows.followup import follow_prs
-from agent.forge import get_forge, publish_pr
+from agent.flows.pr_thread import publish_pr
+from agent.forge import get_forge
 from agent.ledger import now
 from agent.git.push import push_branch, remote_branch_sha, remote_ref_sha
 from agent.ledger.tasks import create_task, transition

@@ -18,8 +18,8 @@ import textwrap
 import pytest
 import requests
 
-from agent.forge import (ForgeAuthError, ForgeBadAnswer, ForgeError, ForgeRateLimited, ForgeTransient,
-                         publish_pr)
+from agent.flows.pr_thread import publish_pr
+from agent.forge import ForgeAuthError, ForgeBadAnswer, ForgeError, ForgeRateLimited, ForgeTransient
 from agent.ledger.tasks import create_task
 from fault_proxy import Fault, FaultProxy
 from forge_sim import FakeClock
@@ -421,13 +421,14 @@ def test_429_retry_after_is_honoured_and_bounded(hub):
 CRASH_CHILD = textwrap.dedent("""
     import os, sys
     import agent.forge as f
+    import agent.flows.pr_thread as thread
     def crash(*a, **k):
         os._exit(9)            # the process dies after the forge call, before the ledger write
-    f.record_pr = crash
+    thread.record_pr = crash
     from agent.ledger import Ledger
     ledger = Ledger.open(sys.argv[1])
     forge = f.forge_class(sys.argv[5])("acme/widgets", api_url=sys.argv[2], token=sys.argv[4])
-    f.publish_pr(ledger, forge, int(sys.argv[3]), "agent/fix-crash002", "main", "title", "body", "c" * 40)
+    thread.publish_pr(ledger, forge, int(sys.argv[3]), "agent/fix-crash002", "main", "title", "body", "c" * 40)
 """)
 
 

@@ -16,7 +16,8 @@ import subprocess
 import pytest
 import requests
 
-from agent.forge import ForgeError, publish_pr
+from agent.flows.pr_thread import publish_pr
+from agent.forge import ForgeError
 from agent.forge.github import GithubForge
 
 from agent.ledger.tasks import create_task

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError, backend, health, pg
+from agent.ledger.migrations import expected_schema
 from agent.ledger.migrations import MIGRATIONS
 from conftest import agent_bin
 
@@ -79,7 +80,7 @@ def test_migrations_on_empty_database_make_the_sqlite_tables_and_columns(pg_serv
             with led.tx() as c:
                 c.execute("INSERT INTO errors (id, service) VALUES ('e1', 's')")
         # the catalog matches what the migrations record (what doctor compares against)
-        assert pg.schema_objects(led.conn) == pg.expected_schema(SCHEMA_VERSION)
+        assert pg.schema_objects(led.conn) == expected_schema(SCHEMA_VERSION)
         led.close()
         # reopening applies nothing
         again = Ledger.open(url)

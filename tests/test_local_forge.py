@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import RepoConfig, parse_config
-from agent.forge import ForgeError, PR, get_forge, publish_pr
+from agent.flows.pr_thread import publish_pr
+from agent.forge import ForgeError, PR, get_forge
 from agent.forge.local import LocalForge
 from agent.git.push import push_branch
 from agent.ledger.tasks import create_task

@@ -128,7 +128,8 @@ def test_a_channel_only_gets_the_events_it_asked_for(ledger, receiver):
 
 
 def test_pr_opened_message_carries_the_pr_url(ledger, receiver):
-    from agent.forge import PR, record_pr
+    from agent.flows.pr_thread import record_pr
+    from agent.forge import PR
 
     class F:
         name, repo = "local", "acme/widgets"

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from agent.ledger import now
 from agent.domain.pr_text import (BODY_MAX, TITLE_MAX, CheckResult, PRData, Verdict, fence, guard, parse_task_marker,
-                      pr_data_from_ledger, render_pr, task_marker)
+                                  render_pr, task_marker)
+from agent.ledger.prs import pr_data_from_ledger
 
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 

@@ -121,7 +121,8 @@ def _task(world) -> tuple[dict, list[dict], list[str]]:
 
 def _pr_body(world) -> str:
     from agent.app.context import App
-    from agent.domain.pr_text import pr_data_from_ledger, render_pr
+    from agent.domain.pr_text import render_pr
+    from agent.ledger.prs import pr_data_from_ledger
 
     app = App(home=world["home"])
     try:

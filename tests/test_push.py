@@ -127,7 +127,34 @@ def test_check_branch_and_safe_url():
     assert safe_url("/srv/git/a.git") == "/srv/git/a.git"
 
 
-def test_push_errors_gate_block_the_task():
+def test_a_refused_push_gate_blocks_the_task_and_is_not_a_forge_error(tmp_path):
+    """Someone else pushed to the task's branch before the agent's first push: the fixer's push step refuses to
+    overwrite it and gate-blocks the task with the reason (real watcher processes, real git remote). A PushError is
+    not a ForgeAuthError: an ``except`` for a forge's 401 never catches "refusing to push"."""
     from agent.forge import ForgeAuthError
+    from chaos_support import build, run_to_end, watcher
+    from conftest import ledger_conn
 
-    assert issubclass(PushError, ForgeAuthError)  # the fixer gate-blocks on ForgeAuthError
+    assert not issubclass(PushError, ForgeAuthError)
+    p = build(tmp_path / "w", tasks=1)
+    home, remote = p["home"], p["remote"]
+    crashed = watcher(home, env={"AGENT_CRASHPOINT": "commit.recorded"}, log=tmp_path / "crash.log")
+    assert crashed.wait(120) == 137, (tmp_path / "crash.log").read_text()[-2000:]
+    con = ledger_conn(home)
+    branch = con.execute("SELECT branch FROM tasks").fetchone()[0]
+    con.close()
+    other = tmp_path / "someone"
+    git(tmp_path, "clone", "-q", str(remote), str(other))
+    git(other, "checkout", "-q", "-b", branch)
+    (other / "theirs.txt").write_text("their work\n")
+    git(other, "add", "theirs.txt")
+    git(other, "-c", "user.name=them", "-c", "user.email=them@example.com", "commit", "-q", "-m", "theirs")
+    git(other, "push", "-q", "origin", branch)
+
+    run_to_end(home, log=tmp_path / "run.log")
+    con = ledger_conn(home)
+    state, why = con.execute("SELECT state, blocked_reason FROM tasks").fetchone()
+    con.close()
+    assert state == "gate-blocked", (state, why)
+    assert why.startswith("push refused: refusing to push " + branch), why
+    assert git(remote, "log", "-1", "--format=%s", branch) == "theirs"     # their work is still there

@@ -317,7 +317,7 @@ def test_a_worker_that_lost_its_claim_pushes_no_branch(tmp_path):
     whose claim another one took pushes nothing (before: only the ledger write after the push was refused)."""
     from agent.config import load_config
     from agent.coord.fence import claim, release
-    from agent.flows.fixer.driver import Ctx
+    from agent.flows.fixer.outcomes import Ctx
     from agent.flows.fixer.steps import step_pushed
     from agent.ledger.tasks import ClaimLost
     from agent.git.workspace import TaskGit

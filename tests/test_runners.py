@@ -21,8 +21,8 @@ import pytest
 
 from agent.coord.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, pid_scope, runner_id, runners, take
 from agent.ledger import Ledger, ledger_path
-from agent.ledger.tasks import ClaimLost, LeaseLost, claimed_tx, create_task, note_wait, set_step, start_next_round, \
-    transition
+from agent.ledger.tasks import ClaimLost, LeaseLost, create_task, note_wait, set_step, start_next_round, transition
+from agent.ledger.leases import claimed_tx
 
 from conftest import Agent, agent_bin, ledger_conn, on_postgres
 
@@ -585,7 +585,7 @@ def test_the_daily_budget_counts_what_every_runner_spent(shared_homes):
     """Runner B's lanes spent $4; runner A, about to start a lane with `limits.daily_budget_usd: 5`, may go on;
     after B spends $1.50 more, A waits and says why (the spend is summed from the shared ledger)."""
     from agent.config import parse_config
-    from agent.flows.fixer.driver import Ctx, Stop
+    from agent.flows.fixer.outcomes import Ctx, Stop
     from agent.flows.fixer.limits import check_budgets
     from agent.ledger import lanes
 

@@ -234,7 +234,7 @@ def test_a_worker_that_lost_its_claim_pushes_nothing_to_the_hidden_ref(tmp_path)
     pushes to."""
     from agent.config import load_config
     from agent.coord.fence import claim, release
-    from agent.flows.fixer.driver import Ctx
+    from agent.flows.fixer.outcomes import Ctx
     from agent.flows.fixer.steps import _push_task_ref
     from agent.ledger import Ledger, ledger_path
     from agent.ledger.tasks import ClaimLost

@@ -19,7 +19,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                public: bool = False) -> int:
     from agent import AgentError
     from agent.coord.fence import beat, stop
-    from agent.ledger.leases import claim_lease_s
+    from agent.ledger.clock import claim_lease_s
     from agent.app.scans import SCANS, news, run_scan
     from agent.infra.shutdown import STOP, grace_of, graceful_stop
 

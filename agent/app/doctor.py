@@ -160,7 +160,8 @@ def check_runners(where, now: float | None = None) -> list[Check]:
     the ledger cannot be read (the ledger check says why)."""
     from agent.coord.fence import SKEW_WARN_S, runner_view, stale_after_s
     from agent.ledger import health
-    from agent.app.status import ago, held_text
+    from agent.app.status import held_text
+    from agent.domain.wording import ago
 
     found = health.runners(where)
     if found is None:

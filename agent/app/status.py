@@ -6,6 +6,7 @@ import html
 import shlex
 
 from agent.intake.formats import error_headline
+from agent.domain.wording import ago, reset_command
 from agent.ledger import Ledger
 from agent.git.workspace import disk_use, human_bytes
 
@@ -17,13 +18,6 @@ PR_STATES = ("open", "merged", "closed")
 def _counts(ledger: Ledger, table: str, states: tuple[str, ...]) -> dict[str, int]:
     found = ledger.state_counts(table)
     return {s: found.get(s, 0) for s in states} | {k: v for k, v in found.items() if k not in states}
-
-
-def reset_command(task_id: int, state: str) -> str:
-    """The exact line a human runs to put a gate-blocked or failed task back to work."""
-    if state == "failed":
-        return f"agent task reset {task_id} --reason {shlex.quote('why it may go on')} --rounds 2"
-    return f"agent task reset {task_id} --reason {shlex.quote('what you fixed')}"
 
 
 def one_line(text: str | None, limit: int | None = None) -> str:
@@ -195,20 +189,6 @@ def lesson_counts(ledger: Ledger) -> dict[str, int]:
     from agent.flows.lessons import counts
 
     return counts(ledger)
-
-
-def ago(seconds: float | None) -> str:
-    """``42s``, ``5m``, ``3h12m``, ``2d4h``: an age or a time left, short."""
-    if seconds is None:
-        return "never"
-    s = int(abs(seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600}h"
 
 
 def _lease_text(task: dict, now: float) -> str:

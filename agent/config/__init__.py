@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.domain.repos import repo_key_problem
 from agent.domain.vendors import BUILTIN_VENDORS
+from agent.infra.shutdown import DEFAULT_GRACE_S
 from agent.infra.textio import InputError
 
 ROLES = ("implementer", "reviewer", "pr-quality", "pr-logic", "decider")
@@ -26,25 +28,6 @@ DEFAULT_BLOCKED = (".github/", ".agent/")
 
 class ConfigError(InputError):
     """``config.yaml: limits.round_cap: expected an integer >= 1, got "five"``"""
-
-
-NESTED_FORGES = ("gitlab",)      # project paths of any depth: GROUP/SUBGROUP/.../NAME
-
-
-def repo_key_problem(key: Any, forge: str | None = None) -> str | None:
-    """Why ``key`` is not a repository key of ``forge`` (``OWNER/NAME``; GitLab also ``GROUP/SUBGROUP/.../NAME``;
-    ``forge`` None: any depth), or None.  A segment is letters, digits and ``._-``, neither ``.``, ``..`` nor
-    starting with ``-``."""
-    import re
-
-    nested = forge is None or forge in NESTED_FORGES
-    expected = "expected a repository name OWNER/NAME" + (" (GitLab: GROUP[/SUBGROUP...]/NAME)" if nested else "")
-    parts = key.split("/") if isinstance(key, str) else []
-    if len(parts) < 2 or (len(parts) > 2 and not nested):
-        return expected + (", got a nested path: only GitLab has nested groups" if len(parts) > 2 else "")
-    bad = next((p for p in parts if p in ("", ".", "..") or p.startswith("-")
-                or not re.fullmatch(r"[A-Za-z0-9._-]+", p)), None)
-    return None if bad is None else f"{expected}, got the segment {bad!r}"
 
 
 @dataclass(frozen=True)
@@ -97,7 +80,7 @@ class Limits:
     worktree_grace: int = 24 * 3600    # seconds a finished task's worktree is kept (merged/closed PR, failed)
     worktree_max_mb: int = 2048        # a worktree grown past this after a lane or check fails the round
     lane_tmp_mb: int = 1024            # size of a lane's private /tmp and of its private home (tmpfs, RAM)
-    shutdown_grace: int = 10           # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
+    shutdown_grace: int = DEFAULT_GRACE_S   # seconds the first SIGINT/SIGTERM lets running lanes finish before stopping them
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@
   ``runner_view``.
 - **Task claim**: ``tasks.claim_owner/claim_pid/claim_runner/claim_token/lease_until`` and ``tasks.fence``. A worker
   claims a task before advancing it (``take``: only when unclaimed or stale), renews the lease while a lane or check
-  runs (``lease_keeper``), and passes its token to every write; the fencing check (``tasks._check_claim`` ->
-  ``agent.ledger.leases.check_claim``) runs inside the write's transaction, so a worker that lost its claim writes
+  runs (``lease_keeper``), and passes its token to every write; the fencing check
+  (``agent.ledger.leases.check_claim``) runs inside the write's transaction, so a worker that lost its claim writes
   nothing (LeaseLost). Every new claim increments ``fence``, so a task's tokens strictly increase. A claim is stale
   when its lease expired on the ledger's clock, or (in this pid scope only: this boot of this machine, this pid
   namespace) its pid is dead. ``take`` returns who held it before: the takeover hook.
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterator
 
 from agent.ledger import Ledger
-from agent.ledger.leases import CLAIM_LEASE_S, claim_lease_s
+from agent.ledger.clock import CLAIM_LEASE_S, claim_lease_s
 
 LEASE_S = CLAIM_LEASE_S   # a task claim's lease (120 s), renewed every third of it while a lane or check runs
 SCAN_LEASE_S = 60.0   # a scan lock's holder must beat within this; a stopped or dead holder blocks no longer
@@ -280,7 +280,7 @@ def runners(ledger: Ledger) -> list[dict]:
 
 
 def _ago(seconds: float) -> str:
-    from agent.app.status import ago
+    from agent.domain.wording import ago
 
     return ago(seconds)
 

@@ -375,7 +375,7 @@ def _close_open_fence(body: str) -> str:
 def render_pr(data: PRData | dict) -> tuple[str, str]:
     """``(title, body)`` for a task's draft PR.
 
-    ``data`` is a ``PRData`` (see ``pr_data_from_ledger``) or a dict of its fields.
+    ``data`` is a ``PRData`` (see ``agent.ledger.prs.pr_data_from_ledger``) or a dict of its fields.
     """
     d = data if isinstance(data, PRData) else PRData.from_dict(data)
     return render_title(d), render_body(d)
@@ -407,26 +407,3 @@ def pr_data_from_rows(inputs: dict) -> PRData:
                   lesson={k: (inputs.get("lesson") or {}).get(k) for k in ("id", "state", "text", "reason")}
                   if inputs.get("lesson") else None,
                   proof=inputs.get("proof"))
-
-
-# --------------------------------------------------------------------------- from the ledger
-
-
-def pr_data_from_ledger(ledger, task_id: int) -> PRData:
-    """Collect what ``render_pr`` needs for one task from the ledger (read-only)."""
-    import json
-
-    from agent.ledger.prs import pr_inputs
-
-    inputs = pr_inputs(ledger, task_id)
-    if inputs is None:
-        from agent import AgentError
-
-        raise AgentError(f"no task {task_id}; see `agent task list`")
-    t = inputs["task"]
-    watch = ledger.pr_watch(task_id)
-    ci_head = watch["ci_sha"] if watch["ci_sha"] and watch["ci_sha"] == t["head_sha"] else None
-    return pr_data_from_rows({**inputs,
-                              "ci": json.loads(watch["ci_results"] or "[]") if ci_head else [],
-                              "ci_head": ci_head, "ci_state": watch["ci_state"] if ci_head else None,
-                              "feedback_rounds": ledger.feedback_rounds(task_id)})

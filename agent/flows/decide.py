@@ -186,7 +186,7 @@ def decide_with_lane(ledger: Ledger, config: Config, home, error: dict, spec_dir
     spec_path.write_text(decider_spec(error, config), encoding="utf-8")
     cwd = spec_dir / "cwd"   # an empty folder: the decider reads the spec, not a checkout
     cwd.mkdir(exist_ok=True)
-    from agent.flows.fixer.limits import daily_wait_line, day_start
+    from agent.domain.budget import daily_wait_line, day_start
     from agent.ledger.lanes import BudgetRefused, DailyBudget
     from agent.ledger.outbox import daily_budget_reached
 

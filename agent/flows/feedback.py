@@ -182,7 +182,8 @@ def _item_row(item, decision: str, reason: str | None, round_no: int) -> dict:
 
 def read_feedback(ledger: Ledger, forge, config, task_id: int, token: str | None) -> list[str]:
     """Read new PR feedback for one task and act on it (see the module docstring). Returns lines."""
-    from agent.ledger.tasks import claimed_tx, get_task, transition_in
+    from agent.ledger.tasks import get_task, transition_in
+    from agent.ledger.leases import claimed_tx
 
     task = get_task(ledger, task_id)
     pr = ledger.pr_row(task_id)
@@ -241,7 +242,7 @@ def _no_ci(ledger: Ledger, task_id: int, token: str | None, sha: str, watch: dic
     import time
     from datetime import datetime, timezone
 
-    from agent.ledger.tasks import claimed_tx
+    from agent.ledger.leases import claimed_tx
 
     if watch["ci_sha"] == sha and watch["ci_state"] == "missing":
         return []
@@ -266,7 +267,8 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
     """The PR's CI for the task's pushed head. Returns (lines, refresh_pr_body)."""
     import json
 
-    from agent.ledger.tasks import claimed_tx, get_task
+    from agent.ledger.tasks import get_task
+    from agent.ledger.leases import claimed_tx
 
     task = get_task(ledger, task_id)
     sha = task["pushed_sha"]
@@ -404,8 +406,9 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
 
 def refresh_pr_text(ledger: Ledger, forge, task_id: int) -> bool:
     """Re-render the PR text (e.g. to show CI) and update the PR when it changed. Returns True if updated."""
-    from agent.forge import publish_pr
-    from agent.domain.pr_text import pr_data_from_ledger, render_pr
+    from agent.flows.pr_thread import publish_pr
+    from agent.domain.pr_text import render_pr
+    from agent.ledger.prs import pr_data_from_ledger
     from agent.ledger.tasks import get_task
 
     task = get_task(ledger, task_id)

@@ -20,6 +20,7 @@ from agent import AgentError
 
 from agent.domain import chain
 from agent.forge import PR, ForgeAuthError, ForgeError, get_forge
+from agent.git.push import PushError
 from agent.ledger import Ledger
 from agent.ledger.prs import get_pr, prs_to_follow, record_pr_final
 from agent.ledger.tasks import find_task, record_workspace_removed, task_state
@@ -76,7 +77,7 @@ def _remembered(ledger: Ledger, task_id: int) -> str:
 def owe_pr_text(ledger: Ledger, task_id: int, reason: str, claim_token: str | None = None) -> None:
     """Remember that a task's PR text update failed for now (it is retried by `watch pr-merged`); the fixer
     passes its claim token (a worker that lost the task records nothing)."""
-    from agent.ledger.tasks import claimed_tx
+    from agent.ledger.leases import claimed_tx
 
     with claimed_tx(ledger, task_id, claim_token) as c:
         ledger.set_pending(c, f"pr_text:{task_id}", "pr_text", reason[:500], task_id=task_id)
@@ -89,8 +90,9 @@ def retry_pr_texts(ledger: Ledger, config, home: Path, forge_factory: Callable =
     The row goes when the text lands, or when the PR is no longer open (nothing to update). A failure keeps it
     and counts the attempt; the item is quiet when it failed for the same reason as last time.
     """
-    from agent.forge import publish_pr
-    from agent.domain.pr_text import pr_data_from_ledger, render_pr
+    from agent.flows.pr_thread import publish_pr
+    from agent.domain.pr_text import render_pr
+    from agent.ledger.prs import pr_data_from_ledger
 
     items = []
     for owed in ledger.pending_of("pr_text"):
@@ -163,7 +165,7 @@ def follow_prs(ledger: Ledger, config, home: Path, forge_factory: Callable = get
                 item["pruned"] = note
             item["line"] = f"task {row['task_id']}: {ref} {item['state']}" + \
                 (f"; {item['pruned']}" if item.get("pruned") else "") + item.get("pruned_ref", "")
-        except ForgeAuthError as exc:
+        except (ForgeAuthError, PushError) as exc:   # a token, or the remote git cannot read or refuses: a human
             item.update(line=f"task {row['task_id']}: {ref}: {exc}", error=str(exc), auth=True)
         except (ForgeError, AgentError) as exc:
             # a remembered rate limit is no news: it was said when it happened

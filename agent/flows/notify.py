@@ -62,7 +62,7 @@ class Message:
 def render(ledger: Ledger, key: str, kinds: tuple[str, ...], payload: dict, task_id: int | None,
            error_id: str | None, at: str) -> Message:
     """The message for one outbox row: what happened, and the exact command or URL a human acts on."""
-    from agent.app.status import reset_command
+    from agent.domain.wording import reset_command
 
     from agent.ledger.tasks import find_task
 

@@ -25,8 +25,8 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
-                         own_key, with_own_mark)
+from agent.forge.base import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
+                              own_key, with_own_mark)
 from agent.forge.hosted import COMMENT, PERMISSION, PULL, STATUS, TEXT, WHO, HostedForge, pr_from_pulls_json
 
 DEFAULT_WIP_PREFIXES = ("WIP:", "[WIP]")
@@ -48,7 +48,7 @@ def resolve_token(token_env: str = "GITEA_TOKEN", environ: dict | None = None) -
     value = (env.get(token_env) or "").strip()
     if not value:
         raise ForgeAuthError(f"no Gitea token: set {token_env} (an access token with write:repository and "
-                             "write:issue scopes) or change gitea.token_env")
+                                  "write:issue scopes) or change gitea.token_env")
     return value
 
 
@@ -74,12 +74,12 @@ class GiteaForge(HostedForge):
                  session=None, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITEA_TOKEN"):
-        from agent.config import repo_key_problem
+        from agent.domain.repos import repo_key_problem
 
         if repo_key_problem(repo, self.name):
             raise ForgeError(f"gitea: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
-                         retries=retries, max_wait=max_wait, backoff=backoff)
+                              retries=retries, max_wait=max_wait, backoff=backoff)
         self.owner, self.repo_name = repo.split("/")
         self.base = base
         self.token_env = token_env
@@ -111,10 +111,10 @@ class GiteaForge(HostedForge):
     def check_more(self, resp, what: str, msg: str) -> None:
         if resp.status_code == 423:
             raise ForgeError(f"gitea {self.repo}: the repository is archived (423) on {what}; unarchive it or "
-                             "remove it from repos: in config.yaml")
+                                  "remove it from repos: in config.yaml")
         if resp.status_code == 422:
             raise ForgeError(f"gitea {self.repo}: {what} was rejected (422: {msg}); check the branch exists on "
-                             "the remote and differs from the base")
+                                  "the remote and differs from the base")
 
     def _repo_path(self) -> str:
         return f"/repos/{quote(self.owner, safe='')}/{quote(self.repo_name, safe='')}"
@@ -131,7 +131,7 @@ class GiteaForge(HostedForge):
     def find_pr_by_head(self, branch: str, base: str | None = None) -> PR | None:
         base = base or self.base
         resp = self.api.request("GET", f"{self._repo_path()}/pulls/{quote(base, safe='')}/{quote(branch, safe='')}",
-                                what=f"looking up the PR for {branch}", allow=(404,))
+                                     what=f"looking up the PR for {branch}", allow=(404,))
         if resp.status_code == 404:
             return None
         pr = self._pr_from_json(self.api.parse(resp, PULL, f"looking up the PR for {branch}"))
@@ -140,7 +140,7 @@ class GiteaForge(HostedForge):
     def _create(self, head: str, base: str, title: str, body: str) -> PR:
         payload = {"head": head, "base": base, "title": self.wip_prefix + title, "body": body}
         return self._pr_from_json(self.api.call("POST", f"{self._repo_path()}/pulls", PULL, json=payload,
-                                                idempotent=False, what=f"creating the draft PR for {head}"))
+                                                     idempotent=False, what=f"creating the draft PR for {head}"))
 
     def _find(self, head: str, base: str) -> PR | None:
         return self.find_pr_by_head(head, base)
@@ -155,7 +155,7 @@ class GiteaForge(HostedForge):
     def comment(self, number: int, text: str) -> None:
         # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
         self.api.request("POST", f"{self._repo_path()}/issues/{int(number)}/comments", json={"body": text},
-                         idempotent=False, what=f"commenting on PR #{number}")
+                              idempotent=False, what=f"commenting on PR #{number}")
 
     def add_labels(self, number: int, labels: list[str]) -> None:
         if not labels:
@@ -166,13 +166,13 @@ class GiteaForge(HostedForge):
         for name in dict.fromkeys(labels):
             if name not in known:
                 made = self.api.call("POST", f"{self._repo_path()}/labels", LABEL,
-                                     json={"name": name, "color": "#ededed"}, idempotent=False,
-                                     what=f"creating label {name!r}")
+                                          json={"name": name, "color": "#ededed"}, idempotent=False,
+                                          what=f"creating label {name!r}")
                 known[name] = made["id"]
             ids.append(int(known[name]))
         # Adding labels the PR already has is a no-op, so a retry is harmless.
         self.api.request("POST", f"{self._repo_path()}/issues/{int(number)}/labels", json={"labels": ids},
-                         what=f"labelling PR #{number}")
+                              what=f"labelling PR #{number}")
 
     def state(self, number: int) -> PR:
         return self._pr_from_json(self._get_pr(number))
@@ -199,7 +199,7 @@ class GiteaForge(HostedForge):
             return not ((user or {}).get("id") == me and own_key(body) is None)
 
         for r in self.api.paginate(f"{self._repo_path()}/pulls/{n}/reviews", {"limit": PAGE_LIMIT},
-                                   what=f"listing reviews of PR #{n}", max_pages=MAX_PAGES, item=REVIEW):
+                                        what=f"listing reviews of PR #{n}", max_pages=MAX_PAGES, item=REVIEW):
             state = REVIEW_STATES.get(str(r.get("state") or "").upper())
             if state is None:
                 continue                      # PENDING (not submitted) or REQUEST_REVIEW (a request, no words)
@@ -209,25 +209,25 @@ class GiteaForge(HostedForge):
             body = r.get("body") or ""
             if keep(r.get("user"), body, created):
                 items.append(Feedback(kind="review", id=str(r["id"]), author=_login(r), body=body,
-                                      created_at=created, state=state, url=r.get("html_url")))
+                                           created_at=created, state=state, url=r.get("html_url")))
             if not r.get("comments_count"):
                 continue
             for c in self.api.call("GET", f"{self._repo_path()}/pulls/{n}/reviews/{int(r['id'])}/comments", [INLINE],
-                                   what=f"reading review {r['id']} of PR #{n}"):
+                                        what=f"reading review {r['id']} of PR #{n}"):
                 line = c.get("position") or c.get("original_position") or None
                 created, body = c.get("created_at") or "", c.get("body") or ""
                 if keep(c.get("user"), body, created):
                     items.append(Feedback(kind="inline", id=str(c["id"]), author=_login(c), body=body,
-                                          created_at=created, path=c.get("path"),
-                                          line=int(line) if line else None, review_id=str(r["id"]),
-                                          url=c.get("html_url")))
+                                               created_at=created, path=c.get("path"),
+                                               line=int(line) if line else None, review_id=str(r["id"]),
+                                               url=c.get("html_url")))
         params = {"since": since} if since else None
         for c in self.api.call("GET", f"{self._repo_path()}/issues/{n}/comments", [COMMENT], params=params,
-                               what=f"listing comments of PR #{n}"):
+                                    what=f"listing comments of PR #{n}"):
             created, body = c.get("created_at") or "", c.get("body") or ""
             if keep(c.get("user"), body, created):
                 items.append(Feedback(kind="comment", id=str(c["id"]), author=_login(c), body=body,
-                                      created_at=created, url=c.get("html_url")))
+                                           created_at=created, url=c.get("html_url")))
         items.sort(key=lambda f: (f.created_at, f.kind != "review", int(f.id) if f.id.isdigit() else 0))
         cursor = max([since or ""] + [f.created_at for f in items]) or None
         return FeedbackPage(items=items, cursor=cursor)
@@ -238,15 +238,15 @@ class GiteaForge(HostedForge):
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
         made = self.api.call("POST", f"{self._repo_path()}/issues/{int(number)}/comments", COMMENT,
-                             json={"body": with_own_mark(text, key)}, idempotent=False,
-                             what=f"replying on PR #{number}")
+                                  json={"body": with_own_mark(text, key)}, idempotent=False,
+                                  what=f"replying on PR #{number}")
         return str(made["id"])
 
     def ci_results(self, sha: str) -> list[CIResult]:
         """The newest commit status per context (Gitea Actions and external CI both report statuses)."""
         statuses = self.api.paginate(f"{self._repo_path()}/statuses/{quote(sha, safe='')}", {"limit": PAGE_LIMIT},
-                                     what=f"listing commit statuses of {sha[:12]}", max_pages=MAX_PAGES,
-                                     item=STATUS)
+                                          what=f"listing commit statuses of {sha[:12]}", max_pages=MAX_PAGES,
+                                          item=STATUS)
         out: list[CIResult] = []
         seen: set[str] = set()
         for st in sorted(statuses, key=lambda x: int(x.get("id") or 0), reverse=True):
@@ -256,8 +256,8 @@ class GiteaForge(HostedForge):
             seen.add(context)
             word = st.get("status") or ""
             out.append(CIResult(kind="status", id=str(st.get("id")), name=context, state=ci_state(word),
-                                conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
-                                head_sha=sha))
+                                     conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
+                                     head_sha=sha))
         return out
 
     # ------------------------------------------------------------------ who may steer
@@ -268,13 +268,13 @@ class GiteaForge(HostedForge):
         Gitea lets a token read only its own permission unless it is admin on the repository (or a site admin):
         a 403 says so in one line rather than silently meaning "no access"."""
         resp = self.api.request("GET", f"{self._repo_path()}/collaborators/{quote(login, safe='')}/permission",
-                                allow=(403, 404), what=f"reading {login}'s permission")
+                                     allow=(403, 404), what=f"reading {login}'s permission")
         if resp.status_code == 404:
             return "none"
         if resp.status_code == 403:
             raise ForgeAuthError(f"gitea {self.repo}: reading {login}'s permission was refused (403); Gitea "
-                                 "answers it only to repository admins: give the token's user admin on the "
-                                 "repository, or list trusted reviewers in review.allowed_users")
+                                      "answers it only to repository admins: give the token's user admin on the "
+                                      "repository, or list trusted reviewers in review.allowed_users")
         return str(self.api.parse(resp, PERMISSION, f"reading {login}'s permission")["permission"] or "none")
 
     def has_write_access(self, login: str) -> bool:

@@ -25,9 +25,9 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from agent import __version__
-from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError,
-                         ci_state, with_own_mark)
-from agent.forge import ForgeRateLimited, ForgeTransient  # noqa: F401  (re-exported: callers import them here)
+from agent.forge.base import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeConflict, ForgeError,
+                              ci_state, with_own_mark)
+from agent.forge.base import ForgeRateLimited, ForgeTransient  # noqa: F401  (re-exported: callers import them here)
 from agent.forge.hosted import COMMENT, PERMISSION, PULL, STATUS, TEXT, WHO, HostedForge, pr_from_pulls_json
 
 API_VERSION = "2022-11-28"
@@ -38,9 +38,9 @@ INLINE = {**COMMENT, "path?": TEXT, "line?": (int, None), "original_line?": (int
           "pull_request_review_id?": (int, None)}
 STATUS = {**STATUS, "state": str}
 CHECK_RUNS = {"check_runs": [{"id": int, "name?": TEXT, "status?": TEXT, "conclusion?": TEXT,
-                              "details_url?": TEXT, "html_url?": TEXT,
-                              "output?": ({"title?": TEXT, "summary?": TEXT}, None),
-                              "app?": ({"slug?": TEXT}, None)}]}
+                                   "details_url?": TEXT, "html_url?": TEXT,
+                                   "output?": ({"title?": TEXT, "summary?": TEXT}, None),
+                                   "app?": ({"slug?": TEXT}, None)}]}
 
 
 def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...] | None = None,
@@ -54,22 +54,22 @@ def resolve_token(token_env: str = "GITHUB_TOKEN", token_command: tuple[str, ...
         # Not agent.infra.proc.run: that runner streams stdout to log files, and a token must never touch disk.
         try:
             proc = subprocess.run(list(token_command), capture_output=True, text=True,
-                                  timeout=TOKEN_COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
+                                       timeout=TOKEN_COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise ForgeAuthError(f"github.token_command: {token_command[0]!r} not found; install it or fix "
-                                 "the command in config.yaml") from None
+                                      "the command in config.yaml") from None
         except subprocess.TimeoutExpired:
             raise ForgeAuthError(f"github.token_command timed out after {TOKEN_COMMAND_TIMEOUT}s; run it by hand "
-                                 "to see why (is it waiting for a login?)") from None
+                                      "to see why (is it waiting for a login?)") from None
         token = proc.stdout.strip()
         if proc.returncode != 0 or not token:
             # stderr may be shown: it is the tool's own complaint, never the token (stdout is not shown)
             why = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
             raise ForgeAuthError(f"github.token_command exited {proc.returncode} without a token ({why}); "
-                                 "log it in, e.g. `gh auth login`")
+                                      "log it in, e.g. `gh auth login`")
         return token.splitlines()[0].strip()
     raise ForgeAuthError(f"no GitHub token: set {token_env} (or GH_TOKEN) or github.token_command in config.yaml, "
-                         "with pull-request write access to the repository")
+                              "with pull-request write access to the repository")
 
 
 def _pr_from_json(data: dict) -> PR:
@@ -85,15 +85,15 @@ class GithubForge(HostedForge):
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0):
-        from agent.config import repo_key_problem
+        from agent.domain.repos import repo_key_problem
 
         if repo_key_problem(repo, self.name):
             raise ForgeError(f"github: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
-                         retries=retries, max_wait=max_wait, backoff=backoff,
-                         headers={"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
-                                  "User-Agent": f"agent-fixer/{__version__}"},
-                         rate_limit_hint=_secondary_rate_limit)
+                              retries=retries, max_wait=max_wait, backoff=backoff,
+                              headers={"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
+                                       "User-Agent": f"agent-fixer/{__version__}"},
+                              rate_limit_hint=_secondary_rate_limit)
         self.owner = repo.split("/")[0]
         self._me: dict | None = None
 
@@ -142,7 +142,7 @@ class GithubForge(HostedForge):
                  idempotent: bool = True, what: str = "", not_found_ok: bool = False) -> Any:
         """The answer's JSON, checked against ``shape`` (None for a 404 when ``not_found_ok``)."""
         resp = self.api.request(method, path, json=json, params=params, idempotent=idempotent, what=what,
-                                allow=(404,) if not_found_ok else ())
+                                     allow=(404,) if not_found_ok else ())
         if not_found_ok and resp.status_code == 404:
             return None
         return self.api.parse(resp, shape, what)
@@ -158,8 +158,8 @@ class GithubForge(HostedForge):
 
     def find_pr_by_head(self, branch: str) -> PR | None:
         items = self._paginate(f"{self._pulls()}/pulls",
-                               {"head": f"{self.owner}:{branch}", "state": "all", "per_page": 100},
-                               what=f"listing PRs for {branch}", item=PULL)
+                                    {"head": f"{self.owner}:{branch}", "state": "all", "per_page": 100},
+                                    what=f"listing PRs for {branch}", item=PULL)
         prs = [_pr_from_json(i) for i in items if i["head"]["ref"] == branch]
         if not prs:
             return None
@@ -170,14 +170,14 @@ class GithubForge(HostedForge):
         payload = {"title": title, "head": head, "base": base, "body": body, "draft": True,
                    "maintainer_can_modify": False}
         return _pr_from_json(self._request("POST", f"{self._pulls()}/pulls", PULL, json=payload, idempotent=False,
-                                           what=f"creating the draft PR for {head}"))
+                                                what=f"creating the draft PR for {head}"))
 
     def _find(self, head: str, base: str) -> PR | None:
         return self.find_pr_by_head(head)
 
     def update(self, number: int, title: str, body: str) -> PR:
         return _pr_from_json(self._request("PATCH", f"{self._pulls()}/pulls/{int(number)}", PULL,
-                                           json={"title": title, "body": body}, what=f"updating PR #{number}"))
+                                                json={"title": title, "body": body}, what=f"updating PR #{number}"))
 
     def comment(self, number: int, text: str) -> None:
         # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
@@ -193,7 +193,7 @@ class GithubForge(HostedForge):
 
     def state(self, number: int) -> PR:
         return _pr_from_json(self._request("GET", f"{self._pulls()}/pulls/{int(number)}", PULL,
-                                           what=f"reading PR #{number}"))
+                                                what=f"reading PR #{number}"))
 
     # ------------------------------------------------------------------ PR feedback and CI
 
@@ -204,25 +204,25 @@ class GithubForge(HostedForge):
             params["since"] = since
         items: list[Feedback] = []
         for r in self._paginate(f"{self._pulls()}/pulls/{n}/reviews", {"per_page": 100},
-                                what=f"listing reviews of PR #{n}", item=REVIEW):
+                                     what=f"listing reviews of PR #{n}", item=REVIEW):
             submitted = r.get("submitted_at")
             if not submitted or (since and submitted < since):
                 continue  # pending reviews are not submitted yet; older ones were read before
             items.append(Feedback(kind="review", id=str(r["id"]), author=_login(r), body=r.get("body") or "",
-                                  created_at=submitted, state=(r.get("state") or "").lower() or None,
-                                  url=r.get("html_url")))
+                                       created_at=submitted, state=(r.get("state") or "").lower() or None,
+                                       url=r.get("html_url")))
         for cm in self._paginate(f"{self._pulls()}/pulls/{n}/comments", dict(params),
-                                 what=f"listing review comments of PR #{n}", item=INLINE):
+                                      what=f"listing review comments of PR #{n}", item=INLINE):
             line = cm.get("line") if cm.get("line") is not None else cm.get("original_line")
             review = cm.get("pull_request_review_id")
             items.append(Feedback(kind="inline", id=str(cm["id"]), author=_login(cm), body=cm.get("body") or "",
-                                  created_at=cm.get("created_at") or "", path=cm.get("path"),
-                                  line=int(line) if line is not None else None,
-                                  review_id=str(review) if review else None, url=cm.get("html_url")))
+                                       created_at=cm.get("created_at") or "", path=cm.get("path"),
+                                       line=int(line) if line is not None else None,
+                                       review_id=str(review) if review else None, url=cm.get("html_url")))
         for cm in self._paginate(f"{self._pulls()}/issues/{n}/comments", dict(params),
-                                 what=f"listing comments of PR #{n}", item=COMMENT):
+                                      what=f"listing comments of PR #{n}", item=COMMENT):
             items.append(Feedback(kind="comment", id=str(cm["id"]), author=_login(cm), body=cm.get("body") or "",
-                                  created_at=cm.get("created_at") or "", url=cm.get("html_url")))
+                                       created_at=cm.get("created_at") or "", url=cm.get("html_url")))
         if self.app is not None:  # the app's own unmarked comments are never feedback (as on GitLab and Gitea)
             me = self.own_login()
             items = [f for f in items if f.author != me or f.own_key is not None]
@@ -232,7 +232,7 @@ class GithubForge(HostedForge):
 
     def has_write_access(self, login: str) -> bool:
         data = self._request("GET", f"{self._pulls()}/collaborators/{quote(login, safe='')}/permission",
-                             PERMISSION, what=f"reading {login}'s permission", not_found_ok=True)
+                                  PERMISSION, what=f"reading {login}'s permission", not_found_ok=True)
         if data is None:
             return False  # not a user, or not a collaborator
         return (data.get("permission") in ("admin", "write")
@@ -241,22 +241,22 @@ class GithubForge(HostedForge):
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
         made = self._request("POST", f"{self._pulls()}/issues/{int(number)}/comments", COMMENT,
-                             json={"body": with_own_mark(text, key)}, idempotent=False,
-                             what=f"replying on PR #{number}")
+                                  json={"body": with_own_mark(text, key)}, idempotent=False,
+                                  what=f"replying on PR #{number}")
         return str(made["id"])
 
     def ci_results(self, sha: str) -> list[CIResult]:
         out: list[CIResult] = []
         seen: set[str] = set()
         for st in self._paginate(f"{self._pulls()}/commits/{quote(sha, safe='')}/statuses", {"per_page": 100},
-                                 what=f"listing commit statuses of {sha[:12]}", item=STATUS):
+                                      what=f"listing commit statuses of {sha[:12]}", item=STATUS):
             context = st.get("context") or "default"
             if context in seen:
                 continue  # newest first: the first per context is the current one
             seen.add(context)
             out.append(CIResult(kind="status", id=str(st.get("id")), name=context,
-                                state=ci_state(st.get("state")), conclusion=st.get("state") or "",
-                                summary=st.get("description") or "", url=st.get("target_url"), head_sha=sha))
+                                     state=ci_state(st.get("state")), conclusion=st.get("state") or "",
+                                     summary=st.get("description") or "", url=st.get("target_url"), head_sha=sha))
         url: str | None = f"{self._pulls()}/commits/{quote(sha, safe='')}/check-runs"
         params: dict | None = {"per_page": 100, "filter": "latest"}
         for _ in range(MAX_PAGES):
@@ -265,10 +265,10 @@ class GithubForge(HostedForge):
                 output = run.get("output") or {}
                 summary = "\n".join(x for x in (output.get("title"), output.get("summary")) if x)
                 out.append(CIResult(kind="check_run", id=str(run.get("id")), name=run.get("name") or "check",
-                                    state=ci_state(run.get("status"), run.get("conclusion")),
-                                    conclusion=run.get("conclusion") or run.get("status") or "",
-                                    summary=summary, url=run.get("details_url") or run.get("html_url"),
-                                    head_sha=sha, app=str((run.get("app") or {}).get("slug") or "")))
+                                         state=ci_state(run.get("status"), run.get("conclusion")),
+                                         conclusion=run.get("conclusion") or run.get("status") or "",
+                                         summary=summary, url=run.get("details_url") or run.get("html_url"),
+                                         head_sha=sha, app=str((run.get("app") or {}).get("slug") or "")))
             url, params = resp.links.get("next", {}).get("url"), None
             if not url:
                 break
@@ -299,11 +299,11 @@ class GithubValidationError(ForgeError):
             data = {}
         self.errors = (data.get("errors") or []) if isinstance(data, dict) else []
         details = "; ".join(str(e.get("message") or e.get("code") or e) if isinstance(e, dict) else str(e)
-                            for e in self.errors)
+                                 for e in self.errors)
         text = (data.get("message") if isinstance(data, dict) else None) or "Validation Failed"
         self.already_exists = "already exists" in details.lower() or "already exists" in text.lower()
         super().__init__(f"github {repo}: {what} was rejected (422 {text}{': ' + details if details else ''}); "
-                         "check the branch exists on the remote and differs from the base")
+                              "check the branch exists on the remote and differs from the base")
 
 
 def _login(item: dict) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import ForgeAuthError, ForgeBadAnswer, ForgeError, ForgeRateLimited, ForgeTransient
+from agent.forge.base import ForgeAuthError, ForgeBadAnswer, ForgeError, ForgeRateLimited, ForgeTransient
 
 JWT_LIFETIME = 540                # seconds; GitHub refuses more than 600
 REFRESH_MARGIN = 300              # a cached installation token is replaced this long before it expires

@@ -30,8 +30,8 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
-from agent.forge import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
-                         own_key, with_own_mark)
+from agent.forge.base import (PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError, ci_state,
+                              own_key, with_own_mark)
 from agent.forge.hosted import TEXT, HostedForge
 
 DRAFT_PREFIX = "Draft: "
@@ -45,7 +45,7 @@ MR = {"iid": int, "state": str, "source_branch": str, "target_branch": str, "tit
       "merged_at?": TEXT}
 NOTE = {"id": int, "body?": TEXT, "author?": (USER, None), "system?": (bool, None), "type?": TEXT,
         "created_at?": TEXT, "position?": ({"new_path?": TEXT, "old_path?": TEXT, "new_line?": (int, None),
-                                              "old_line?": (int, None)}, None)}
+                                                   "old_line?": (int, None)}, None)}
 DISCUSSION = {"id": (str, int), "notes?": ([NOTE], None)}
 STATUS = {"id": int, "status": str, "name?": TEXT, "description?": TEXT, "target_url?": TEXT}
 PIPELINE = {"id": int, "status": str, "source?": TEXT, "ref?": TEXT, "web_url?": TEXT}
@@ -56,7 +56,7 @@ def resolve_token(token_env: str = "GITLAB_TOKEN", environ: dict | None = None) 
     value = (env.get(token_env) or "").strip()
     if not value:
         raise ForgeAuthError(f"no GitLab token: set {token_env} (a personal, project or group access token with "
-                             "the api scope and at least the Developer role) or change gitlab.token_env")
+                                  "the api scope and at least the Developer role) or change gitlab.token_env")
     return value
 
 
@@ -93,12 +93,12 @@ class GitlabForge(HostedForge):
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITLAB_TOKEN"):
-        from agent.config import repo_key_problem
+        from agent.domain.repos import repo_key_problem
 
         if repo_key_problem(repo, self.name):
             raise ForgeError(f"gitlab: repository {repo!r}: {repo_key_problem(repo, self.name)}")
         super().__init__(repo, api_url, token, session=session, sleep=sleep, clock=clock, timeout=timeout,
-                         retries=retries, max_wait=max_wait, backoff=backoff)
+                              retries=retries, max_wait=max_wait, backoff=backoff)
         self.base = base
         self.token_env = token_env
         self._me: dict | None = None
@@ -127,7 +127,7 @@ class GitlabForge(HostedForge):
     def check_more(self, resp, what: str, msg: str) -> None:
         if resp.status_code in (400, 422):
             raise ForgeError(f"gitlab {self.repo}: {what} was rejected ({resp.status_code}: {msg}); check the "
-                             "branch exists on the remote and differs from the target branch")
+                                  "branch exists on the remote and differs from the target branch")
 
     def _project(self) -> str:
         return f"/projects/{quote(self.repo, safe='')}"
@@ -145,7 +145,7 @@ class GitlabForge(HostedForge):
         if base or self.base:
             params["target_branch"] = base or self.base
         items = self.api.paginate(f"{self._project()}/merge_requests", params,
-                                  what=f"listing MRs for {branch}", max_pages=MAX_PAGES, item=MR)
+                                       what=f"listing MRs for {branch}", max_pages=MAX_PAGES, item=MR)
         prs = [_pr_from_json(i) for i in items if i["source_branch"] == branch]
         if not prs:
             return None
@@ -156,7 +156,7 @@ class GitlabForge(HostedForge):
         payload = {"source_branch": head, "target_branch": base, "title": DRAFT_PREFIX + title,
                    "description": body, "remove_source_branch": False}
         return _pr_from_json(self.api.call("POST", f"{self._project()}/merge_requests", MR, json=payload,
-                                           idempotent=False, what=f"creating the draft MR for {head}"))
+                                                idempotent=False, what=f"creating the draft MR for {head}"))
 
     def _find(self, head: str, base: str) -> PR | None:
         return self.find_pr_by_head(head, base)
@@ -164,21 +164,21 @@ class GitlabForge(HostedForge):
     def update(self, number: int, title: str, body: str) -> PR:
         current = _pr_from_json(self._get_mr(number))
         return _pr_from_json(self.api.call("PUT", self._mr(number), MR,
-                                           json={"title": (DRAFT_PREFIX if current.draft else "") + title,
-                                                 "description": body},
-                                           what=f"updating MR !{number}"))
+                                                json={"title": (DRAFT_PREFIX if current.draft else "") + title,
+                                                      "description": body},
+                                                what=f"updating MR !{number}"))
 
     def comment(self, number: int, text: str) -> None:
         # Not idempotent (a retry could post twice): no automatic retry; the caller's next scan decides.
         self.api.request("POST", f"{self._mr(number)}/notes", json={"body": text}, idempotent=False,
-                         what=f"commenting on MR !{number}")
+                              what=f"commenting on MR !{number}")
 
     def add_labels(self, number: int, labels: list[str]) -> None:
         if not labels:
             return
         # add_labels keeps the labels already there, so a retry is harmless.
         self.api.request("PUT", self._mr(number), json={"add_labels": ",".join(labels)},
-                         what=f"labelling MR !{number}")
+                              what=f"labelling MR !{number}")
 
     def state(self, number: int) -> PR:
         return _pr_from_json(self._get_mr(number))
@@ -202,7 +202,7 @@ class GitlabForge(HostedForge):
         web = self._get_mr(n).get("web_url") or ""
         items: list[Feedback] = []
         for d in self.api.paginate(f"{self._mr(n)}/discussions", {"per_page": 100},
-                                   what=f"listing discussions of MR !{n}", max_pages=MAX_PAGES, item=DISCUSSION):
+                                        what=f"listing discussions of MR !{n}", max_pages=MAX_PAGES, item=DISCUSSION):
             for note in d.get("notes") or []:
                 created = note.get("created_at") or ""
                 author = note.get("author") or {}
@@ -212,13 +212,13 @@ class GitlabForge(HostedForge):
                 if author.get("id") == me and own_key(body) is None:
                     continue
                 common = {"id": str(note["id"]), "author": author.get("username") or "ghost", "body": body,
-                          "created_at": created, "url": f"{web}#note_{note['id']}" if web else None}
+                               "created_at": created, "url": f"{web}#note_{note['id']}" if web else None}
                 pos = note.get("position") or {}
                 if note.get("type") == "DiffNote" and pos:
                     line = pos.get("new_line") if pos.get("new_line") is not None else pos.get("old_line")
                     items.append(Feedback(kind="inline", path=pos.get("new_path") or pos.get("old_path"),
-                                          line=int(line) if line is not None else None,
-                                          review_id=str(d.get("id")), **common))
+                                               line=int(line) if line is not None else None,
+                                               review_id=str(d.get("id")), **common))
                 else:
                     items.append(Feedback(kind="comment", **common))
         items.sort(key=lambda f: (f.created_at, int(f.id) if f.id.isdigit() else 0))
@@ -231,15 +231,15 @@ class GitlabForge(HostedForge):
     def reply(self, number: int, text: str, key: str) -> str:
         # Not idempotent: never retried here; the caller looks for its own mark before posting again.
         made = self.api.call("POST", f"{self._mr(number)}/notes", {"id": int}, json={"body": with_own_mark(text, key)},
-                             idempotent=False, what=f"replying on MR !{number}")
+                                  idempotent=False, what=f"replying on MR !{number}")
         return str(made["id"])
 
     def ci_results(self, sha: str) -> list[CIResult]:
         """The newest commit status per name (each CI job reports one) and the newest pipeline of ``sha``."""
         out: list[CIResult] = []
         statuses = self.api.paginate(f"{self._project()}/repository/commits/{quote(sha, safe='')}/statuses",
-                                     {"per_page": 100}, what=f"listing commit statuses of {sha[:12]}",
-                                     max_pages=MAX_PAGES, item=STATUS)
+                                          {"per_page": 100}, what=f"listing commit statuses of {sha[:12]}",
+                                          max_pages=MAX_PAGES, item=STATUS)
         seen: set[str] = set()
         for st in sorted(statuses, key=lambda x: int(x.get("id") or 0), reverse=True):
             name = st.get("name") or "default"
@@ -248,17 +248,17 @@ class GitlabForge(HostedForge):
             seen.add(name)
             word = st.get("status") or ""
             out.append(CIResult(kind="status", id=str(st.get("id")), name=name, state=ci_state(_ci_word(word)),
-                                conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
-                                head_sha=sha))
+                                     conclusion=word, summary=st.get("description") or "", url=st.get("target_url"),
+                                     head_sha=sha))
         pipelines = self.api.call("GET", f"{self._project()}/pipelines", [PIPELINE],
-                                  params={"sha": sha, "per_page": 20}, what=f"listing pipelines of {sha[:12]}")
+                                       params={"sha": sha, "per_page": 20}, what=f"listing pipelines of {sha[:12]}")
         if pipelines:
             pl = max(pipelines, key=lambda x: int(x.get("id") or 0))
             word = pl.get("status") or ""
             out.append(CIResult(kind="pipeline", id=str(pl.get("id")), name=f"pipeline #{pl.get('id')}",
-                                state=ci_state(_ci_word(word)), conclusion=word,
-                                summary=f"{pl.get('source') or 'pipeline'} on {pl.get('ref') or sha[:12]}",
-                                url=pl.get("web_url"), head_sha=sha))
+                                     state=ci_state(_ci_word(word)), conclusion=word,
+                                     summary=f"{pl.get('source') or 'pipeline'} on {pl.get('ref') or sha[:12]}",
+                                     url=pl.get("web_url"), head_sha=sha))
         return out
 
     # ------------------------------------------------------------------ who may steer
@@ -269,14 +269,14 @@ class GitlabForge(HostedForge):
         if login == me.get("username"):
             return int(me["id"])
         found = self.api.call("GET", "/users", [USER], params={"username": login},
-                              what=f"looking up user {login}")
+                                   what=f"looking up user {login}")
         return int(found[0]["id"]) if found else None
 
     def access_level(self, user_id: int) -> int:
         """The user's effective access level on the project (direct, inherited or invited): ``members/all``.
         A user who is no member at all gets 404 from GitLab: level 0."""
         resp = self.api.request("GET", f"{self._project()}/members/all/{int(user_id)}", allow=(404,),
-                                what=f"reading the access level of user {user_id}")
+                                     what=f"reading the access level of user {user_id}")
         if resp.status_code == 404:
             return 0
         return self.api.parse(resp, {"access_level": int}, f"reading the access level of user {user_id}")["access_level"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from agent.forge import (PR, ForgeAuthError, ForgeBadAnswer, ForgeConflict, ForgeError, ForgeRateLimited,
-                         ForgeTransient, adoption_refusal)
+from agent.forge.base import (PR, ForgeAuthError, ForgeBadAnswer, ForgeConflict, ForgeError, ForgeRateLimited,
+                              ForgeTransient, adoption_refusal)
 
 
 # The JSON shapes (agent.infra.http.check_shape) GitHub and Gitea/Forgejo answers must have; more fields are fine.
@@ -58,11 +58,11 @@ class HostedForge:
         self._token_source = token
         self._token: str | None = None
         self.api = ApiClient(f"{self.name} {repo}", self.display, self.api_url, self._auth_headers,
-                             check=self._check, session=session, headers=headers, sleep=sleep, clock=clock,
-                             timeout=timeout, retries=retries, max_wait=max_wait, backoff=backoff,
-                             transient_error=ForgeTransient, rate_limited_error=ForgeRateLimited,
-                             rate_limit_hint=rate_limit_hint, error=ForgeError, bad_answer_error=ForgeBadAnswer,
-                             reauth=self._reauth)
+                                  check=self._check, session=session, headers=headers, sleep=sleep, clock=clock,
+                                  timeout=timeout, retries=retries, max_wait=max_wait, backoff=backoff,
+                                  transient_error=ForgeTransient, rate_limited_error=ForgeRateLimited,
+                                  rate_limit_hint=rate_limit_hint, error=ForgeError, bad_answer_error=ForgeBadAnswer,
+                                  reauth=self._reauth)
 
     def __repr__(self) -> str:  # never shows the token
         return f"{type(self).__name__}(repo={self.repo!r}, api_url={self.api_url!r})"
@@ -97,14 +97,14 @@ class HostedForge:
         where = f"{self.name} {self.repo}"
         if resp.status_code == 401:
             raise ForgeAuthError(f"{where}: the token was refused (401) on {what}; {self.token_fix()}, then "
-                                 "`agent task reset`")
+                                      "`agent task reset`")
         if resp.status_code == 403:
             raise ForgeAuthError(f"{where}: access denied (403) on {what}: {msg[:120]}; {self.access_fix()}, then "
-                                 "`agent task reset`")
+                                      "`agent task reset`")
         if resp.status_code == 404:
             raise ForgeAuthError(f"{where}: not found (404) on {what}; the repository does not exist or the token "
-                                 f"cannot see it: check repos: in config.yaml and {self.name}.api_url "
-                                 f"({self.api_url})")
+                                      f"cannot see it: check repos: in config.yaml and {self.name}.api_url "
+                                      f"({self.api_url})")
         if resp.status_code == 409:
             raise ForgeConflict(f"{where}: {what} conflicts (409): {msg}")
         self.check_more(resp, what, msg)
@@ -156,7 +156,7 @@ class HostedForge:
     def _adopt(self, head: str, title: str, body: str, found: PR | None, exc: Exception | None) -> PR:
         if found is None:
             raise ForgeError(f"{self.name} {self.repo}: {self.display} says a {self.noun} for {head} exists but none "
-                             f"is listed; check the repository's {self.noun}s") from exc
+                                  f"is listed; check the repository's {self.noun}s") from exc
         why = adoption_refusal(found, head)
         if why:
             raise ForgeError(f"{self.name} {self.repo}: {why.replace('pull request', self.noun)}") from None

@@ -14,11 +14,11 @@ import json
 import os
 from pathlib import Path
 
-from agent.forge import (CI_STATES, PR, CIResult, Feedback, FeedbackPage, ForgeError, adoption_refusal,
-                         with_own_mark)
+from agent.forge.base import (CI_STATES, PR, CIResult, Feedback, FeedbackPage, ForgeAuthError, ForgeError,
+                              adoption_refusal, with_own_mark)
 from agent.ledger import Ledger, ledger_path, now
 from agent.ledger.local_forge import (add_local_pr_check, add_local_pr_note, change_local_pr, local_pr,
-                                      local_pr_by_head, local_pr_checks, local_pr_notes, open_local_pr)
+                                           local_pr_by_head, local_pr_checks, local_pr_notes, open_local_pr)
 
 AGENT_LOGIN = "agent"       # the author of the agent's own replies on the local forge
 
@@ -76,9 +76,12 @@ class LocalForge:
     def _remote_sha(self, branch: str) -> str | None:
         if not self.remote_url:
             return None
-        from agent.git.push import remote_branch_sha
+        from agent.git.push import PushError, remote_branch_sha
 
-        return remote_branch_sha(self.remote_url, branch)
+        try:
+            return remote_branch_sha(self.remote_url, branch)
+        except PushError as exc:   # the remote cannot be read: for the forge's callers, a refusal a human must fix
+            raise ForgeAuthError(str(exc)) from None
 
     def _write_md(self, number: int) -> None:
         row = self._row(number)
@@ -165,9 +168,9 @@ class LocalForge:
         after = int(since) if since and since.isdigit() else 0
         rows = local_pr_notes(self.ledger, self.repo, number, after)
         items = [Feedback(kind=r["kind"], id=str(r["id"]), author=r["author"], body=r["body"] or "",
-                          created_at=r["created_at"], state=r["state"], path=r["path"], line=r["line"],
-                          review_id=str(r["review_id"]) if r["review_id"] else None,
-                          url=f"{self.md_path(number).as_uri()}#note-{r['id']}") for r in rows]
+                               created_at=r["created_at"], state=r["state"], path=r["path"], line=r["line"],
+                               review_id=str(r["review_id"]) if r["review_id"] else None,
+                               url=f"{self.md_path(number).as_uri()}#note-{r['id']}") for r in rows]
         return FeedbackPage(items=items, cursor=str(rows[-1]["id"]) if rows else since)
 
     def has_write_access(self, login: str) -> bool:
@@ -186,8 +189,8 @@ class LocalForge:
         for r in rows:  # the newest result per (kind, name) wins, as on GitHub
             newest[(r["kind"], r["name"])] = r
         return [CIResult(kind=r["kind"], id=str(r["id"]), name=r["name"], state=r["state"],
-                         conclusion=r["conclusion"] or r["state"], summary=r["summary"] or "", url=r["url"],
-                         head_sha=r["sha"]) for r in newest.values()]
+                              conclusion=r["conclusion"] or r["state"], summary=r["summary"] or "", url=r["url"],
+                              head_sha=r["sha"]) for r in newest.values()]
 
     # ------------------------------------------------------------------ the human side (demo, tests)
 

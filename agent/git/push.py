@@ -13,14 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.forge import ForgeAuthError
+from agent import AgentError
 
 GIT_TIMEOUT = 120  # seconds for one network git command
 
 
-class PushError(ForgeAuthError):
+class PushError(AgentError):
     """A push refused or failed.  A human must look (foreign commits on the branch, a wrong prefix,
-    credentials or a remote that cannot be read), so it is a ForgeAuthError: the fixer gate-blocks."""
+    credentials or a remote that cannot be read): the fixer gate-blocks. Not a forge error: git speaks to the remote,
+    not the forge's API (the local forge, which reads its remote through git, turns it into a ForgeAuthError)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+DEFAULT_GRACE_S = 10   # limits.shutdown_grace's default (agent.config reads it from here)
 # Set on the first signal; the fixer and the scans check it between steps (kept here, not in agent.flows.fixer, so a
 # `watch errors` tick does not import the fixer just to read a flag; the fixer's modules import this same object).
 STOP = threading.Event()
@@ -42,9 +43,7 @@ def grace_of(app) -> float:
     try:
         return float(app.config.limits.shutdown_grace)
     except Exception:  # noqa: BLE001 - any failure to load the config: the default
-        from agent.config import Limits
-
-        return float(Limits.shutdown_grace)
+        return float(DEFAULT_GRACE_S)
 
 
 def _kill_running() -> int:

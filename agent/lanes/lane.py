@@ -389,7 +389,7 @@ class _Run:
     def event(self, kind: str, payload: dict) -> None:
         if self.ledger is None:
             return
-        from agent.ledger.tasks import claimed_tx
+        from agent.ledger.leases import claimed_tx
 
         # fenced like every task write: a lane whose task was taken over (lease lost) records nothing more
         with claimed_tx(self.ledger, self.task_id, self.claim_token if self.task_id is not None else None) as c:

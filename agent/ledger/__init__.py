@@ -19,13 +19,13 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 from agent import AgentError
 from agent.ledger import backend, outbox
 from agent.ledger.backend import POSTGRES, SQLITE, LedgerError
+from agent.ledger.clock import now
 from agent.ledger.feedback import FeedbackQueries
 from agent.ledger.leases import LeaseQueries
 from agent.ledger.status import StatusQueries
@@ -119,11 +119,6 @@ def storage_fault(exc: BaseException, path: Path | str) -> StorageError | None:
             return StorageError(f"{path}: the disk reported an I/O error ({exc}); check the device and free "
                                 "space, then run again")
     return None
-
-
-def now() -> str:
-    """UTC timestamp with microseconds, sortable as text."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _known_migrations() -> list[str]:

@@ -53,7 +53,7 @@ def outage_wait_s() -> float:
     try:
         return max(0.0, float(os.environ[OUTAGE_ENV]))
     except (KeyError, ValueError):
-        from agent.ledger.leases import claim_lease_s
+        from agent.ledger.clock import claim_lease_s
 
         return claim_lease_s()
 

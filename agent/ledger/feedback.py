@@ -34,7 +34,7 @@ class FeedbackQueries:
         return row
 
     def set_pr_watch(self, c: sqlite3.Connection, task_id: int, **values: Any) -> None:
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         values["updated_at"] = now()
         if c.execute("SELECT 1 FROM pr_watch WHERE task_id = ?", (task_id,)).fetchone():
@@ -52,7 +52,7 @@ class FeedbackQueries:
             self.update(c, "pr_feedback", {"task_id": task_id, "key": key}, {"round": round})
 
     def add_feedback(self, c: sqlite3.Connection, row: dict) -> None:
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         self.insert(c, "pr_feedback", {**row, "created_at": now()})
 
@@ -84,14 +84,14 @@ class FeedbackQueries:
 
     def add_feedback_round(self, c: sqlite3.Connection, task_id: int, round: int, trigger: str, keys: list[str],
                            base_head: str | None) -> None:
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         self.insert(c, "pr_feedback_rounds", {"task_id": task_id, "round": round, "trigger": trigger,
                                               "keys": json.dumps(keys), "base_head": base_head,
                                               "resets": self.resets(task_id, c), "created_at": now()})
 
     def owe_reply(self, c: sqlite3.Connection, task_id: int, key: str, kind: str, round: int, text: str = "") -> None:
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         if c.execute("SELECT 1 FROM pr_replies WHERE key = ?", (key,)).fetchone() is None:
             self.insert(c, "pr_replies", {"task_id": task_id, "key": key, "kind": kind, "round": round,
@@ -105,7 +105,7 @@ class FeedbackQueries:
 
     def record_reply(self, task_id: int, key: str, reply_id: str, head_sha: str | None, found: bool) -> bool:
         """Record a posted reply once; False if it was recorded already."""
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         with self.tx() as c:
             if c.execute("SELECT 1 FROM pr_replies WHERE key = ? AND reply_id IS NULL", (key,)).fetchone() is None:

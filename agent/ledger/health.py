@@ -39,8 +39,9 @@ def tamper(where: Path | str) -> list[str] | None:
     def read(conn, version: int) -> list[str]:
         if backend.is_url(where):
             from agent.ledger import pg
+            from agent.ledger.migrations import expected_schema
 
-            return _findings(conn, pg.expected_schema(version), pg.schema_objects(conn))
+            return _findings(conn, expected_schema(version), pg.schema_objects(conn))
         return _findings(conn, expected_sqlite_schema(version), sqlite_schema_objects(conn))
 
     return _read_only(where, read)

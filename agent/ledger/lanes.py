@@ -2,7 +2,7 @@
 the PR text and the budgets need.
 
 A lane run of a task is a task write: every operation here takes the task's claim token and checks it in the
-same transaction (``agent.ledger.tasks.check_claim``), so a worker that lost its claim records nothing. A lane run
+same transaction (``agent.ledger.leases.check_claim``), so a worker that lost its claim records nothing. A lane run
 without a task (the decider on an error, `agent lane run` by hand) has no claim to check. A run's final status
 and its ``lane.finished`` event are one transaction.
 
@@ -100,7 +100,7 @@ def _reserve(c, budget: DailyBudget, role: str, vendor: str, supersedes: int | N
 
 
 def _claimed(c, task_id: int | None, token: str | None) -> None:
-    from agent.ledger.tasks import check_claim
+    from agent.ledger.leases import check_claim
 
     if task_id is not None:
         check_claim(c, task_id, token)

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from agent import AgentError
+from agent.ledger.clock import claim_lease_s
 
 
 class ClaimLost(AgentError):
@@ -39,20 +40,6 @@ def skip_locked(ledger) -> str:
     """The row-lock clause a claim's read takes: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (a row another
     transaction is claiming is skipped, not waited for), nothing on SQLite (``BEGIN IMMEDIATE`` serialises)."""
     return ledger.dialect.for_update_skip_locked
-
-
-CLAIM_LEASE_S = 120.0   # a task claim's lease (agent.coord.fence.LEASE_S); renewed every third of it while a lane runs
-LEASE_ENV = "AGENT_CLAIM_LEASE_S"
-
-
-def claim_lease_s() -> float:
-    """A task claim's lease in seconds: ``$AGENT_CLAIM_LEASE_S`` (operators, tests) or 120."""
-    import os
-
-    try:
-        return max(0.05, float(os.environ.get(LEASE_ENV, CLAIM_LEASE_S)))
-    except ValueError:
-        return CLAIM_LEASE_S
 
 
 def clock_of(conn) -> str:
@@ -113,7 +100,7 @@ class LeaseQueries:
         home, pid, pid_start, version, machine, scope. The heartbeat is the ledger's time; the runner's clock
         (read right before the statement, inside the transaction) minus the ledger's is recorded as its
         ``clock_offset_s``. A beat clears a clean stop. Returns ``{"new": registered now, "clock_offset_s": ...}``."""
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         clock = self.dialect.clock
         with self.tx() as c:
@@ -255,7 +242,7 @@ class LeaseQueries:
         ``holder``'s, or still held under ``stale_token`` (a holder the caller found dead:
         ``agent.coord.fence.named_lease``). Returns its token (one more than the last holder's), or None while someone
         else holds it. One atomic statement."""
-        from agent.ledger import now
+        from agent.ledger.clock import now
 
         clock = self.dialect.clock
         with self.tx() as c:
@@ -302,3 +289,11 @@ class LeaseQueries:
 
     def lease_rows(self) -> list[dict]:
         return self.all("SELECT name, holder, runner, token, until, updated_at FROM leases ORDER BY name")
+
+
+@contextmanager
+def claimed_tx(ledger, task_id: int, token: str | None) -> Iterator[Any]:
+    """A write transaction that first proves the caller still holds the task's claim."""
+    with ledger.tx() as c:
+        check_claim(c, task_id, token)
+        yield c

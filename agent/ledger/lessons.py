@@ -47,7 +47,7 @@ def propose_lesson(ledger: Ledger, task_id: int, text: str | None, refused: str 
     """The task's newest implementer run left ``text``: it becomes the task's one open lesson, a ``candidate`` (or
     ``refused`` with the reason), replacing the one an earlier round left (None: no lesson, that one stays).
     Returns its id."""
-    from agent.ledger.tasks import claimed_tx
+    from agent.ledger.leases import claimed_tx
 
     with claimed_tx(ledger, task_id, claim_token) as c:
         open_rows = _task_rows(c, task_id, OPEN)

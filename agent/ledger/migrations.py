@@ -11,9 +11,9 @@ changes (tests/data/schema.sql pins that).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from agent.ledger.pg import EVENTS_APPEND_ONLY, is_postgres
+from agent.ledger.pg import EVENTS_APPEND_ONLY, MIGRATIONS_OBJECTS, PgDatabase, is_postgres
 
 MIGRATIONS: list[tuple[str, Callable]] = []
 
@@ -429,3 +429,11 @@ def m019_proofs(db) -> None:
         "base_tail": str, "duration_s": float, "created_at": str,
     }, pk="id", foreign_keys=[("task_id", "tasks", "id")], not_null={"task_id", "verdict"})
     db["proofs"].create_index(["task_id", "head_sha"])
+
+
+def expected_schema(version: int) -> dict[str, Any]:
+    """What the first ``version`` migrations make on PostgreSQL, recorded without a database."""
+    db = PgDatabase()
+    for _, fn in MIGRATIONS[:version]:
+        fn(db)
+    return {**MIGRATIONS_OBJECTS, **db.objects}

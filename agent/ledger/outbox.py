@@ -68,7 +68,7 @@ def daily_budget_reached(ledger, spent: float, limit: float) -> bool:
 
 
 def ledger_now() -> str:
-    from agent.ledger import now
+    from agent.ledger.clock import now
 
     return now()
 

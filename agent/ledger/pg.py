@@ -8,7 +8,7 @@ column (what SQLite's INTEGER PRIMARY KEY is). Index names are sqlite-utils' (``
 backends name every object alike. Anything outside that subset raises, so a new migration that needs more says
 so on its first PostgreSQL test run instead of creating something different.
 
-The same shim, without a connection, records what the migrations would make: :func:`expected_schema` is what
+The same shim, without a connection, records what the migrations would make: :func:`agent.ledger.migrations.expected_schema` is what
 `agent doctor` compares the live catalog with (:func:`schema_objects`).
 """
 
@@ -162,22 +162,12 @@ MIGRATIONS_OBJECTS = {"table _migrations": {"name": "text not null", "applied_at
                       "index _migrations_pkey": "unique _migrations (name)"}
 
 
-def expected_schema(version: int) -> dict[str, Any]:
-    """What the first ``version`` migrations make on PostgreSQL, recorded without a database."""
-    from agent.ledger.migrations import MIGRATIONS
-
-    db = PgDatabase()
-    for _, fn in MIGRATIONS[:version]:
-        fn(db)
-    return {**MIGRATIONS_OBJECTS, **db.objects}
-
-
 _INDEXDEF = re.compile(r"CREATE (UNIQUE )?INDEX (\S+) ON (?:\S+\.)?(\S+) USING \w+ \((.*?)\)(?: WHERE .*)?$")
 
 
 def schema_objects(conn) -> dict[str, Any]:
     """Tables (with their columns' types), indexes and triggers of the ledger's schema, read from the catalog in
-    the form :func:`expected_schema` records."""
+    the form :func:`agent.ledger.migrations.expected_schema` records."""
     out: dict[str, Any] = {}
     for r in conn.execute(
             "SELECT c.table_name, c.column_name, c.data_type, c.is_nullable FROM information_schema.columns c "

@@ -15,7 +15,7 @@ def record_proof(ledger: Ledger, task_id: int, round: int, *, head: str, base: s
                  base_exit: int | None, base_status: str, base_tail: str, duration_s: float,
                  claim_token: str | None) -> int:
     """A proof bound to ``head`` (what ``local_check_pass`` needs besides a passing check: never a rejected one)."""
-    from agent.ledger.tasks import claimed_tx
+    from agent.ledger.leases import claimed_tx
 
     with claimed_tx(ledger, task_id, claim_token) as c:
         row = {"task_id": task_id, "round": round, "head_sha": head, "base_sha": base, "mode": mode,

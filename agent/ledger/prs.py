@@ -66,7 +66,7 @@ def prs_to_follow(ledger: Ledger) -> list[dict]:
 def record_pr(ledger: Ledger, task_id: int, values: dict[str, Any], action: str, actor: str, *,
               claim_token: str | None) -> None:
     """The task's PR as the forge returned it (created, updated, adopted or unchanged), with ``pr.<action>``."""
-    from agent.ledger.tasks import check_claim
+    from agent.ledger.leases import check_claim
 
     ts = now()
     values = {**values, "updated_at": ts}
@@ -130,7 +130,7 @@ def record_pr_final(ledger: Ledger, row: dict, state: str, draft: bool) -> str |
 
 
 def pr_inputs(ledger: Ledger, task_id: int) -> dict | None:
-    """Everything the PR title and body are rendered from (``agent.domain.pr_text.pr_data_from_ledger``), read-only; None for
+    """Everything the PR title and body are rendered from (``pr_data_from_ledger``), read-only; None for
     an unknown task."""
     t = ledger.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
     if t is None:
@@ -151,3 +151,23 @@ def pr_inputs(ledger: Ledger, task_id: int) -> dict | None:
     return {"task": t, "error": e, "brief": (concl or {}).get("brief"), "gates": gates, "checks": checks,
             "cost_usd": cost, "summary": summary, "lesson": task_lesson(ledger, task_id),
             "proof": proof_for_head(ledger, task_id, t["head_sha"])}
+
+
+def pr_data_from_ledger(ledger, task_id: int):
+    """What ``agent.domain.pr_text.render_pr`` needs for one task (a ``PRData``), from the ledger (read-only)."""
+    import json
+
+    from agent.domain.pr_text import pr_data_from_rows
+
+    inputs = pr_inputs(ledger, task_id)
+    if inputs is None:
+        from agent import AgentError
+
+        raise AgentError(f"no task {task_id}; see `agent task list`")
+    t = inputs["task"]
+    watch = ledger.pr_watch(task_id)
+    ci_head = watch["ci_sha"] if watch["ci_sha"] and watch["ci_sha"] == t["head_sha"] else None
+    return pr_data_from_rows({**inputs,
+                              "ci": json.loads(watch["ci_results"] or "[]") if ci_head else [],
+                              "ci_head": ci_head, "ci_state": watch["ci_state"] if ci_head else None,
+                              "feedback_rounds": ledger.feedback_rounds(task_id)})

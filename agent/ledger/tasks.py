@@ -22,7 +22,7 @@ from agent.ledger import Ledger, now
 from agent.ledger.listing import Listing
 # ClaimLost (a claim token that is not the task's) and LeaseLost (a ClaimLost: what the fencing check raises) live
 # with the claim records in agent.ledger.leases, and so does check_claim, the fencing check every write here runs
-from agent.ledger.leases import ClaimLost, LeaseLost, check_claim  # noqa: F401
+from agent.ledger.leases import ClaimLost, LeaseLost, check_claim, claimed_tx  # noqa: F401
 
 
 HUMAN_STEP_PENDING = "human step pending:"
@@ -49,19 +49,11 @@ def claim_held(ledger: Ledger, task_id: int, token: str | None) -> bool:
     return ledger.scalar("SELECT claim_token FROM tasks WHERE id = ?", (task_id,)) == token
 
 
-@contextmanager
-def claimed_tx(ledger: Ledger, task_id: int, token: str | None) -> Iterator[sqlite3.Connection]:
-    """A write transaction that first proves the caller still holds the task's claim."""
-    with ledger.tx() as c:
-        check_claim(c, task_id, token)
-        yield c
-
-
 def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = None,
                 conclusion_id: int | None = None, base: str = "main", branch: str | None = None,
                 round_cap: int = 5, actor: str = "human") -> tuple[int, bool]:
     """Find or create the task for an error (never two); returns (task_id, created)."""
-    from agent.config import repo_key_problem
+    from agent.domain.repos import repo_key_problem
     from agent.infra.text import one_line
 
     if repo_key_problem(repo):

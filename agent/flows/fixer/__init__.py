@@ -1,7 +1,8 @@
 """The fixer: confirmed error.fix conclusions -> tasks with worktrees -> rounds -> a reviewed draft PR.
 
-- ``driver``: ``Ctx``, ``advance`` (one task, one step at a time, under its claim), the outcomes a step ends with,
-  unexpected-error accounting, the task's workspace (made, made again when lost, reconciled with the ledger).
+- ``outcomes``: ``Ctx`` and how a step ends (``block``, ``fail``, ``wait``, ``reject_round``, ``close_step``); a leaf.
+- ``driver``: ``advance`` (one task, one step at a time, under its claim), unexpected-error accounting, the task's
+  workspace (made, made again when lost, reconciled with the ledger).
 - ``steps``: one handler per chain step (``STEP_HANDLERS``) and ``finish``.
 - ``limits``: budgets, wall time, daily cost, open drafts per repository and PRs per hour.
 - ``scans``: ``fix_scan`` (`agent watch error-fix`), ``work_scan`` (`agent watch error-fix-work`),
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Ctx": "driver", "Stop": "driver", "advance": "driver", "MAX_UNEXPECTED": "driver",
+    "Ctx": "outcomes", "Stop": "outcomes", "advance": "driver", "MAX_UNEXPECTED": "driver",
     "STEP_HANDLERS": "steps",
     "work_scan": "scans", "fix_scan": "scans", "lift_config_blocks": "scans", "advance_workspace_only": "scans",
     "app_task_state": "scans",

@@ -1,7 +1,7 @@
 """The fixer's driver: ``advance`` drives one task one step at a time under its claim.
 
 ``Ctx`` is everything one worker needs; the outcomes (``block``, ``fail``, ``wait``, ``reject_round``,
-``close_step``) are how a step handler (``agent.flows.fixer.steps``) ends. For every step the handler does the work,
+``close_step``, in ``agent.flows.fixer.outcomes``) are how a step handler (``agent.flows.fixer.steps``) ends. For every step the handler does the work,
 records the artifact and then asks the one guard to close the step through ``tasks.set_step``; the driver never
 writes step state itself. Every write carries the task's claim token, so a worker that lost its claim writes
 nothing. The task's workspace is made (and made again when it was lost) before the first step, and unexpected
@@ -11,7 +11,6 @@ ledger and the worktree, so a kill at any point is continued by the next scan (s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,110 +20,14 @@ from agent.domain import chain
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import forget_commits, record_workspace, task_commits, wait_reason
 from agent.infra.shutdown import STOP
-from agent.ledger.tasks import (ClaimLost, Refused, transition_in, claimed_tx, get_task, set_step, snapshot,
-                         start_next_round, transition)
+from agent.ledger.tasks import ClaimLost, Refused, transition_in, get_task, snapshot, start_next_round
+from agent.ledger.leases import claimed_tx
+from agent.flows.fixer.outcomes import Ctx, Stop, redact_text, repo_config, task_git
 
 if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module
-    from agent.config import Config, RepoConfig
-    from agent.coord.fence import Claim
+    from agent.config import Config
 
 # STOP: set on the first SIGTERM/SIGINT (agent.infra.shutdown): finish the running step, start no new one.
-
-
-@dataclass
-class Ctx:
-    """Everything one worker needs to advance one task; one Ledger connection per worker thread."""
-    home: Path
-    config: Config
-    ledger: Ledger
-    task_id: int
-    token: str | None = None
-    claim: Claim | None = None           # the claim advance took: its fencing token and whom it took the task from
-    lines: list[str] = field(default_factory=list)
-    progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
-    waiting: str | None = None           # why this pass stopped to wait (recorded as tasks.wait_reason)
-
-    @property
-    def task(self) -> dict:
-        return get_task(self.ledger, self.task_id)
-
-    def say(self, text: str) -> None:
-        t = self.task
-        self.lines.append(f"task {self.task_id} round {t['round']}: {text}")
-
-
-class Stop(Exception):
-    """Stop advancing this task for now (blocked, failed, waiting or done); the message says why."""
-
-
-def redact_text(text: str) -> str:
-    """Text that came from an error or a lane, as it may be stored or shown: redacted, escape sequences removed."""
-    from agent.infra.redact import redact
-    from agent.infra.text import strip_controls
-
-    return strip_controls(redact(text or ""))
-
-
-def block(ctx: Ctx, reason: str) -> None:
-    transition(ctx.ledger, ctx.task_id, chain.BLOCKED, "script", reason, claim_token=ctx.token)
-    ctx.say(f"gate-blocked: {reason}")
-    raise Stop()
-
-
-def fail(ctx: Ctx, reason: str) -> None:
-    transition(ctx.ledger, ctx.task_id, chain.FAILED, "script", reason, claim_token=ctx.token)
-    ctx.say(f"failed: {reason}")
-    raise Stop()
-
-
-def wait(ctx: Ctx, line: str) -> None:
-    """The task waits (a limit, a busy forge, a lane still running): record why, say it only when it changed."""
-    from agent.ledger.tasks import note_wait
-
-    ctx.waiting = line
-    if note_wait(ctx.ledger, ctx.task_id, line, ctx.token):
-        ctx.say(line)
-    raise Stop()
-
-
-def reject_round(ctx: Ctx, what: str, feedback: str) -> None:
-    """A rejected round: next round with the feedback in the spec, or failed at the round cap."""
-    started, rnd = start_next_round(ctx.ledger, ctx.task_id, feedback, claim_token=ctx.token)
-    if started:
-        ctx.lines.append(f"task {ctx.task_id} round {rnd - 1}: {what}")
-    else:
-        ctx.say(f"{what}; round cap reached, failed")
-        raise Stop()
-
-
-def close_step(ctx: Ctx, key: str, evidence: str, source: str = "script") -> None:
-    set_step(ctx.ledger, ctx.task_id, key, "ja", evidence, source=source, actor="script", claim_token=ctx.token)
-
-
-def repo_config(ctx: Ctx) -> RepoConfig:
-    t = ctx.task
-    repo = ctx.config.repos.get(t["repo"])
-    if repo is None:
-        block(ctx, f"{chain.CONFIG_BLOCK} repository {t['repo']} is not configured; add it under repos: in "
-                    "config.yaml (the task goes on by itself once it is there)")
-    return repo
-
-
-def repo_settings(ctx: Ctx):
-    """The repository's .agent/config.yaml from the task's base commit (never from the worktree a lane wrote)."""
-    from agent.config import load_repo_settings
-    from agent.git.workspace import mirror_path
-
-    t = ctx.task
-    return load_repo_settings(mirror_path(ctx.home, t["repo"]), t["base_sha"]) if t["base_sha"] else None
-
-
-def task_git(ctx: Ctx):
-    """Hardened git on the task's worktree, with its git dir taken from the mirror (agent.git.workspace.TaskGit)."""
-    from agent.git.workspace import TaskGit, mirror_path
-
-    t = ctx.task
-    return TaskGit(t["worktree"], mirror_path(ctx.home, t["repo"]))
 
 
 def ensure_workspace(ctx: Ctx) -> None:

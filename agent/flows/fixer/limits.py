@@ -5,32 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from agent.flows.fixer.driver import Ctx, block, wait
+from agent.domain.budget import daily_wait_line, day_start, usd
+from agent.flows.fixer.outcomes import Ctx, block, wait
 from agent.ledger.lanes import BudgetRefused, DailyBudget, daily_spend_since
 from agent.ledger.prs import open_drafts as open_drafts_in, prs_opened_since
 from agent.ledger.outbox import TASK_BUDGET_SPENT, daily_budget_reached
-
-
-def day_start() -> str:
-    """The daily budget's window: the last 24 hours (as the ledger's timestamps sort)."""
-    return (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-def usd(x: float) -> str:
-    """$3, $0.25, $0.005: enough digits to tell a small budget from what was spent."""
-    return "$" + f"{x:,.4f}".rstrip("0").rstrip(".")
-
-
-def daily_wait_line(spent: float, reserved: float, inflight: int, limit: float, role: str | None = None,
-                    estimate: float | None = None) -> str:
-    """Why a task waits for the daily budget: spent (and reserved by lanes in flight) of the limit, and, when the
-    budget is not used up but the next lane does not fit, that lane's estimate."""
-    line = f"waiting: daily budget spent ({usd(spent + reserved)} of {usd(limit)}"
-    if inflight:
-        line += f", {usd(reserved)} of it reserved by {inflight} running lane{'s' if inflight != 1 else ''}"
-    if role is not None and estimate is not None and spent + reserved < limit:
-        line += f"; a {role} lane is estimated at {usd(estimate)}"
-    return line + ")"
 
 
 def lane_budget(ctx: Ctx) -> DailyBudget:

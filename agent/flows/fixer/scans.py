@@ -12,7 +12,8 @@ from agent import AgentError
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.flows.fixer.driver import Ctx, Stop, advance, ensure_workspace
+from agent.flows.fixer.driver import advance, ensure_workspace
+from agent.flows.fixer.outcomes import Ctx, Stop
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import active_task_ids, task_state, work_queue
 from agent.infra.shutdown import STOP

@@ -14,10 +14,10 @@ from agent import AgentError
 
 from agent.domain import chain
 from agent.coord.fence import crashpoint, pausepoint
-from agent.flows.fixer.driver import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
-                                repo_settings, task_git, wait)
+from agent.flows.fixer.outcomes import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
+                                        repo_settings, task_git, wait)
 from agent.flows.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, budget_refused, check_budgets,
-                                 lane_budget, pr_limits_reached)
+                                      lane_budget, pr_limits_reached)
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
 from agent.ledger.lanes import BudgetRefused, inflight_run, interrupt_run
@@ -26,7 +26,8 @@ from agent.ledger.prs import has_pr
 from agent.ledger.tasks import (finish_task, passing_check, record_check, record_commit, record_gate,
                                 record_push, record_spec, task_commits)
 from agent.infra.shutdown import STOP
-from agent.ledger.tasks import ClaimLost, LeaseLost, Refused, claimed_tx, snapshot
+from agent.ledger.tasks import ClaimLost, LeaseLost, Refused, snapshot
+from agent.ledger.leases import claimed_tx
 
 if TYPE_CHECKING:
     from agent.config import RepoConfig
@@ -523,8 +524,7 @@ def step_reviewer_approved(ctx: Ctx) -> None:
 
 
 def step_pushed(ctx: Ctx) -> None:
-    from agent.forge import ForgeAuthError
-    from agent.git.push import push_branch
+    from agent.git.push import PushError, push_branch
 
     t = ctx.task
     repo_cfg = repo_config(ctx)
@@ -532,7 +532,7 @@ def step_pushed(ctx: Ctx) -> None:
         with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
             res = push_branch(Path(t["worktree"]), repo_cfg.url, t["branch"], t["base"], repo_cfg.branch_prefix,
                               expected_remote_sha=t["pushed_sha"])
-    except ForgeAuthError as exc:
+    except PushError as exc:
         block(ctx, f"push refused: {exc}")
     crashpoint("push.done")
     record_push(ctx.ledger, ctx.task_id, sha=res.sha, pushed=res.pushed, forced=res.forced, branch=t["branch"],
@@ -542,8 +542,10 @@ def step_pushed(ctx: Ctx) -> None:
 
 def _publish(ctx: Ctx):
     """Create or update the task's draft PR with the current text (found by head after a crash, never twice)."""
-    from agent.forge import get_forge, publish_pr
-    from agent.domain.pr_text import pr_data_from_ledger, render_pr
+    from agent.forge import get_forge
+    from agent.flows.pr_thread import publish_pr
+    from agent.domain.pr_text import render_pr
+    from agent.ledger.prs import pr_data_from_ledger
 
     t = ctx.task
     title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
