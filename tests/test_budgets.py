@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from agent.config import ConfigError, parse_config
-from agent.coord.fence import take
+from agent.coord.claims import take
 from agent.domain.budget import day_start, daily_wait_line
 from agent.domain.prices import DEFAULT_PRICES, Price, price_for, priced_cost, tokens
 from agent.ledger import Ledger, ledger_path

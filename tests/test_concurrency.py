@@ -129,7 +129,7 @@ def test_worker_whose_claim_was_stolen_cannot_write_its_result(tmp_path):
 
 
 def test_stale_claims_are_reclaimed_live_ones_are_not(tmp_path):
-    from agent.coord.fence import claim, release
+    from agent.coord.claims import claim, release
     from agent.ledger import Ledger
 
     p = build(tmp_path / "w", tasks=1)

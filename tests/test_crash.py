@@ -1,6 +1,6 @@
 """Deterministic crash points: kill `agent watch error-fix-work` at an exact place, run it again, lose nothing.
 
-`AGENT_CRASHPOINT=NAME` makes the process `os._exit(137)` at the named place (agent.coord.fence.crashpoint: no finally,
+`AGENT_CRASHPOINT=NAME` makes the process `os._exit(137)` at the named place (agent.infra.faults.crashpoint: no finally,
 no atexit, exactly what SIGKILL leaves behind). The mid-lane crash is a real SIGKILL of the watcher's process group
 while a scripted lane sleeps. Everything is real: subprocesses, git remote, SQLite file, local forge, and the
 GitHub REST simulator on 127.0.0.1 when it is installed (`bash scripts/ci-forge`; else those cases skip).
@@ -156,7 +156,7 @@ def test_sigkill_mid_lane_waits_for_live_lane_then_reruns_same_attempt(tmp_path)
     lane_pid = starts[0]["pid"]
     kill_group(w)
 
-    from agent.coord.fence import pid_alive
+    from agent.coord.runners import pid_alive
 
     assert pid_alive(lane_pid), "the lane should outlive the killed watcher (own process group)"
     con = _db(home)
@@ -213,7 +213,7 @@ def test_orphan_lane_past_its_timeout_is_killed_and_rerun(tmp_path):
     killed = [r[0] for r in con.execute("SELECT payload FROM events WHERE kind = 'lane.orphan_killed'")]
     con.close()
     assert len(killed) == 1 and f'"pid": {lane_pid}' in killed[0], killed
-    from agent.coord.fence import pid_alive
+    from agent.coord.runners import pid_alive
 
     assert not pid_alive(lane_pid)
     for rec in read_log(log):

@@ -48,7 +48,7 @@ def test_sigterm_lets_the_running_step_finish_then_exits_0(tmp_path):
 
 def test_second_signal_kills_the_lane_group_and_the_next_scan_resumes(tmp_path):
     from agent.app.demo import write_config
-    from agent.coord.fence import pid_alive
+    from agent.coord.runners import pid_alive
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))

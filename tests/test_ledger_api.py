@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.domain import chain
-from agent.coord.fence import claim
+from agent.coord.claims import claim
 from agent.ledger import Ledger, errors, lanes, ledger_path, lessons, prs, tasks
 from agent.ledger.errors import ErrorStateRefused, transition_error
 from agent.ledger.tasks import ClaimLost

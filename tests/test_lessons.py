@@ -15,7 +15,7 @@ from agent.domain import chain
 
 from agent.app import demo
 from agent.config import parse_config
-from agent.coord.fence import claim
+from agent.coord.claims import claim
 from agent.ledger import Ledger, ledger_path, tasks
 from agent.ledger import lessons as store
 from agent.flows.lessons import for_spec, propose, vet

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from agent.app.doctor import run_doctor
-from agent.coord.fence import beat, pid_scope, runner_id, runners, take
+from agent.coord.claims import take
+from agent.coord.runners import beat, pid_scope, runner_id, runners
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import create_task
 
@@ -46,7 +47,8 @@ def libfaketime() -> str:
 SKEWED = r"""
 import json, sys, time
 from pathlib import Path
-from agent.coord.fence import beat, take
+from agent.coord.claims import take
+from agent.coord.runners import beat
 from agent.ledger import Ledger, ledger_path
 
 home, held, free = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -160,7 +162,8 @@ def test_a_runner_killed_on_this_machine_is_dead_at_once_and_a_clean_stop_is_sto
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from agent.coord.fence import beat, take
+from agent.coord.claims import take
+from agent.coord.runners import beat
 from agent.ledger import Ledger, ledger_path
 home, tid = Path(sys.argv[1]), int(sys.argv[2])
 led = Ledger.open(ledger_path(home), create=False)
@@ -211,14 +214,14 @@ def test_a_claim_from_another_machine_with_this_hostname_is_judged_by_its_lease(
     # a named lease the same way: held by a process of another machine with this hostname
     assert ledger.take_lease("pr-open", f"{host}:999999999:1@{host}:0000abcd", f"{host}:0000abcd", 600.0,
                              scope="another-boot/pid:[4026531836]") is not None
-    from agent.coord.fence import LeaseBusy, named_lease
+    from agent.coord.claims import LeaseBusy, named_lease
 
     with pytest.raises(LeaseBusy):
         with named_lease(ledger, "pr-open"):
             pass
 
 
-ID_OF = "import sys; from agent.coord.fence import runner_id, pid_scope; print(runner_id(sys.argv[1]), pid_scope())"
+ID_OF = "import sys; from agent.coord.runners import runner_id, pid_scope; print(runner_id(sys.argv[1]), pid_scope())"
 
 
 def test_runner_ids_differ_between_machines_with_the_same_hostname_and_home_path(tmp_path, monkeypatch):
@@ -316,7 +319,7 @@ def test_a_worker_that_lost_its_claim_pushes_no_branch(tmp_path):
     """step_pushed (the task branch's push) runs only under the current claim, checked in the same step: a worker
     whose claim another one took pushes nothing (before: only the ledger write after the push was refused)."""
     from agent.config import load_config
-    from agent.coord.fence import claim, release
+    from agent.coord.claims import claim, release
     from agent.flows.fixer.outcomes import Ctx
     from agent.flows.fixer.steps import step_pushed
     from agent.ledger.tasks import ClaimLost

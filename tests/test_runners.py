@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.coord.fence import Claim, LeaseBusy, beat, claim, lease_keeper, named_lease, pid_scope, runner_id, runners, take
+from agent.coord.claims import Claim, LeaseBusy, claim, lease_keeper, named_lease, take
+from agent.coord.runners import beat, pid_scope, runner_id, runners
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import ClaimLost, LeaseLost, create_task, note_wait, set_step, start_next_round, transition
 from agent.ledger.leases import claimed_tx
@@ -177,7 +178,7 @@ def test_a_new_claim_increments_the_fencing_token_and_names_the_previous_holder(
         assert second.previous_owner.startswith(os.uname().nodename + ":")
         ev = [e for e in led_a.events(task_id=tid) if e["kind"] == "task.claim_reclaimed"][-1]["payload"]
         assert ev["previous_runner"] == "runner-a" and ev["runner"] == "runner-b" and ev["token"] == second.token
-        from agent.coord.fence import release
+        from agent.coord.claims import release
 
         release(led_b, tid, second.token)
         third = take(led_a, tid, runner="runner-a")              # released: a plain claim, but it moved back
@@ -276,7 +277,7 @@ STALLED_WORKER = r"""
 import sys, time
 from pathlib import Path
 from agent.infra import proc
-from agent.coord.fence import lease_keeper, take
+from agent.coord.claims import lease_keeper, take
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import note_wait, LeaseLost
 
@@ -375,7 +376,7 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
 HOLD_LEASE = r"""
 import sys, time
 from pathlib import Path
-from agent.coord.fence import named_lease
+from agent.coord.claims import named_lease
 from agent.ledger import Ledger, ledger_path
 led = Ledger.open(ledger_path(Path(sys.argv[1])), create=False)
 with named_lease(led, "pr-open", ttl=60, runner="runner-a") as token:
@@ -510,7 +511,7 @@ def test_the_open_draft_limit_counts_across_two_runners(tmp_path, monkeypatch):
         env = _runner_env(home, AGENT_PAUSEPOINT="pr.limits_checked:3")
         # each runner starts on a different task so both reach their PR at about the same time
         code = ("import sys; from pathlib import Path; from agent.app.context import App; from agent.flows import fixer; "
-                "from agent.coord.fence import beat; h = Path(sys.argv[1]); app = App(home=h); beat(app.ledger, h); "
+                "from agent.coord.runners import beat; h = Path(sys.argv[1]); app = App(home=h); beat(app.ledger, h); "
                 "print('\\n'.join(fixer.advance(h, app.config, int(sys.argv[2]))))")
         procs.append(subprocess.Popen([sys.executable, "-c", code, str(home), order], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

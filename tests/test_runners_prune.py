@@ -3,7 +3,7 @@ still holds), `agent runners --prune` removes the stale ones that hold nothing, 
 passes keeps beating.
 
 Everything is real: ledger files (or the PostgreSQL server with --ledger=postgres), task claims and named leases
-taken through agent.coord.fence and the ledger's own operations, the CLI in-process and `agent daemon` as a subprocess.
+taken through agent.coord and the ledger's own operations, the CLI in-process and `agent daemon` as a subprocess.
 Only the age of a heartbeat is made up (an UPDATE moves it into the past): waiting six minutes would prove nothing
 more.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from agent.app.doctor import render_text, run_doctor
-from agent.coord.fence import beat, runner_id, stale_after_s, take
+from agent.coord.claims import take
+from agent.coord.runners import beat, runner_id, stale_after_s
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import create_task
 from conftest import Agent, agent_bin, ledger_conn, on_postgres

@@ -1,6 +1,6 @@
 """Issue 13 case 6: the scan lock has a lease and a heartbeat, and names its holder by pid and process start time.
 
-Real processes: the holder is a separate Python process taking the real lock (`agent.coord.fence.scan_lock`, with a short
+Real processes: the holder is a separate Python process taking the real lock (`agent.coord.locks.scan_lock`, with a short
 lease so the test is quick), stopped with a real SIGSTOP; the contender is the installed `agent watch` binary on
 the demo project. On old main the lock was a flock with no lease: a stopped holder blocked every other watcher for
 as long as it stayed stopped.
@@ -24,7 +24,7 @@ from conftest import agent_bin
 HOLD = """
 import sys, time
 from pathlib import Path
-from agent.coord.fence import scan_lock
+from agent.coord.locks import scan_lock
 try:
     lock = scan_lock(Path(sys.argv[1]), "error-fix-work", lease=float(sys.argv[2]))
 except TypeError:  # old main's lock had no lease: hold it the only way it offered
@@ -96,7 +96,7 @@ def test_a_dead_holder_or_a_reused_pid_never_blocks(tmp_path, holder):
     assert "already running" not in r.stdout and "took the lock over from pid" in r.stdout, r.stdout
 
     # a record naming a live pid (ours) with another start time: that pid was reused by someone else
-    from agent.coord.fence import HOST
+    from agent.coord.runners import HOST
 
     now = time.time()
     (home / "locks" / "error-fix-work.lock").write_text(json.dumps(
@@ -106,7 +106,7 @@ def test_a_dead_holder_or_a_reused_pid_never_blocks(tmp_path, holder):
 
 
 def test_the_lock_is_released_and_a_foreign_lock_file_is_not_a_holder(tmp_path):
-    from agent.coord.fence import ScanBusy, scan_lock
+    from agent.coord.locks import ScanBusy, scan_lock
 
     (tmp_path / "locks").mkdir()
     (tmp_path / "locks" / "x.lock").write_text("pid=1 token=abc since=0\n")  # an older agent's format

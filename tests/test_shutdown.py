@@ -23,7 +23,7 @@ def _ledger(home):
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_first_signal_finishes_and_records_the_running_step_then_exits_128_plus_n(tmp_path, sig, code):
-    from agent.coord.fence import pid_alive
+    from agent.coord.runners import pid_alive
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "1.0", "--log", str(log)))
@@ -53,7 +53,7 @@ def test_first_signal_finishes_and_records_the_running_step_then_exits_128_plus_
 
 
 def test_second_signal_kills_the_lane_group_records_it_interrupted_and_leaves_no_orphan(tmp_path):
-    from agent.coord.fence import pid_alive
+    from agent.coord.runners import pid_alive
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
@@ -79,7 +79,7 @@ def test_second_signal_kills_the_lane_group_records_it_interrupted_and_leaves_no
 def test_first_signal_stops_a_long_lane_after_the_grace_and_logs_only_the_interruption(tmp_path):
     """limits.shutdown_grace: the first signal lets the 60 s lane run for 1 s, then stops it. It is recorded as
     interrupted, with no "malformed" report and no refused repair turn before that, and runs again next time."""
-    from agent.coord.fence import pid_alive
+    from agent.coord.runners import pid_alive
 
     log = tmp_path / "lanes.log"
     p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)), limits={"shutdown_grace": 1})

@@ -14,7 +14,7 @@ import pytest
 
 from agent.domain import chain
 
-from agent.coord import fence
+from agent.coord import claims, runners
 from agent.config import parse_config
 from agent.ledger.tasks import note_wait
 from agent.app.serve import HookApp, Server
@@ -44,7 +44,7 @@ def _working(ledger, title: str) -> int:
 @pytest.fixture
 def fleet(ledger, home):
     """A live runner (this home's), a dead one (heartbeat 2 h old), and tasks in every situation."""
-    live = fence.beat(ledger, home)
+    live = runners.beat(ledger, home)
     ledger.beat_runner({"id": "db-host:dead", "host": "db-host", "home": "/srv/agent", "pid": 4242,
                         "pid_start": 1, "version": "0.1.0"})
     with ledger.tx() as c:
@@ -54,8 +54,8 @@ def fleet(ledger, home):
          "silent": _working(ledger, "no event for three hours"),
          "waiting": _working(ledger, "waits for the daily budget"),
          "fresh": _working(ledger, "just moved")}
-    fence.claim(ledger, t["dead_holder"], runner="db-host:dead")
-    fence.claim(ledger, t["live_holder"], runner=live)
+    claims.claim(ledger, t["dead_holder"], runner="db-host:dead")
+    claims.claim(ledger, t["live_holder"], runner=live)
     _old_event(ledger, t["silent"], 3 * 3600)
     note_wait(ledger, t["waiting"], "daily budget spent")
     _old_event(ledger, t["waiting"], 3 * 3600)

@@ -233,7 +233,7 @@ def test_a_worker_that_lost_its_claim_pushes_nothing_to_the_hidden_ref(tmp_path)
     past its lease) neither pushes its commit nor records it, so it cannot put a sibling on the ref the new holder
     pushes to."""
     from agent.config import load_config
-    from agent.coord.fence import claim, release
+    from agent.coord.claims import claim, release
     from agent.flows.fixer.outcomes import Ctx
     from agent.flows.fixer.steps import _push_task_ref
     from agent.ledger import Ledger, ledger_path

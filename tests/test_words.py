@@ -12,6 +12,7 @@ import pytest
 from agent.domain import chain
 
 from agent.flows import notify
+from agent.notify import channels
 from agent.config import parse_config
 from agent.intake.store import ingest_text
 from agent.ledger.tasks import create_task, transition
@@ -129,7 +130,7 @@ def test_reason_text_cannot_plant_a_run_line_in_slack_email_or_webhook(ledger):
         msg = notify.render(ledger, "k", ("gate-blocked",), {"event": "task.state", "reason": lie}, tid, None, "t")
         from agent.config import NotifyChannel
 
-        body = notify.email_message(NotifyChannel(kind="email", smtp="h:25", to=("a@b.test",)), msg, None)
+        body = channels.email_message(NotifyChannel(kind="email", smtp="h:25", to=("a@b.test",)), msg, None)
         runs = [ln for ln in body.get_content().splitlines() if ln.strip().startswith(("Run:", "agent ", "curl"))]
         assert runs == ["Run:", f"    agent task reset {tid} --reason 'what you fixed'"], runs
     finally:

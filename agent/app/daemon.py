@@ -18,7 +18,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
                echo: Callable[[str], None] = print, serve: tuple[str, int] | None = None,
                public: bool = False) -> int:
     from agent import AgentError
-    from agent.coord.fence import beat, stop
+    from agent.coord.runners import beat, stop
     from agent.ledger.clock import claim_lease_s
     from agent.app.scans import SCANS, news, run_scan
     from agent.infra.shutdown import STOP, grace_of, graceful_stop

@@ -158,7 +158,7 @@ def check_runners(where, now: float | None = None) -> list[Check]:
     claim is still within its lease is named as such (its tasks wait for that lease). A runner whose clock is more
     than 5 s off the ledger's is a warning too. One `ok` line otherwise (stopped runners are fine). Nothing when
     the ledger cannot be read (the ledger check says why)."""
-    from agent.coord.fence import SKEW_WARN_S, runner_view, stale_after_s
+    from agent.coord.runners import SKEW_WARN_S, runner_view, stale_after_s
     from agent.ledger import health
     from agent.app.status import held_text
     from agent.domain.wording import ago

@@ -10,7 +10,7 @@ from agent.ledger import SCHEMA_VERSION
 
 
 def init_home(app: App) -> dict:
-    from agent.coord.fence import home_id
+    from agent.coord.runners import home_id
 
     ensure_home(app.home)  # the one command that creates a home
     home_id(app.home, create=True)   # the random half of this runner's id (fence.runner_id), made once

@@ -27,7 +27,7 @@ SCANS: dict[str, tuple[str, str]] = {
 
 def run_scan(app, name: str, jobs: int = 1) -> list[dict]:
     """Run one scan under its file lock; a scan already running elsewhere is skipped with a line saying so."""
-    from agent.coord.fence import ScanBusy, scan_lock
+    from agent.coord.locks import ScanBusy, scan_lock
 
     module, attr = SCANS[name][0].split(":")
     try:

@@ -46,7 +46,7 @@ def _epoch(ts: str | None) -> float | None:
 def runner_live(runner: dict) -> bool:
     """Whether a runner counts as live for the stuck rule (the runners view's own judgement): alive, or stopped
     cleanly within the stale threshold (a cron runner between two ticks)."""
-    from agent.coord.fence import stale_after_s
+    from agent.coord.runners import stale_after_s
 
     state = runner.get("state")
     if state == "stopped":
@@ -116,7 +116,7 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
     """Everything `agent status` and the page show, summary first (see render_text)."""
     import time
 
-    from agent.coord.fence import runners as runner_list
+    from agent.coord.runners import runners as runner_list
 
     now = time.time() if now is None else now
     blocked = ledger.blocked_tasks()

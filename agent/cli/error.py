@@ -33,7 +33,7 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     Example:
       agent error ingest app.log --format traceback --service widgets-api --env production
     """
-    from agent.domain.repos import repo_key_problem
+    from agent.domain.names import repo_key_problem
     from agent.intake.formats import nothing_found
     from agent.intake.store import ingest_text
     from agent.infra.textio import decode

@@ -33,9 +33,9 @@ def runners(as_json, prune, older_than):
       agent runners --prune
       agent runners --prune --older-than 7d --json
     """
-    from agent.coord.fence import parse_duration
-    from agent.coord.fence import prune as prune_runners
-    from agent.coord.fence import runners as list_runners
+    from agent.coord.runners import parse_duration
+    from agent.coord.runners import prune as prune_runners
+    from agent.coord.runners import runners as list_runners
     from agent.app.status import runner_lines
 
     if older_than is not None and not prune:

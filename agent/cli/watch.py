@@ -15,7 +15,7 @@ def _print(items):
 
 def run_scans(names: list[str], jobs: int, as_json: bool) -> None:
     """Run scans in order and print them; SIGINT/SIGTERM stop like the daemon (agent.infra.shutdown), then exit 128+N."""
-    from agent.coord.fence import beat, stop
+    from agent.coord.runners import beat, stop
     from agent.infra.shutdown import STOP, grace_of, graceful_stop
 
     app = get_app()

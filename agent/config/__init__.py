@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.domain.repos import repo_key_problem
-from agent.domain.vendors import BUILTIN_VENDORS
+from agent.domain.names import BUILTIN_VENDORS, repo_key_problem
 from agent.infra.shutdown import DEFAULT_GRACE_S
 from agent.infra.textio import InputError
 

@@ -27,7 +27,7 @@ from typing import Callable
 from agent import AgentError
 
 from agent.domain import chain
-from agent.coord.fence import crashpoint
+from agent.infra.faults import crashpoint
 from agent.ledger import Ledger, ledger_path
 from agent.infra.text import one_line
 
@@ -422,7 +422,7 @@ def refresh_pr_text(ledger: Ledger, forge, task_id: int) -> bool:
 
 def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None = None) -> list[str]:
     """One task's PR: owed replies, new feedback, CI. Own ledger connection and claim; never raises for a task."""
-    from agent.coord.fence import claim, release_quietly
+    from agent.coord.claims import claim, release_quietly
     from agent.forge import ForgeAuthError, ForgeError, get_forge
     from agent.ledger.tasks import ClaimLost, Refused, get_task
 

@@ -180,7 +180,7 @@ def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[
     longer than ``grace_s``, under the task's claim; a failed task's head is kept in the mirror for a reset."""
     from datetime import datetime, timedelta, timezone
 
-    from agent.coord.fence import claim, release
+    from agent.coord.claims import claim, release
     from agent.git.workspace import remove_task_workspace
 
     cutoff = (datetime.now(timezone.utc) - timedelta(seconds=grace_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -54,7 +54,7 @@ def publish_pr(ledger: "Ledger", forge: Forge, task_id: int, head: str, base: st
         else:
             pr = forge.create_draft(head, base, title, body)
             action = "created"
-            from agent.coord.fence import crashpoint
+            from agent.infra.faults import crashpoint
 
             crashpoint("pr.created")  # fault injection (tests): the PR exists, the ledger does not know it yet
     record_pr(ledger, task_id, forge, pr, head_sha=head_sha, title=title, body=body, action=action, actor=actor,

@@ -93,7 +93,7 @@ class GitlabForge(HostedForge):
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
                  timeout: tuple[float, float] = (10.0, 30.0), retries: int = 3, max_wait: float = 120.0,
                  backoff: float = 1.0, token_env: str = "GITLAB_TOKEN"):
-        from agent.domain.repos import repo_key_problem
+        from agent.domain.names import repo_key_problem
 
         if repo_key_problem(repo, self.name):
             raise ForgeError(f"gitlab: repository {repo!r}: {repo_key_problem(repo, self.name)}")

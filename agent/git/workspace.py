@@ -487,7 +487,7 @@ def _write_excludes(mirror: Path) -> None:
     ``info/exclude`` of the mirror applies to every worktree made from it, and read-only lane verification
     skips ignored files too.
     """
-    from agent.domain.vendors import WORKTREE_LITTER
+    from agent.domain.names import WORKTREE_LITTER
 
     litter = sorted({p for paths in WORKTREE_LITTER.values() for p in paths})
     path = mirror / "info" / "exclude"
@@ -509,7 +509,7 @@ def mirror_lock(home: Path, repo: str, wait: float = MIRROR_LOCK_WAIT) -> Iterat
     thread lock plus an flock on ``mirrors/<name>.git.lock``, waited for at most ``wait`` seconds."""
     import threading
 
-    from agent.coord.fence import flock_within
+    from agent.coord.locks import flock_within
 
     path = mirror_path(home, repo)
     path.parent.mkdir(parents=True, exist_ok=True)

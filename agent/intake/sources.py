@@ -286,7 +286,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
     cursor, fetches and stores, and the store's transaction checks that the lease is still its own and that the
     cursor is still the one it started from, so no page is ever stored twice (a source another runner is pulling
     right now is skipped quietly)."""
-    from agent.coord.fence import LeaseBusy, named_lease
+    from agent.coord.claims import LeaseBusy, named_lease
 
     key = src.key
     label = source_label(src)
@@ -332,7 +332,7 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
 
 def scan(app, jobs: int = 1) -> list[dict]:
     """The `errors` scan: pull every configured source once."""
-    from agent.coord.fence import runner_id
+    from agent.coord.runners import runner_id
 
     runner = runner_id(app.home)
     return [pull_source(app.ledger, src, runner=runner) for src in app.config.sources]

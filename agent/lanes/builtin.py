@@ -16,7 +16,7 @@ Rules every adapter follows:
 - build_resume with no session id raises AgentError; the runner then gives one fresh retry.
 
 ``worktree_litter``: paths the CLI itself writes into the worktree whatever the agent does (grok: ``.grok/``,
-aider: its repo-map cache), kept in ``agent.domain.vendors.WORKTREE_LITTER`` so git excludes them without
+aider: its repo-map cache), kept in ``agent.domain.names.WORKTREE_LITTER`` so git excludes them without
 importing the adapters.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from agent import AgentError
 from agent.lanes.files import read_lane_file, write_private
-from agent.domain.vendors import WORKTREE_LITTER
+from agent.domain.names import WORKTREE_LITTER
 from agent.lanes.protocol import Invocation, LaneContext, TurnOutput
 
 # Read-only lanes may inspect history but not change anything.

@@ -762,7 +762,7 @@ def _probe_sandbox(config, agent_home: Path, scratch: Path):
 
 def list_lanes(config, scratch: Path) -> list[dict]:
     """Every vendor (built-in, configured, or named by a lane) with its roles, binary and version."""
-    from agent.domain.vendors import BUILTIN_VENDORS
+    from agent.domain.names import BUILTIN_VENDORS
     from agent.lanes.vendors import known_vendors
 
     names = set(known_vendors(config)) | set(BUILTIN_VENDORS) | {lc.vendor for lc in config.lanes.values()}

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from agent import AgentError
-from agent.domain.vendors import BUILTIN_VENDORS
+from agent.domain.names import BUILTIN_VENDORS
 from agent.lanes.protocol import Invocation, LaneContext, TurnOutput, Vendor
 
 

@@ -10,7 +10,7 @@ def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-CLAIM_LEASE_S = 120.0   # a task claim's lease (agent.coord.fence.LEASE_S); renewed every third of it while a lane runs
+CLAIM_LEASE_S = 120.0   # a task claim's lease (agent.coord.claims.LEASE_S); renewed every third of it while a lane runs
 
 
 LEASE_ENV = "AGENT_CLAIM_LEASE_S"

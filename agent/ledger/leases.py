@@ -240,7 +240,7 @@ class LeaseQueries:
                    stale_token: int | None = None, scope: str | None = None) -> int | None:
         """Take the named lease for ``ttl`` seconds (on the ledger's clock) if it is free, expired, already
         ``holder``'s, or still held under ``stale_token`` (a holder the caller found dead:
-        ``agent.coord.fence.named_lease``). Returns its token (one more than the last holder's), or None while someone
+        ``agent.coord.claims.named_lease``). Returns its token (one more than the last holder's), or None while someone
         else holds it. One atomic statement."""
         from agent.ledger.clock import now
 

@@ -53,7 +53,7 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
                 conclusion_id: int | None = None, base: str = "main", branch: str | None = None,
                 round_cap: int = 5, actor: str = "human") -> tuple[int, bool]:
     """Find or create the task for an error (never two); returns (task_id, created)."""
-    from agent.domain.repos import repo_key_problem
+    from agent.domain.names import repo_key_problem
     from agent.infra.text import one_line
 
     if repo_key_problem(repo):

@@ -222,7 +222,8 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
 
 def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
     """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
-    from agent.coord.fence import release_quietly, runner_id, take
+    from agent.coord.claims import release_quietly, take
+    from agent.coord.runners import runner_id
     from agent.flows.fixer.steps import STEP_HANDLERS, finish
 
     ledger = Ledger.open(ledger_path(home), create=False)

@@ -14,7 +14,7 @@ from agent.ledger.tasks import get_task, set_step, start_next_round, transition
 
 if TYPE_CHECKING:  # a no-op cron tick (no open task) must not pay for the config module
     from agent.config import Config, RepoConfig
-    from agent.coord.fence import Claim
+    from agent.coord.claims import Claim
 
 
 @dataclass

@@ -12,8 +12,6 @@ from agent import AgentError
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.flows.fixer.driver import advance, ensure_workspace
-from agent.flows.fixer.outcomes import Ctx, Stop
 from agent.ledger import Ledger, ledger_path
 from agent.ledger.tasks import active_task_ids, task_state, work_queue
 from agent.infra.shutdown import STOP
@@ -49,6 +47,8 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
         lifted = []
     if not ids:
         return lifted
+    from agent.flows.fixer.driver import advance   # a no-op tick never loads the driver
+
     config = app.config
 
     def one(task_id: int) -> dict:
@@ -95,7 +95,8 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
         title = f"Fix {r['class'] or 'error'} in {r['service']}"
         if r["message"]:
             title += f": {r['message'].splitlines()[0]}"
-        from agent.coord.fence import claim, release, runner_id
+        from agent.coord.claims import claim, release
+        from agent.coord.runners import runner_id
         from agent.ledger.tasks import begin_fix
         from agent.ledger.tasks import create_task
         from agent.git.workspace import branch_name
@@ -131,6 +132,9 @@ def fix_scan(app, jobs: int = 1) -> list[dict]:
 def advance_workspace_only(home: Path, config: Config, task_id: int, token: str) -> str:
     """Prepare the task's workspace now, under the caller's claim ``token`` (so `watch error-fix` leaves it
     ready); errors are retried later."""
+    from agent.flows.fixer.driver import ensure_workspace
+    from agent.flows.fixer.outcomes import Ctx, Stop
+
     ledger = Ledger.open(ledger_path(home), create=False)
     ctx = Ctx(home, config, ledger, task_id, token)
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from agent import AgentError
 
 from agent.domain import chain
-from agent.coord.fence import crashpoint, pausepoint
+from agent.infra.faults import crashpoint, pausepoint
 from agent.flows.fixer.outcomes import (Ctx, Stop, block, close_step, fail, redact_text, reject_round, repo_config,
                                         repo_settings, task_git, wait)
 from agent.flows.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, budget_refused, check_budgets,
@@ -91,7 +91,7 @@ def _require_lane(ctx: Ctx, role: str) -> None:
 
 
 def _runner(ctx: Ctx) -> str:
-    from agent.coord.fence import runner_id
+    from agent.coord.runners import runner_id
 
     return ctx.claim.runner if ctx.claim is not None else runner_id(ctx.home)
 
@@ -107,7 +107,7 @@ def _lease_held(ctx: Ctx, keeper, what: str) -> None:
 
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
-    from agent.coord.fence import lease_keeper
+    from agent.coord.claims import lease_keeper
     from agent.lanes.lane import run_lane
     from agent.infra.proc import kill_group_if_same, same_process
 
@@ -369,7 +369,7 @@ def _bidi_in_change(g) -> list[tuple[str, list[str]]]:
 
 
 def step_local_check_pass(ctx: Ctx) -> None:
-    from agent.coord.fence import lease_keeper
+    from agent.coord.claims import lease_keeper
     from agent.lanes.sandbox import check_argv
     from agent.infra.proc import run
     from agent.git.workspace import human_bytes, walk_tree
@@ -426,7 +426,7 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
     changes, in the check's sandbox. Returns its summary line, or None when the round was sent back."""
     from agent.flows import proof as P
     from agent.config import ProofSettings
-    from agent.coord.fence import lease_keeper
+    from agent.coord.claims import lease_keeper
     from agent.lanes.sandbox import check_argv
     from agent.ledger.proofs import proof_for_head, record_proof
     from agent.infra.proc import run
@@ -559,7 +559,7 @@ def _publish(ctx: Ctx):
 def step_pr_opened(ctx: Ctx) -> None:
     from agent.forge import ForgeAuthError, ForgeError, ForgeRateLimited, ForgeTransient
 
-    from agent.coord.fence import LeaseBusy, named_lease
+    from agent.coord.claims import LeaseBusy, named_lease
 
     t = ctx.task
     try:

@@ -1,9 +1,20 @@
-"""Repository keys (``OWNER/NAME``; GitLab also ``GROUP/SUBGROUP/.../NAME``): what config, the forges and task
-creation accept, checked one way."""
+"""What things are called, checked one way, in a leaf: the built-in vendors (config validates against them, the lane
+registry loads their adapters, git excludes what their CLIs leave in a worktree) and repository keys (``OWNER/NAME``;
+GitLab also ``GROUP/SUBGROUP/.../NAME``), which config, the forges and task creation accept."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+BUILTIN_VENDORS = ("codex", "claude", "grok", "gemini", "aider", "opencode")
+
+
+# paths a vendor CLI itself writes into any worktree (caches, settings): never committed, never an edit
+WORKTREE_LITTER: dict[str, tuple[str, ...]] = {
+    "aider": (".aider.tags.cache.v4/",),
+    "grok": (".grok/",),
+}
 
 
 NESTED_FORGES = ("gitlab",)      # project paths of any depth: GROUP/SUBGROUP/.../NAME
