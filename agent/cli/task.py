@@ -126,9 +126,10 @@ def close_step(task_id, key, evidence, source, as_json):
     Example:
       agent task close-step 12 spec_written --evidence "spec reviewed" --source human
     """
+    from agent.domain.chain import StepStatus
     from agent.ledger.tasks import set_step
 
-    r = set_step(get_app().ledger, task_id, key, "ja", evidence, source=source)
+    r = set_step(get_app().ledger, task_id, key, StepStatus.DONE, evidence, source=source)
     emit(r, as_json, lambda r: click.echo(f"task {task_id} {key}: ja"))
 
 

@@ -9,11 +9,23 @@ reopens a step, and ``check_transition`` before it changes a task's state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 HUMAN, SCRIPT, LANE = "human", "script", "lane"
 SOURCES = (HUMAN, SCRIPT, LANE)
-STATUSES = ("pending", "ja", "nein", "n_a")
-CLOSED = ("ja", "n_a")
+
+
+class StepStatus(StrEnum):
+    """A step's status. The values are what the ledger stores and `agent task close-step --status` takes (kept as
+    they were: no data migration); a member compares equal to its value."""
+    PENDING = "pending"
+    DONE = "ja"                  # closed: the step's work is done and its artifact recorded for the current head
+    NOT_DONE = "nein"            # reopened: a rejection or a new round
+    NOT_APPLICABLE = "n_a"       # closed by a human decision
+
+
+STATUSES = tuple(StepStatus)
+CLOSED = (StepStatus.DONE, StepStatus.NOT_APPLICABLE)
 
 
 @dataclass(frozen=True)
@@ -180,13 +192,14 @@ def _artifact_missing(snap: Snapshot, key: str) -> str | None:
 def close_reasons(snap: Snapshot, key: str, status: str, source: str, evidence: str | None) -> list[str]:
     """Every reason ``key`` may not be set to ``status`` by ``source``; empty means allowed.
 
-    ``ja`` closes a step, ``n_a`` marks it not applicable (a human decision), ``nein`` reopens it.
+    ``DONE`` (``ja``) closes a step, ``NOT_APPLICABLE`` (``n_a``) marks it not applicable (a human decision),
+    ``NOT_DONE`` (``nein``) reopens it.
     """
     step = STEP_BY_KEY.get(key)
     if step is None:
         return [f"unknown step {key!r}; steps are: {', '.join(STEP_KEYS)}"]
     reasons: list[str] = []
-    if status not in ("ja", "nein", "n_a"):
+    if status not in (StepStatus.DONE, StepStatus.NOT_DONE, StepStatus.NOT_APPLICABLE):
         reasons.append(f"unknown status {status!r}; expected ja, nein or n_a")
     if source not in SOURCES:
         reasons.append(f"unknown source {source!r}; expected human or script")
@@ -194,19 +207,19 @@ def close_reasons(snap: Snapshot, key: str, status: str, source: str, evidence: 
         reasons.append("evidence missing: say what shows the step is done (--evidence TEXT)")
     if snap.state in TERMINAL:
         reasons.append(f"task {snap.task_id} is {snap.state}; reset it first")
-    if reasons or status == "nein":
+    if reasons or status == StepStatus.NOT_DONE:
         return reasons
-    if status == "n_a" and source != HUMAN:
+    if status == StepStatus.NOT_APPLICABLE and source != HUMAN:
         reasons.append("only a human may mark a step not applicable (--source human)")
     if step.kind == HUMAN and source != HUMAN:
         carve_out = key == "spec_written" and source == SCRIPT and snap.from_conclusion
         if not carve_out:
             reasons.append(f"{key} is a human step: it needs --source human "
                            "(a script may write the spec only for a task from a confirmed error.fix)")
-    missing = [n for n in step.needs if snap.steps.get(n, "pending") not in CLOSED]
+    missing = [n for n in step.needs if snap.steps.get(n, StepStatus.PENDING) not in CLOSED]
     if missing:
         reasons.append(f"needs not closed: {', '.join(missing)}")
-    if status == "ja":
+    if status == StepStatus.DONE:
         why = _artifact_missing(snap, key)
         if why:
             reasons.append(why)
@@ -216,9 +229,9 @@ def close_reasons(snap: Snapshot, key: str, status: str, source: str, evidence: 
 def next_steps(snap: Snapshot) -> list[str]:
     """Open steps whose needs are all closed, in chain order (the two PR reviews come together)."""
     return [s.key for s in STEPS
-            if snap.steps.get(s.key, "pending") not in CLOSED
-            and all(snap.steps.get(n, "pending") in CLOSED for n in s.needs)]
+            if snap.steps.get(s.key, StepStatus.PENDING) not in CLOSED
+            and all(snap.steps.get(n, StepStatus.PENDING) in CLOSED for n in s.needs)]
 
 
 def all_closed(snap: Snapshot) -> bool:
-    return all(snap.steps.get(k, "pending") in CLOSED for k in STEP_KEYS)
+    return all(snap.steps.get(k, StepStatus.PENDING) in CLOSED for k in STEP_KEYS)

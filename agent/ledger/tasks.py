@@ -76,7 +76,7 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
         })
         for step in chain.STEPS:
             ledger.insert(c, "steps", {"task_id": task_id, "key": step.key, "kind": step.kind,
-                                       "status": "pending", "round": 1})
+                                       "status": chain.StepStatus.PENDING.value, "round": 1})
         ledger.event(c, "task.created", actor, {"repo": repo, "title": title.strip(), "base": base,
                                                 "branch": branch, "conclusion_id": conclusion_id,
                                                 "round_cap": round_cap},
@@ -131,9 +131,9 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
         reasons = chain.close_reasons(snap, key, status, source, evidence)
         if reasons:
             raise Refused(reasons, prefix=f"task {task_id} step {key}: ")
-        head = snap.head_sha if status == "ja" else None
+        head = snap.head_sha if status == chain.StepStatus.DONE else None
         ledger.update(c, "steps", {"task_id": task_id, "key": key}, {
-            "status": status, "evidence": evidence.strip(), "source": source, "head_sha": head,
+            "status": str(status), "evidence": evidence.strip(), "source": source, "head_sha": head,
             "round": snap.round, "closed_at": now() if status in chain.CLOSED else None})
         if snap.state == chain.OPEN and status in chain.CLOSED:
             transition_in(ledger, c, task_id, snap.state, chain.WORKING, actor, f"{key} closed")
@@ -142,7 +142,7 @@ def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str 
             why = c.execute("SELECT blocked_reason FROM tasks WHERE id = ?", (task_id,)).fetchone()[0] or ""
             if why.startswith(f"{HUMAN_STEP_PENDING} {key}"):
                 transition_in(ledger, c, task_id, snap.state, chain.WORKING, "human", f"{key} closed by a human")
-        ledger.event(c, "step.reopened" if status == "nein" else "step.closed", actor,
+        ledger.event(c, "step.reopened" if status == chain.StepStatus.NOT_DONE else "step.closed", actor,
                      {"key": key, "status": status, "source": source, "evidence": evidence.strip(),
                       "head": head, "round": snap.round}, task_id=task_id)
         return {"task_id": task_id, "key": key, "status": status, "head": head, "round": snap.round}
@@ -203,7 +203,7 @@ def _reopen_round_steps(ledger: Ledger, c: sqlite3.Connection, task_id: int, new
     """A new round: every step after ``spec_written`` reopened (``nein``) with the feedback as evidence."""
     for key in chain.ROUND_STEPS:
         ledger.update(c, "steps", {"task_id": task_id, "key": key},
-                      {"status": "nein", "evidence": f"round {new_round}: {feedback[:200]}",
+                      {"status": chain.StepStatus.NOT_DONE.value, "evidence": f"round {new_round}: {feedback[:200]}",
                        "source": "script", "head_sha": None, "round": new_round, "closed_at": None})
 
 

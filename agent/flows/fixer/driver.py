@@ -42,7 +42,7 @@ def ensure_workspace(ctx: Ctx) -> None:
     from agent.git.workspace import (WorkspaceError, branch_name, ensure_worktree, intact, mirror_lock, mirror_path,
                                  own_worktree, remove_worktree)
 
-    t = ctx.task
+    t = ctx.load_task()
     own = own_worktree(ctx.home, ctx.task_id)
     mirror = mirror_path(ctx.home, t["repo"])
     # the worktree the ledger names lives in another runner's home: that runner advanced the task last (and may be
@@ -110,13 +110,13 @@ def _holds_head(worktree: Path, mirror: Path, head: str | None) -> bool:
 def _rebuild_point(ctx: Ctx, repo) -> str | None:
     """The commit a rebuilt worktree starts at: the task's last recorded commit (its head, else its base), fetched
     from the remote's hidden ref; or that ref's tip when it is an unrecorded child of it (pushed, then the runner
-    died before recording it: the commit step adopts it). None when the mirror cannot have the recorded head (a
-    task from before hidden refs): the old way then (the local or pushed branch, else the base) and the lost
-    round starts again."""
+    died before recording it: the commit step adopts it). None when the mirror cannot have the recorded head (the
+    remote has no hidden ref for the task): the caller starts from the local or pushed branch, else the base, and
+    the lost round starts again."""
     from agent.git.workspace import (GitError, WorkspaceError, ensure_mirror, fetch_task_ref, has_commit, parent_of,
                                  git_error_line)
 
-    t = ctx.task
+    t = ctx.load_task()
     mirror = ensure_mirror(ctx.home, t["repo"], repo.url)
     try:
         tip = fetch_task_ref(mirror, repo.url, ctx.task_id)
@@ -140,7 +140,7 @@ def _reconcile_lost_work(ctx: Ctx, ws) -> None:
 
     from agent.git.workspace import parent_of
 
-    t = ctx.task
+    t = ctx.load_task()
     head = TaskGit(ws.path, ws.mirror).head()
     snap = snapshot(ctx.ledger, ctx.task_id)
     done_this_round = [k for k in chain.ROUND_STEPS if snap.steps.get(k) in chain.CLOSED]
@@ -189,7 +189,7 @@ def clear_stale_git_locks(ctx: Ctx) -> None:
     """A kill during a git command leaves ``index.lock``/``HEAD.lock`` in the task's worktree git dir, and every
     later git command there fails. We hold the task's claim and the worktree is the task's own, so no live git
     process of ours is using it: remove them (with an event)."""
-    t = ctx.task
+    t = ctx.load_task()
     if not t["worktree"] or not Path(t["worktree"]).exists():
         return
     try:
@@ -236,7 +236,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
         # ctx.claim.moved / .took_over: the takeover hook (DESIGN.md "Runners, leases and fencing")
         ctx.claim, ctx.token = got, got.token
         token = got.token
-        if ctx.task["state"] not in (chain.OPEN, chain.WORKING):
+        if ctx.load_task()["state"] not in (chain.OPEN, chain.WORKING):
             return []
         ensure_workspace(ctx)
         clear_stale_git_locks(ctx)
@@ -244,7 +244,7 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
             if STOP.is_set():
                 ctx.say("stopping: shutdown requested")
                 break
-            t = ctx.task
+            t = ctx.load_task()
             if t["state"] not in (chain.OPEN, chain.WORKING):
                 break
             snap = snapshot(ledger, task_id)

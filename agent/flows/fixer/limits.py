@@ -38,7 +38,7 @@ def check_budgets(ctx: Ctx) -> None:
         block(ctx, f"{TASK_BUDGET_SPENT} ({usd(spent)} of {usd(budget)}{' since the last reset' if since_reset else ''}"
                     f"); `agent task reset {ctx.task_id} --reason ... --budget USD` lets it spend USD more "
                     "(or raise limits.task_budget_usd)")
-    t = ctx.task
+    t = ctx.load_task()
     started = datetime.strptime(t["created_at"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
     if (datetime.now(timezone.utc) - started).total_seconds() > limits.task_wall_time:
         block(ctx, f"task wall time {limits.task_wall_time}s exceeded")

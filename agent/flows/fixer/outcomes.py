@@ -30,12 +30,12 @@ class Ctx:
     progress: bool = False               # show a live line (elapsed, last output) while a lane runs, on a TTY
     waiting: str | None = None           # why this pass stopped to wait (recorded as tasks.wait_reason)
 
-    @property
-    def task(self) -> dict:
+    def load_task(self) -> dict:
+        """The task's row, read from the ledger now (each call is a query: keep the row while it is current)."""
         return get_task(self.ledger, self.task_id)
 
     def say(self, text: str) -> None:
-        t = self.task
+        t = self.load_task()
         self.lines.append(f"task {self.task_id} round {t['round']}: {text}")
 
 
@@ -84,11 +84,11 @@ def reject_round(ctx: Ctx, what: str, feedback: str) -> None:
 
 
 def close_step(ctx: Ctx, key: str, evidence: str, source: str = "script") -> None:
-    set_step(ctx.ledger, ctx.task_id, key, "ja", evidence, source=source, actor="script", claim_token=ctx.token)
+    set_step(ctx.ledger, ctx.task_id, key, chain.StepStatus.DONE, evidence, source=source, actor="script", claim_token=ctx.token)
 
 
 def repo_config(ctx: Ctx) -> RepoConfig:
-    t = ctx.task
+    t = ctx.load_task()
     repo = ctx.config.repos.get(t["repo"])
     if repo is None:
         block(ctx, f"{chain.CONFIG_BLOCK} repository {t['repo']} is not configured; add it under repos: in "
@@ -101,7 +101,7 @@ def repo_settings(ctx: Ctx):
     from agent.config import load_repo_settings
     from agent.git.workspace import mirror_path
 
-    t = ctx.task
+    t = ctx.load_task()
     return load_repo_settings(mirror_path(ctx.home, t["repo"]), t["base_sha"]) if t["base_sha"] else None
 
 
@@ -109,5 +109,5 @@ def task_git(ctx: Ctx):
     """Hardened git on the task's worktree, with its git dir taken from the mirror (agent.git.workspace.TaskGit)."""
     from agent.git.workspace import TaskGit, mirror_path
 
-    t = ctx.task
+    t = ctx.load_task()
     return TaskGit(t["worktree"], mirror_path(ctx.home, t["repo"]))

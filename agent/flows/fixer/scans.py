@@ -138,10 +138,10 @@ def advance_workspace_only(home: Path, config: Config, task_id: int, token: str)
     ledger = Ledger.open(ledger_path(home), create=False)
     ctx = Ctx(home, config, ledger, task_id, token)
     try:
-        if ctx.task["worktree"]:  # prepared already (maybe in another runner's home): the work scan, under the
-            return f"worktree {ctx.task['worktree']}"   # task's claim, is what takes a task over
+        if ctx.load_task()["worktree"]:  # prepared already (maybe in another runner's home): the work scan, under the
+            return f"worktree {ctx.load_task()['worktree']}"   # task's claim, is what takes a task over
         ensure_workspace(ctx)
-        return f"worktree {ctx.task['worktree']}"
+        return f"worktree {ctx.load_task()['worktree']}"
     except Stop:
         return "; ".join(ctx.lines)
     finally:

@@ -34,12 +34,12 @@ if TYPE_CHECKING:
 
 
 def _error(ctx: Ctx) -> dict | None:
-    t = ctx.task
+    t = ctx.load_task()
     return get_error(ctx.ledger, t["error_id"]) if t["error_id"] else None
 
 
 def _brief(ctx: Ctx) -> str:
-    t = ctx.task
+    t = ctx.load_task()
     if t["conclusion_id"]:
         brief = conclusion_brief(ctx.ledger, t["conclusion_id"])
         if brief:
@@ -112,7 +112,7 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     from agent.infra.proc import kill_group_if_same, same_process
 
     _require_lane(ctx, role)
-    t = ctx.task
+    t = ctx.load_task()
     settings = repo_settings(ctx)
     inflight = inflight_run(ctx.ledger, ctx.task_id, t["round"], role)
     if inflight and same_process(inflight["pid"], inflight["pid_start"]):
@@ -196,7 +196,7 @@ def _lane_outcome(ctx: Ctx, role: str, result) -> None:
 def step_spec_written(ctx: Ctx) -> None:
     from agent.domain.spec import implementer_spec, write_spec
 
-    t = ctx.task
+    t = ctx.load_task()
     repo = repo_config(ctx)
     error = _error(ctx)
     text = implementer_spec(t, error, _brief(ctx), _check_command(ctx, repo), _blocked_paths(ctx, repo),
@@ -217,7 +217,7 @@ def _round_spec(ctx: Ctx) -> Path:
     """The implementer spec for the current round (round 1 is the one spec_written recorded)."""
     from agent.domain.spec import implementer_spec, write_spec
 
-    t = ctx.task
+    t = ctx.load_task()
     path = Path(ctx.home) / "specs" / f"task-{ctx.task_id}" / f"round-{t['round']}.md"
     if path.exists():
         return path
@@ -236,13 +236,13 @@ def _round_spec(ctx: Ctx) -> Path:
 def step_implementer_done(ctx: Ctx) -> None:
     check_budgets(ctx)
     spec = _round_spec(ctx)
-    result = _lane(ctx, "implementer", spec, ctx.task["head_sha"] or ctx.task["base_sha"])
+    result = _lane(ctx, "implementer", spec, ctx.load_task()["head_sha"] or ctx.load_task()["base_sha"])
     _lane_outcome(ctx, "implementer", result)
     if result.status == "complete":
         from agent.flows.lessons import propose
 
         propose(ctx.ledger, ctx.task_id, result.lesson, max_chars=ctx.config.lessons.max_chars,
-                lane_run_id=result.run_id, round_=ctx.task["round"], claim_token=ctx.token, clean=redact_text)
+                lane_run_id=result.run_id, round_=ctx.load_task()["round"], claim_token=ctx.token, clean=redact_text)
         close_step(ctx, "implementer_done", f"lane run #{result.run_id}: {(result.summary or '')[:300]}")
         return
     if result.status == "timeout":
@@ -254,7 +254,7 @@ def step_implementer_done(ctx: Ctx) -> None:
 
 
 def _record_commit(ctx: Ctx, sha: str, parent: str | None, message: str) -> None:
-    record_commit(ctx.ledger, ctx.task_id, ctx.task["round"], sha, parent, message, claim_token=ctx.token)
+    record_commit(ctx.ledger, ctx.task_id, ctx.load_task()["round"], sha, parent, message, claim_token=ctx.token)
 
 
 def _push_task_ref(ctx: Ctx, sha: str) -> None:
@@ -267,7 +267,7 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
     from agent.git.push import PushError, push_task_ref
     from agent.git.workspace import mirror_path, task_ref
 
-    t = ctx.task
+    t = ctx.load_task()
     repo_cfg = repo_config(ctx)
     try:   # the claim is checked, and held still, in the step that pushes (ClaimLost: not ours, nothing pushed)
         with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
@@ -284,7 +284,7 @@ def step_committed(ctx: Ctx) -> None:
     from agent.infra.text import strip_controls
     from agent.git.workspace import unsafe_changes
 
-    t = ctx.task
+    t = ctx.load_task()
     repo_cfg = repo_config(ctx)
     g = task_git(ctx)
     head = g.head()
@@ -374,7 +374,7 @@ def step_local_check_pass(ctx: Ctx) -> None:
     from agent.infra.proc import run
     from agent.git.workspace import human_bytes, walk_tree
 
-    t = ctx.task
+    t = ctx.load_task()
     repo_cfg = repo_config(ctx)
     command = _check_command(ctx, repo_cfg)
     if not command:
@@ -432,7 +432,7 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
     from agent.infra.proc import run
     from agent.git.workspace import mirror_path
 
-    t = ctx.task
+    t = ctx.load_task()
     head = t["head_sha"]
     done = proof_for_head(ctx.ledger, ctx.task_id, head)
     if done is not None and done["verdict"] != P.REJECTED:   # recorded before a crash: never run twice
@@ -472,12 +472,12 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
 
 
 def _diff(ctx: Ctx) -> str:
-    t = ctx.task
+    t = ctx.load_task()
     return task_git(ctx).diff(t["base_sha"], t["head_sha"])
 
 
 def _record_gate(ctx: Ctx, result, stage: str, dimension: str, verdict: str) -> None:
-    t = ctx.task
+    t = ctx.load_task()
     record_gate(ctx.ledger, ctx.task_id, t["round"], stage=stage, dimension=dimension, verdict=verdict,
                 findings=result.findings, head=t["head_sha"], lane_run_id=result.run_id, claim_token=ctx.token)
 
@@ -486,13 +486,13 @@ def _proof_text(ctx: Ctx) -> str | None:
     from agent.ledger.proofs import proof_for_head
     from agent.flows.proof import spec_text
 
-    return spec_text(proof_for_head(ctx.ledger, ctx.task_id, ctx.task["head_sha"]))
+    return spec_text(proof_for_head(ctx.ledger, ctx.task_id, ctx.load_task()["head_sha"]))
 
 
 def _review_spec(ctx: Ctx, dimension: str) -> Path:
     from agent.domain.spec import reviewer_spec, without_section, write_spec
 
-    t = ctx.task
+    t = ctx.load_task()
     spec_text = _round_spec(ctx).read_text(encoding="utf-8")   # this home's copy (another runner may have written it)
     check = passing_check(ctx.ledger, ctx.task_id, t["head_sha"])
     summary = f"`{check['command']}` passed (exit {check['exit_code']})" if check else None
@@ -506,7 +506,7 @@ def step_reviewer_approved(ctx: Ctx) -> None:
     from agent.lanes.report import verdict
 
     check_budgets(ctx)
-    t = ctx.task
+    t = ctx.load_task()
     result = _lane(ctx, "reviewer", _review_spec(ctx, "code"), t["head_sha"])
     _lane_outcome(ctx, "reviewer", result)
     if result.status == "timeout":
@@ -526,7 +526,7 @@ def step_reviewer_approved(ctx: Ctx) -> None:
 def step_pushed(ctx: Ctx) -> None:
     from agent.git.push import PushError, push_branch
 
-    t = ctx.task
+    t = ctx.load_task()
     repo_cfg = repo_config(ctx)
     try:   # only under the current claim, checked and held still in the same step (ClaimLost: nothing pushed)
         with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
@@ -547,7 +547,7 @@ def _publish(ctx: Ctx):
     from agent.domain.pr_text import render_pr
     from agent.ledger.prs import pr_data_from_ledger
 
-    t = ctx.task
+    t = ctx.load_task()
     title, body = render_pr(pr_data_from_ledger(ctx.ledger, ctx.task_id))
     forge = get_forge(repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
     with claimed_tx(ctx.ledger, ctx.task_id, ctx.token):  # a worker that lost its claim must not touch the PR
@@ -561,7 +561,7 @@ def step_pr_opened(ctx: Ctx) -> None:
 
     from agent.coord.claims import LeaseBusy, named_lease
 
-    t = ctx.task
+    t = ctx.load_task()
     try:
         # runners sharing the ledger take turns here: the limits count every runner's PRs, and the count and the
         # create happen under one `pr-open` lease, so two runners can never both pass the check for one slot
@@ -590,7 +590,7 @@ def step_pr_reviews(ctx: Ctx) -> None:
     from agent.lanes.report import verdict
 
     check_budgets(ctx)
-    t = ctx.task
+    t = ctx.load_task()
     snap = snapshot(ctx.ledger, ctx.task_id)
     todo = [d for d in ("quality", "logic") if snap.steps.get(f"pr_{d}_approved") not in chain.CLOSED]
     for d in todo:  # a missing lane blocks here, on the task's own thread, before either reviewer starts
@@ -664,7 +664,7 @@ def finish(ctx: Ctx) -> None:
 
         owe_pr_text(ctx.ledger, ctx.task_id, str(exc), ctx.token)
         ctx.lines.append(f"task {ctx.task_id}: PR text not refreshed ({exc}); later scans retry it")
-    t = ctx.task
+    t = ctx.load_task()
     finish_task(ctx.ledger, ctx.task_id, f"all reviewers approved {t['head_sha'][:12]}", claim_token=ctx.token)
     ctx.say(f"done: all reviewers approved {t['head_sha'][:12]}")
     _reply_on_pr(ctx)
