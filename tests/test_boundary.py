@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lanes.lane import SETID_BITS, WORKTREE_TOO_LARGE, run_lane
+from agent.lanes.lane import SETID_BITS, WORKTREE_TOO_LARGE, LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path, check_argv
 from conftest import git
 from lane_helpers import make_config, make_repo
@@ -76,8 +76,8 @@ def test_case1_links_a_lane_plants_never_redirect_the_runners_writes(tmp_path, l
     config = make_config({"planter": {"command": cmd, "resume": cmd}},
                          {"implementer": {"vendor": "planter", "repair": 1}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "malformed" and len(res.repairs) == 1, (res.status, res.reason)
     assert victim.read_text() == "ORIGINAL\n"
     for name in ("01-turn.stdout", "02-repair-1.stdout", "repair-1.md", "result.json", "sandbox-git-config"):
@@ -138,8 +138,8 @@ def test_case2_a_vendors_last_message_file_is_never_read_through_a_link(tmp_path
     config = make_config({"codex": {"bin": str(codex), "env": ["PROBE_TARGET"]}},
                          {"implementer": {"vendor": "codex", "repair": 0}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "malformed", (res.status, res.reason)
     everything = json.dumps(res.to_json()) + (res.log_dir / "result.json").read_text()
     everything += json.dumps(dict(ledger.one("SELECT * FROM lane_runs WHERE id = ?", (res.run_id,))), default=str)
@@ -177,8 +177,8 @@ def test_case2_a_session_id_naming_a_host_file_is_never_bound_into_the_next_turn
                                 "resume": [sys.executable, str(script), "--session", "{session}"]}},
                          {"implementer": {"vendor": "s", "repair": 1}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "complete", (res.status, res.reason)
     assert (repo / "seen.txt").read_text() == "FileNotFoundError"
 
@@ -243,8 +243,8 @@ def test_case4_vendor_state_is_a_private_copy_per_task(tmp_path, monkeypatch):
         monkeypatch.setenv("PROBE_TAG", tag)
         config = make_config({"claude": {"bin": str(claude), "env": ["CLAUDE_CONFIG_DIR", "PROBE_TAG"]}},
                              {"implementer": {"vendor": "claude", "repair": 0}})
-        res = run_lane(config=config, home=home, role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                       task_id=task_id)
+        res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=_spec(tmp_path),
+                                   cwd=repo, task_id=task_id))
         assert res.status == "complete", (res.status, res.reason, res.excerpt)
         return json.loads((repo / f"probe-{tag}.json").read_text())
 
@@ -281,8 +281,8 @@ def test_case5_setuid_files_are_stripped_and_the_run_rejected(tmp_path, ledger):
     script.write_text(SETUID_LANE)
     config = make_config({"s": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "s"}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     mode = (repo / "sh").stat().st_mode
     assert not mode & (stat.S_ISUID | stat.S_ISGID), oct(mode)
     assert res.status == "rejected" and res.reason.startswith(SETID_BITS) and "sh" in res.reason, res.reason
@@ -463,7 +463,8 @@ def test_lane_tmp_and_home_are_capped_and_a_grown_worktree_fails_the_run(tmp_pat
     config = make_config({"s": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "s"}},
                          limits={"lane_tmp_mb": 16, "worktree_max_mb": 1})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo))
     assert (repo / "sizes.txt").read_text() == "OSError OSError"
     assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
     assert "limits.worktree_max_mb (1 MB)" in res.reason

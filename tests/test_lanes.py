@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent import AgentError
-from agent.lanes.lane import CAPABILITY_DRIFT, run_lane
+from agent.lanes.lane import CAPABILITY_DRIFT, LaneRequest, run_lane
 from agent.lanes.vendors import VENDORS, CommandVendor, get_vendor
 from agent.ledger import Ledger
 from lane_helpers import FakeAgent, make_config, make_repo, report_impl, report_review
@@ -37,7 +37,7 @@ def env(tmp_path):
 
 def lane(e, role, config, **kw):
     kw.setdefault("ledger", e.ledger)
-    return run_lane(config=config, home=e.home, role=role, spec_path=e.spec, cwd=e.repo, **kw)
+    return run_lane(LaneRequest(config=config, home=e.home, role=role, spec_path=e.spec, cwd=e.repo, **kw))
 
 
 def cfg(e, resume=True, lanes=None, limits=None, env=None, **extra):
@@ -144,7 +144,8 @@ def test_read_only_in_non_git_dir_uses_content_hash(env, tmp_path):
     plain.mkdir()
     (plain / "a.txt").write_text("a")
     env.agent.set({"edit": {"a.txt": "b"}, "print": "STATUS: complete\nDECISION: skip\nREASON: noise\n"})
-    res = run_lane(config=cfg(env, sandbox="none"), home=env.home, role="decider", spec_path=env.spec, cwd=plain, ledger=env.ledger)
+    res = run_lane(LaneRequest(config=cfg(env, sandbox="none"), home=env.home, role="decider", spec_path=env.spec,
+                               cwd=plain, ledger=env.ledger))
     assert res.status == "rejected" and "a.txt" in res.reason
 
 
@@ -393,7 +394,8 @@ def test_caller_errors_raise_agent_error(env):
     with pytest.raises(AgentError, match="unknown role"):
         lane(env, "tester", cfg(env))
     with pytest.raises(AgentError, match="spec file"):
-        run_lane(config=cfg(env), home=env.home, role="implementer", spec_path=env.tmp / "nope.md", cwd=env.repo)
+        run_lane(LaneRequest(config=cfg(env), home=env.home, role="implementer", spec_path=env.tmp / "nope.md",
+                             cwd=env.repo))
     with pytest.raises(AgentError, match="no vendor configured"):
         lane(env, "implementer", make_config({}, {}))
     with pytest.raises(AgentError, match="unknown vendor"):
@@ -512,14 +514,14 @@ def test_worktree_state_sees_head_edits_renames_and_untracked(tmp_path):
 
 def test_usage_adds_across_turns_unless_the_vendor_reports_cumulative_usage():
     from agent.lanes.builtin import ADAPTERS
-    from agent.lanes.lane import _Run
+    from agent.lanes.lane import Tally
     from agent.lanes.protocol import TurnOutput
 
     def turns(vendor, outs):
-        run = _Run(vendor=vendor)
+        tally = Tally(vendor)
         for out in outs:
-            run.add_turn(None, out)
-        return run
+            tally.add(None, out)
+        return tally
 
     first = TurnOutput(message="", session_id="s1", cost_usd=0.25, usage={"input_tokens": 100})
     resumed = TurnOutput(message="", session_id="s1", cost_usd=0.5, usage={"input_tokens": 160})
