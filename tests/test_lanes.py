@@ -417,6 +417,47 @@ def test_lost_claim_refuses_to_start(env):
     assert [e["task_id"] for e in env.ledger.events() if e["kind"].startswith("lane.")] == [task_id, task_id]
 
 
+def test_a_claim_lost_before_a_repair_turn_never_starts_it(env):
+    """Fencing reaches the side effect: the claim is taken over between the first turn (a malformed report) and
+    the repair turn; the repair turn's process never starts, and nothing more of the run is recorded."""
+    from agent.ledger import ledger_path
+    from agent.ledger.tasks import ClaimLost, create_task
+    from conftest import on_postgres
+
+    led = Ledger.open(ledger_path(env.home))     # PostgreSQL under --ledger=postgres
+    assert led.postgres == on_postgres()
+    task_id, _ = create_task(led, "acme/widgets", "fix it")
+    with led.tx() as c:
+        c.execute("UPDATE tasks SET claim_token = 'tok-A' WHERE id = ?", (task_id,))
+
+    class TakenOver:
+        """The progress object the fixer passes; its set_label runs in the runner right before a repair turn: here
+        another runner takes the task over at that moment."""
+
+        def __call__(self, line):
+            pass
+
+        def set_label(self, label):
+            with led.tx() as c:
+                c.execute("UPDATE tasks SET claim_token = 'tok-B' WHERE id = ?", (task_id,))
+
+    # unsandboxed, so its first turn can plant a git hook: the lost run still restores git's own files
+    env.agent.set({"session": "s1", "edit": {".git/hooks/post-checkout": "#!/bin/sh\n"}, "print": "no report\n"},
+                  {"print": report_impl()})
+    with pytest.raises(ClaimLost) as lost:
+        lane(env, "implementer", cfg(env, sandbox="none"), task_id=task_id, claim_token="tok-A", round=1,
+             on_progress=TakenOver(), ledger=led)
+    assert len(env.agent.calls) == 1                      # the repair turn's process never ran
+    run = led.one("SELECT * FROM lane_runs WHERE task_id = ?", (task_id,))
+    log_dir = env.home / "lanes" / str(run["id"])
+    assert (log_dir / "01-turn.stdout").exists() and not (log_dir / "02-repair-1.stdout").exists()
+    assert "repair-1 turn was not started" in str(lost.value)
+    assert not (env.repo / ".git" / "hooks" / "post-checkout").exists()
+    assert run["status"] == "running" and run["repairs"] in (None, "", "[]")   # nothing recorded after the loss
+    assert [e["kind"] for e in led.events() if e["kind"].startswith("lane.")] == ["lane.started"]
+    led.close()
+
+
 def test_get_vendor_registry():
     config = make_config({"mine": {"command": ["python3", "x.py", "{spec}"]}})
     v = get_vendor("mine", config)

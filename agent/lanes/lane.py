@@ -17,6 +17,8 @@ A run found still 'running' and passed as ``resume_run_id`` is marked 'interrupt
 
 The run is recorded in ``lane_runs`` (status 'running' + manifest before the child starts, pid when
 it starts, final fields after) with events lane.started / lane.repair / lane.finished.
+A task's run starts each turn's process only under the task's live claim (checked right before it starts); a lost
+claim raises LeaseLost after git's own files are restored and setid bits stripped, and nothing more is recorded.
 """
 
 from __future__ import annotations
@@ -450,12 +452,20 @@ class LaneRun:
         self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
 
     def run(self) -> LaneResult:
+        from agent.ledger.tasks import LeaseLost
+
         self.open()
         try:
             first = self.prepare()
         except _Ended as end:
             return self.finish(end.status, end.reason, None)
-        status, reason, report = self.repair(self.first_turn(first))
+        try:
+            status, reason, report = self.repair(self.first_turn(first))
+        except LeaseLost:
+            # the claim is gone (no turn starts without it): the lane's traces are settled all the same, and
+            # nothing more is recorded (the fixer drops the task, as for any lost claim)
+            self.settle()
+            raise
         status, reason = self.verdict(status, reason)
         return self.finish(status, reason, report)
 
@@ -669,6 +679,7 @@ class LaneRun:
         redacted."""
         from agent.infra import proc
 
+        self.fence(slug)
         self.turn_index += 1
         base = self.run_dir / f"{self.turn_index:02d}-{slug}"
         remaining = self.end - time.time()
@@ -695,6 +706,22 @@ class LaneRun:
         out = self._read_turn(res)
         self.tally.add(res, out)
         return res, out
+
+    def fence(self, slug: str) -> None:
+        """A turn's process starts only under the live claim of the run's task: checked right before it starts, on
+        the ledger's clock (``check_claim``: an expired lease nobody took is renewed); LeaseLost when it is gone."""
+        req = self.req
+        if self.ledger is None or req.task_id is None or req.claim_token is None:
+            return
+        from agent.ledger.tasks import LeaseLost, check_claim
+
+        try:
+            with self.ledger.tx(exclusive=False) as c:
+                check_claim(c, req.task_id, req.claim_token)
+        except LeaseLost:
+            what = "first turn" if slug == "turn" else f"{slug} turn"
+            raise LeaseLost(f"task {req.task_id}: claim lost to another worker; the {self.role} lane's {what} "
+                            "was not started, nothing more recorded") from None
 
     def _launch(self, inv: Invocation, base: Path, env: dict[str, str], net, remaining: float):
         from agent.infra import proc
@@ -748,11 +775,17 @@ class LaneRun:
         return None, f"malformed report: {report.problem}", report
 
     # verdict -----------------------------------------------------------------
-    def verdict(self, status: str, reason: str | None) -> tuple[str, str | None]:
-        """After the last turn: git's own files restored, setid bits stripped, the worktree's size and (read-only
-        lanes) its changes; any of them rejects the run."""
+    def settle(self) -> tuple[list[str], list[str], str | None]:
+        """After the last turn: git's own files restored, setid bits stripped. Returns (the git files the lane
+        changed, the worktree files that had setid bits, why the worktree is too large or None)."""
         tampered = self.guard.check_and_restore()
         setid, too_large = _settle_files(self.plan, self.cwd, self.writable, self.req.config.limits.worktree_max_mb)
+        return tampered, setid, too_large
+
+    def verdict(self, status: str, reason: str | None) -> tuple[str, str | None]:
+        """The lane's traces settled; a changed git file, setid bits, an oversized worktree or (read-only lanes) a
+        changed worktree rejects the run."""
+        tampered, setid, too_large = self.settle()
         about = {"run_id": self.run_id, "role": self.role, "vendor": self.vendor_name}
         if tampered:
             shown = ", ".join(tampered[:10]) + (f" (+{len(tampered) - 10} more)" if len(tampered) > 10 else "")
