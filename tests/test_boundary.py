@@ -85,7 +85,7 @@ def test_case1_links_a_lane_plants_never_redirect_the_runners_writes(tmp_path, l
         assert p.is_file() and not p.is_symlink(), name
     # what the lane left is kept only as text, its links named, never followed; its own dir is gone
     assert not (res.log_dir / "lane").exists()
-    assert "01-turn.stdout" in (res.log_dir / "lane-files" / "LINKS").read_text()
+    assert "01-turn.stdout" in (res.log_dir / "lane-files" / "01-turn" / "LINKS").read_text()
     row = ledger.one("SELECT log_dir, status FROM lane_runs WHERE id = ?", (res.run_id,))
     assert row["status"] == "malformed" and row["log_dir"] == str(res.log_dir)
 
@@ -559,3 +559,50 @@ print("STATUS: complete\nSUMMARY: named a file\n")
         led.close()
     text = json.dumps([e["payload"] for e in events], ensure_ascii=False)
     assert ".github/ci.yml" in text and "\x1b" not in text and "\x07" not in text, text[-800:]
+
+
+# ---------------------------------------------------------------------------------------------- case 10
+
+
+TURN_PLANTER = r'''
+import json, os, sys
+from pathlib import Path
+out, secret, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "first"
+if first:
+    (out / "planted.txt").write_text("left by the first turn\n")
+    os.symlink(secret, out / "aider.chat.md")       # a link named like a file a runner carries over
+    os.symlink(secret, out / "codex-last-message.txt")
+    print("SESSION: s1")
+    print("no report from me")                      # malformed: a repair turn follows
+else:
+    print("SEEN " + json.dumps(sorted(os.listdir(out))))
+    (out / "second.txt").write_text("the repair turn's own\n")
+    print("STATUS: complete\nSUMMARY: repaired\n")
+'''
+
+
+@needs_bwrap
+def test_case10_each_turn_gets_a_fresh_lane_dir(tmp_path, ledger):
+    """The first turn plants a file and links in its lane dir and reports nothing; on main the repair turn found
+    them there (the dir was fresh per run, not per turn) and the runner read the dir only when the run ended. Now
+    each turn's dir is kept as text right after it (links named, never followed) and the next turn gets an empty
+    one."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text(MARKER + "\n")
+    script = tmp_path / "planter.py"
+    script.write_text(TURN_PLANTER)
+    config = make_config({"planter": {"command": [sys.executable, str(script), "{run_dir}", str(secret), "first"],
+                                      "resume": [sys.executable, str(script), "{run_dir}", str(secret), "again"]}},
+                         {"implementer": {"vendor": "planter", "repair": 1}})
+    repo = make_repo(tmp_path / "repo")
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
+    assert res.status == "complete" and len(res.repairs) == 1, (res.status, res.reason)
+    assert 'SEEN []' in (res.log_dir / "02-repair-1.stdout").read_text()     # the repair turn's dir was empty
+    first, second = res.log_dir / "lane-files" / "01-turn", res.log_dir / "lane-files" / "02-repair-1"
+    assert (first / "planted.txt").read_text() == "left by the first turn\n"
+    assert set((first / "LINKS").read_text().split()) >= {"aider.chat.md", "codex-last-message.txt"}
+    assert sorted(p.name for p in second.iterdir()) == ["second.txt"]
+    assert not (res.log_dir / "lane").exists()
+    for p in res.log_dir.rglob("*"):
+        assert p.is_dir() or MARKER not in p.read_text(errors="replace"), p

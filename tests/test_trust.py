@@ -493,7 +493,8 @@ def test_case8_secrets_a_lane_prints_are_stored_redacted(tmp_path, monkeypatch):
     res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led))
     assert res.status == "complete"
     stored = {p.name: p.read_text(errors="replace") for p in res.log_dir.iterdir() if p.is_file()}
-    stored |= {"lane-files/" + p.name: p.read_text(errors="replace") for p in (res.log_dir / "lane-files").iterdir()}
+    kept = res.log_dir / "lane-files" / "01-turn"                                # the turn's lane dir, as text
+    stored |= {"lane-files/" + p.name: p.read_text(errors="replace") for p in kept.iterdir()}
     assert {"01-turn.stdout", "01-turn.stderr", "result.json", "lane-files/notes.txt"} <= set(stored)
     assert not (res.log_dir / "lane").exists()           # the lane's own dir is gone: only its redacted copy stays
     for name, text in stored.items():

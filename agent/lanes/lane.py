@@ -448,6 +448,7 @@ class LaneRun:
         self.repairs: list[dict] = []
         self.runner_files: list[Path] = []
         self.turn_index = 0
+        self.carried: dict[str, str] = {}                  # what the next turn needs of the last one's lane dir
         self.bwrap = self.plan = self.ctx = self.mhash = self.before = self.guard = None
         self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
 
@@ -498,7 +499,7 @@ class LaneRun:
             self.run_dir = self.home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # the runner's files stay in run_dir, which the lane never sees; the lane writes only to its worktree and
-        # to lane_dir (fresh for this run, bound read-write, removed when the run ends: agent.lanes.files)
+        # to lane_dir (fresh for each turn, bound read-write, kept as text and removed after it: agent.lanes.files)
         self.lane_dir = fresh_dir(self.run_dir / "lane")
         self.record({"log_dir": str(self.run_dir)})
 
@@ -622,6 +623,7 @@ class LaneRun:
                 reason = f"{reason}; no time left for a repair turn"
                 break
             n += 1
+            self._fresh_lane_dir()
             note_text = repair_note(report.problem if report else None, self.role)
             built = self._repair_invocation(n, note_text, fresh_used)
             if built is None:
@@ -694,6 +696,7 @@ class LaneRun:
                                   truncated=False, error=f"the lane's egress proxy could not start: {exc}")
             out = TurnOutput(message="")
             self.tally.add(res, out)
+            self._keep_lane_dir(base.name)
             return res, out
         try:
             res = self._launch(inv, base, env, net, remaining)
@@ -705,7 +708,22 @@ class LaneRun:
             self.event("lane.egress_refused", {"run_id": self.run_id, "turn": self.turn_index, "hosts": refused})
         out = self._read_turn(res)
         self.tally.add(res, out)
+        self._keep_lane_dir(base.name)
         return res, out
+
+    def _keep_lane_dir(self, turn: str) -> None:
+        """After a turn: what the next turn needs of its lane dir read (``read_lane_file``), then the dir kept as
+        redacted text under ``lane-files/<turn>/`` and removed."""
+        carried = getattr(self.vendor, "carried", None)
+        self.carried = carried(self.ctx) if carried is not None else {}
+        keep_lane_files(self.lane_dir, self.run_dir / "lane-files" / turn, self.secrets)
+
+    def _fresh_lane_dir(self) -> None:
+        """Before a repair turn: a new empty lane dir holding only what the runner carries over, written by the
+        runner from text (a later turn never sees a file or link an earlier one left)."""
+        fresh_dir(self.lane_dir)
+        for name, text in self.carried.items():
+            write_private(self.lane_dir / name, text)
 
     def fence(self, slug: str) -> None:
         """A turn's process starts only under the live claim of the run's task: checked right before it starts, on
@@ -812,7 +830,7 @@ class LaneRun:
         result = self._result(status, reason, report)
         if self.ledger is not None:
             self._record_result(result, cost_source)
-        keep_lane_files(self.lane_dir, self.run_dir / "lane-files", self.secrets)
+        keep_lane_files(self.lane_dir, self.run_dir / "lane-files", self.secrets)   # no turn ran (else: gone)
         if self.req.task_id is None:         # a run outside a task: no later run can resume its vendor session
             shutil.rmtree(self.home / "vendor-state" / f"run-{self.run_dir.name}", ignore_errors=True)
         doc = result.to_json()
