@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lanes.lane import SETID_BITS, WORKTREE_TOO_LARGE, run_lane
+from agent.lanes.lane import SETID_BITS, WORKTREE_TOO_LARGE, LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path, check_argv
 from conftest import git
 from lane_helpers import make_config, make_repo
@@ -76,8 +76,8 @@ def test_case1_links_a_lane_plants_never_redirect_the_runners_writes(tmp_path, l
     config = make_config({"planter": {"command": cmd, "resume": cmd}},
                          {"implementer": {"vendor": "planter", "repair": 1}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "malformed" and len(res.repairs) == 1, (res.status, res.reason)
     assert victim.read_text() == "ORIGINAL\n"
     for name in ("01-turn.stdout", "02-repair-1.stdout", "repair-1.md", "result.json", "sandbox-git-config"):
@@ -85,7 +85,7 @@ def test_case1_links_a_lane_plants_never_redirect_the_runners_writes(tmp_path, l
         assert p.is_file() and not p.is_symlink(), name
     # what the lane left is kept only as text, its links named, never followed; its own dir is gone
     assert not (res.log_dir / "lane").exists()
-    assert "01-turn.stdout" in (res.log_dir / "lane-files" / "LINKS").read_text()
+    assert "01-turn.stdout" in (res.log_dir / "lane-files" / "01-turn" / "LINKS").read_text()
     row = ledger.one("SELECT log_dir, status FROM lane_runs WHERE id = ?", (res.run_id,))
     assert row["status"] == "malformed" and row["log_dir"] == str(res.log_dir)
 
@@ -138,8 +138,8 @@ def test_case2_a_vendors_last_message_file_is_never_read_through_a_link(tmp_path
     config = make_config({"codex": {"bin": str(codex), "env": ["PROBE_TARGET"]}},
                          {"implementer": {"vendor": "codex", "repair": 0}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "malformed", (res.status, res.reason)
     everything = json.dumps(res.to_json()) + (res.log_dir / "result.json").read_text()
     everything += json.dumps(dict(ledger.one("SELECT * FROM lane_runs WHERE id = ?", (res.run_id,))), default=str)
@@ -177,8 +177,8 @@ def test_case2_a_session_id_naming_a_host_file_is_never_bound_into_the_next_turn
                                 "resume": [sys.executable, str(script), "--session", "{session}"]}},
                          {"implementer": {"vendor": "s", "repair": 1}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "complete", (res.status, res.reason)
     assert (repo / "seen.txt").read_text() == "FileNotFoundError"
 
@@ -243,8 +243,8 @@ def test_case4_vendor_state_is_a_private_copy_per_task(tmp_path, monkeypatch):
         monkeypatch.setenv("PROBE_TAG", tag)
         config = make_config({"claude": {"bin": str(claude), "env": ["CLAUDE_CONFIG_DIR", "PROBE_TAG"]}},
                              {"implementer": {"vendor": "claude", "repair": 0}})
-        res = run_lane(config=config, home=home, role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                       task_id=task_id)
+        res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=_spec(tmp_path),
+                                   cwd=repo, task_id=task_id))
         assert res.status == "complete", (res.status, res.reason, res.excerpt)
         return json.loads((repo / f"probe-{tag}.json").read_text())
 
@@ -281,8 +281,8 @@ def test_case5_setuid_files_are_stripped_and_the_run_rejected(tmp_path, ledger):
     script.write_text(SETUID_LANE)
     config = make_config({"s": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "s"}})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo,
-                   ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     mode = (repo / "sh").stat().st_mode
     assert not mode & (stat.S_ISUID | stat.S_ISGID), oct(mode)
     assert res.status == "rejected" and res.reason.startswith(SETID_BITS) and "sh" in res.reason, res.reason
@@ -463,7 +463,8 @@ def test_lane_tmp_and_home_are_capped_and_a_grown_worktree_fails_the_run(tmp_pat
     config = make_config({"s": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "s"}},
                          limits={"lane_tmp_mb": 16, "worktree_max_mb": 1})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=_spec(tmp_path), cwd=repo)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo))
     assert (repo / "sizes.txt").read_text() == "OSError OSError"
     assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
     assert "limits.worktree_max_mb (1 MB)" in res.reason
@@ -558,3 +559,50 @@ print("STATUS: complete\nSUMMARY: named a file\n")
         led.close()
     text = json.dumps([e["payload"] for e in events], ensure_ascii=False)
     assert ".github/ci.yml" in text and "\x1b" not in text and "\x07" not in text, text[-800:]
+
+
+# ---------------------------------------------------------------------------------------------- case 10
+
+
+TURN_PLANTER = r'''
+import json, os, sys
+from pathlib import Path
+out, secret, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "first"
+if first:
+    (out / "planted.txt").write_text("left by the first turn\n")
+    os.symlink(secret, out / "aider.chat.md")       # a link named like a file a runner carries over
+    os.symlink(secret, out / "codex-last-message.txt")
+    print("SESSION: s1")
+    print("no report from me")                      # malformed: a repair turn follows
+else:
+    print("SEEN " + json.dumps(sorted(os.listdir(out))))
+    (out / "second.txt").write_text("the repair turn's own\n")
+    print("STATUS: complete\nSUMMARY: repaired\n")
+'''
+
+
+@needs_bwrap
+def test_case10_each_turn_gets_a_fresh_lane_dir(tmp_path, ledger):
+    """The first turn plants a file and links in its lane dir and reports nothing; on main the repair turn found
+    them there (the dir was fresh per run, not per turn) and the runner read the dir only when the run ended. Now
+    each turn's dir is kept as text right after it (links named, never followed) and the next turn gets an empty
+    one."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text(MARKER + "\n")
+    script = tmp_path / "planter.py"
+    script.write_text(TURN_PLANTER)
+    config = make_config({"planter": {"command": [sys.executable, str(script), "{run_dir}", str(secret), "first"],
+                                      "resume": [sys.executable, str(script), "{run_dir}", str(secret), "again"]}},
+                         {"implementer": {"vendor": "planter", "repair": 1}})
+    repo = make_repo(tmp_path / "repo")
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
+    assert res.status == "complete" and len(res.repairs) == 1, (res.status, res.reason)
+    assert 'SEEN []' in (res.log_dir / "02-repair-1.stdout").read_text()     # the repair turn's dir was empty
+    first, second = res.log_dir / "lane-files" / "01-turn", res.log_dir / "lane-files" / "02-repair-1"
+    assert (first / "planted.txt").read_text() == "left by the first turn\n"
+    assert set((first / "LINKS").read_text().split()) >= {"aider.chat.md", "codex-last-message.txt"}
+    assert sorted(p.name for p in second.iterdir()) == ["second.txt"]
+    assert not (res.log_dir / "lane").exists()
+    for p in res.log_dir.rglob("*"):
+        assert p.is_dir() or MARKER not in p.read_text(errors="replace"), p

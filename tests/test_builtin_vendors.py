@@ -129,6 +129,20 @@ def test_aider_resume_restores_the_chat_file(tmp_path):
     assert len(set(logs)) == 2
 
 
+def test_aider_carries_its_chat_to_the_next_turn_as_text_never_through_a_link(tmp_path):
+    """Each turn's lane dir is fresh: what aider's repair turn restores is the text the runner read of the last
+    turn's chat file (read_lane_file), never the file itself, and nothing through a link."""
+    c = ctx(tmp_path, True)
+    assert ADAPTERS["aider"].carried(c) == {}
+    (c.run_dir / "aider.chat.md").write_text("#### hi\n")
+    assert ADAPTERS["aider"].carried(c) == {"aider.chat.md": "#### hi\n"}
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    (c.run_dir / "aider.chat.md").unlink()
+    (c.run_dir / "aider.chat.md").symlink_to(secret)
+    assert ADAPTERS["aider"].carried(c) == {}
+
+
 def test_codex_read_turn_falls_back_to_last_message_file(tmp_path):
     c = ctx(tmp_path, True)
     ADAPTERS["codex"].build(c)

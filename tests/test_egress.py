@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from agent.lanes import egress
-from agent.lanes.lane import run_lane
+from agent.lanes.lane import LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path
 from conftest import git
 from lane_helpers import make_config
@@ -222,7 +222,7 @@ def _attack(tmp_path, home, ledger, targets, sandbox) -> dict:
     spec = tmp_path / "spec.md"
     spec.write_text("do it\n")
     repo = _repo(tmp_path, f"repo-{sandbox}")
-    res = run_lane(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=ledger)
+    res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=ledger))
     assert res.status == "complete", (res.status, res.reason, res.excerpt)
     out = json.loads((repo / "net-results.json").read_text())
     out["_refused"] = [e["payload"] for e in ledger.events()
@@ -299,7 +299,7 @@ def test_network_none_has_no_way_out_and_host_is_the_hosts(network, reached, tmp
                              {"implementer": {"vendor": "p"}}, sandbox={"network": network})
         spec = tmp_path / "spec.md"
         spec.write_text("x\n")
-        res = run_lane(config=config, home=home, role="implementer", spec_path=spec, cwd=_repo(tmp_path))
+        res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=_repo(tmp_path)))
         stdout = (res.log_dir / "01-turn.stdout").read_text()
         assert ("GOT allowed-model-server" in stdout) is reached, stdout
     finally:

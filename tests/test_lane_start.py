@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.lanes.builtin import crash_reason
-from agent.lanes.lane import run_lane
+from agent.lanes.lane import LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path
 from agent.ledger import Ledger
 from lane_helpers import make_config, make_repo
@@ -60,7 +60,7 @@ def run(env, bin_path: Path, network: str = "proxy"):
     config = make_config({"codex": {"bin": str(bin_path), "env": ["OPENAI_API_KEY"]}},
                          {"implementer": {"vendor": "codex", "repair": 0}},
                          sandbox={"mode": "bwrap", "network": network})
-    return run_lane(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led)
+    return run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led))
 
 
 def test_cli_installed_under_tmp_starts_in_bwrap_and_its_crash_names_the_error(env):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent import AgentError
-from agent.lanes.lane import CAPABILITY_DRIFT, run_lane
+from agent.lanes.lane import CAPABILITY_DRIFT, LaneRequest, run_lane
 from agent.lanes.vendors import VENDORS, CommandVendor, get_vendor
 from agent.ledger import Ledger
 from lane_helpers import FakeAgent, make_config, make_repo, report_impl, report_review
@@ -37,7 +37,7 @@ def env(tmp_path):
 
 def lane(e, role, config, **kw):
     kw.setdefault("ledger", e.ledger)
-    return run_lane(config=config, home=e.home, role=role, spec_path=e.spec, cwd=e.repo, **kw)
+    return run_lane(LaneRequest(config=config, home=e.home, role=role, spec_path=e.spec, cwd=e.repo, **kw))
 
 
 def cfg(e, resume=True, lanes=None, limits=None, env=None, **extra):
@@ -144,7 +144,8 @@ def test_read_only_in_non_git_dir_uses_content_hash(env, tmp_path):
     plain.mkdir()
     (plain / "a.txt").write_text("a")
     env.agent.set({"edit": {"a.txt": "b"}, "print": "STATUS: complete\nDECISION: skip\nREASON: noise\n"})
-    res = run_lane(config=cfg(env, sandbox="none"), home=env.home, role="decider", spec_path=env.spec, cwd=plain, ledger=env.ledger)
+    res = run_lane(LaneRequest(config=cfg(env, sandbox="none"), home=env.home, role="decider", spec_path=env.spec,
+                               cwd=plain, ledger=env.ledger))
     assert res.status == "rejected" and "a.txt" in res.reason
 
 
@@ -393,7 +394,8 @@ def test_caller_errors_raise_agent_error(env):
     with pytest.raises(AgentError, match="unknown role"):
         lane(env, "tester", cfg(env))
     with pytest.raises(AgentError, match="spec file"):
-        run_lane(config=cfg(env), home=env.home, role="implementer", spec_path=env.tmp / "nope.md", cwd=env.repo)
+        run_lane(LaneRequest(config=cfg(env), home=env.home, role="implementer", spec_path=env.tmp / "nope.md",
+                             cwd=env.repo))
     with pytest.raises(AgentError, match="no vendor configured"):
         lane(env, "implementer", make_config({}, {}))
     with pytest.raises(AgentError, match="unknown vendor"):
@@ -413,6 +415,47 @@ def test_lost_claim_refuses_to_start(env):
     res = lane(env, "implementer", cfg(env), task_id=task_id, claim_token="tok-A", round=1)
     assert res.status == "complete"
     assert [e["task_id"] for e in env.ledger.events() if e["kind"].startswith("lane.")] == [task_id, task_id]
+
+
+def test_a_claim_lost_before_a_repair_turn_never_starts_it(env):
+    """Fencing reaches the side effect: the claim is taken over between the first turn (a malformed report) and
+    the repair turn; the repair turn's process never starts, and nothing more of the run is recorded."""
+    from agent.ledger import ledger_path
+    from agent.ledger.tasks import ClaimLost, create_task
+    from conftest import on_postgres
+
+    led = Ledger.open(ledger_path(env.home))     # PostgreSQL under --ledger=postgres
+    assert led.postgres == on_postgres()
+    task_id, _ = create_task(led, "acme/widgets", "fix it")
+    with led.tx() as c:
+        c.execute("UPDATE tasks SET claim_token = 'tok-A' WHERE id = ?", (task_id,))
+
+    class TakenOver:
+        """The progress object the fixer passes; its set_label runs in the runner right before a repair turn: here
+        another runner takes the task over at that moment."""
+
+        def __call__(self, line):
+            pass
+
+        def set_label(self, label):
+            with led.tx() as c:
+                c.execute("UPDATE tasks SET claim_token = 'tok-B' WHERE id = ?", (task_id,))
+
+    # unsandboxed, so its first turn can plant a git hook: the lost run still restores git's own files
+    env.agent.set({"session": "s1", "edit": {".git/hooks/post-checkout": "#!/bin/sh\n"}, "print": "no report\n"},
+                  {"print": report_impl()})
+    with pytest.raises(ClaimLost) as lost:
+        lane(env, "implementer", cfg(env, sandbox="none"), task_id=task_id, claim_token="tok-A", round=1,
+             on_progress=TakenOver(), ledger=led)
+    assert len(env.agent.calls) == 1                      # the repair turn's process never ran
+    run = led.one("SELECT * FROM lane_runs WHERE task_id = ?", (task_id,))
+    log_dir = env.home / "lanes" / str(run["id"])
+    assert (log_dir / "01-turn.stdout").exists() and not (log_dir / "02-repair-1.stdout").exists()
+    assert "repair-1 turn was not started" in str(lost.value)
+    assert not (env.repo / ".git" / "hooks" / "post-checkout").exists()
+    assert run["status"] == "running" and run["repairs"] in (None, "", "[]")   # nothing recorded after the loss
+    assert [e["kind"] for e in led.events() if e["kind"].startswith("lane.")] == ["lane.started"]
+    led.close()
 
 
 def test_get_vendor_registry():
@@ -512,14 +555,14 @@ def test_worktree_state_sees_head_edits_renames_and_untracked(tmp_path):
 
 def test_usage_adds_across_turns_unless_the_vendor_reports_cumulative_usage():
     from agent.lanes.builtin import ADAPTERS
-    from agent.lanes.lane import _Run
+    from agent.lanes.lane import Tally
     from agent.lanes.protocol import TurnOutput
 
     def turns(vendor, outs):
-        run = _Run(vendor=vendor)
+        tally = Tally(vendor)
         for out in outs:
-            run.add_turn(None, out)
-        return run
+            tally.add(None, out)
+        return tally
 
     first = TurnOutput(message="", session_id="s1", cost_usd=0.25, usage={"input_tokens": 100})
     resumed = TurnOutput(message="", session_id="s1", cost_usd=0.5, usage={"input_tokens": 160})

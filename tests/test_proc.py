@@ -8,7 +8,7 @@ import sys
 import time
 
 from agent.infra import proc
-from agent.infra.env import config_denylist, lane_env
+from agent.infra.env import lane_env, secret_env_names
 
 
 def _run(tmp_path, argv, **kw):
@@ -162,7 +162,7 @@ def test_lane_env_allowlist_drops_canary_secret(tmp_path, monkeypatch):
     assert res.stdout_text().strip() == "absent"
 
 
-def test_config_denylist_names_forge_and_source_tokens():
+def test_secret_env_names_name_forge_and_source_tokens():
     from agent.config import parse_config
 
     cfg = parse_config({"github": {"token_env": "MY_GH"}, "gitlab": {"token_env": "MY_GL"},
@@ -170,10 +170,10 @@ def test_config_denylist_names_forge_and_source_tokens():
                         "sources": [{"kind": "loki", "url": "http://127.0.0.1:1", "query": "{a=\"b\"}",
                                      "auth_env": "LOKI_TOKEN"}]})
     # every forge's token variable (and GitHub's fallbacks, which the forge reads too) plus source tokens
-    names = set(config_denylist(cfg))
+    names = set(secret_env_names(cfg))
     assert {"MY_GH", "GITHUB_TOKEN", "GH_TOKEN", "MY_GL", "MY_GT", "LOKI_TOKEN"} <= names
     assert "ANTHROPIC_API_KEY" not in names
-    assert {"GITLAB_TOKEN", "GITEA_TOKEN"} <= set(config_denylist(parse_config({})))
+    assert {"GITLAB_TOKEN", "GITEA_TOKEN"} <= set(secret_env_names(parse_config({})))
 
 
 def test_missing_cwd_is_reported(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lanes.lane import run_lane
+from agent.lanes.lane import LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path, check_argv, lane_plan, user_homes, with_argv_files, wrap
 from conftest import git, remote_with_branch
 from lane_helpers import make_config
@@ -117,7 +117,7 @@ def _probe_lane(monkeypatch, home: Path, python: str, others: list[str]):
     config = make_config({"probe": {"command": [python, str(script), json.dumps(SECRETS), json.dumps(others)],
                                     "env": ["PROBE_STATE", "PROBE_CONFIG"], "writable": [str(state)]}},
                          {"implementer": {"vendor": "probe", "timeout": 120}})
-    res = run_lane(config=config, home=agent_home, role="implementer", spec_path=spec, cwd=ws.path)
+    res = run_lane(LaneRequest(config=config, home=agent_home, role="implementer", spec_path=spec, cwd=ws.path))
     text = (res.log_dir / "01-turn.stdout").read_text()
     assert res.status == "complete", (res.status, res.reason, text, (res.log_dir / "01-turn.stderr").read_text())
     seen = json.loads((state / "probe.json").read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lanes.lane import MIRROR_TAMPERED, run_lane
+from agent.lanes.lane import MIRROR_TAMPERED, LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path
 from agent.ledger import Ledger
 from conftest import git, remote_with_branch
@@ -129,8 +129,8 @@ def test_case1_sandboxed_lane_cannot_touch_the_mirror_and_no_repo_command_ever_r
     before = _protected_digest(ws.mirror, ws.path)
     spec = tmp_path / "spec.md"
     spec.write_text("fix it\n")
-    res = run_lane(config=_evil_config(tmp_path, marker, "bwrap", role), home=home, role=role, spec_path=spec,
-                   cwd=ws.path)
+    res = run_lane(LaneRequest(config=_evil_config(tmp_path, marker, "bwrap", role), home=home, role=role,
+                               spec_path=spec, cwd=ws.path))
     out = (res.log_dir / "01-turn.stdout").read_text()
     # every write into the mirror failed inside the sandbox; the lane itself ended normally
     for what in ("hooks", "config", "info/attributes"):
@@ -155,8 +155,8 @@ def test_case1_unsandboxed_tamper_rejects_the_round_restores_the_mirror_and_name
     spec = tmp_path / "spec.md"
     spec.write_text("fix it\n")
     led = Ledger.open(home / "ledger.db")
-    res = run_lane(config=_evil_config(tmp_path, marker, "none", role), home=home, role=role, spec_path=spec,
-                   cwd=ws.path, ledger=led)
+    res = run_lane(LaneRequest(config=_evil_config(tmp_path, marker, "none", role), home=home, role=role,
+                               spec_path=spec, cwd=ws.path, ledger=led))
     assert "config: done" in (res.log_dir / "01-turn.stdout").read_text()
     assert res.status == "rejected" and res.reason.startswith(MIRROR_TAMPERED), res.reason
     assert res.verdict is None
@@ -346,7 +346,7 @@ def test_case4_forge_and_source_tokens_never_reach_a_lane_or_git(tmp_path, monke
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     spec = tmp_path / "spec.md"
     spec.write_text("x")
-    res = run_lane(config=config, home=tmp_path / "home", role="reviewer", spec_path=spec, cwd=repo)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="reviewer", spec_path=spec, cwd=repo))
     out = (res.log_dir / "01-turn.stdout").read_text()
     assert "present: ANTHROPIC_API_KEY\n" in out, out
     # git: no credential but for push
@@ -403,7 +403,7 @@ def test_case6_setsid_grandchild_neither_holds_the_report_nor_survives(tmp_path)
     spec = tmp_path / "spec.md"
     spec.write_text("x")
     started = time.monotonic()
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=spec, cwd=repo)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer", spec_path=spec, cwd=repo))
     assert res.status == "complete" and res.summary.startswith("done"), (res.status, res.reason)
     assert time.monotonic() - started < 10
     time.sleep(4)
@@ -490,10 +490,11 @@ def test_case8_secrets_a_lane_prints_are_stored_redacted(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     led = Ledger.open(home / "ledger.db")
-    res = run_lane(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led)
+    res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led))
     assert res.status == "complete"
     stored = {p.name: p.read_text(errors="replace") for p in res.log_dir.iterdir() if p.is_file()}
-    stored |= {"lane-files/" + p.name: p.read_text(errors="replace") for p in (res.log_dir / "lane-files").iterdir()}
+    kept = res.log_dir / "lane-files" / "01-turn"                                # the turn's lane dir, as text
+    stored |= {"lane-files/" + p.name: p.read_text(errors="replace") for p in kept.iterdir()}
     assert {"01-turn.stdout", "01-turn.stderr", "result.json", "lane-files/notes.txt"} <= set(stored)
     assert not (res.log_dir / "lane").exists()           # the lane's own dir is gone: only its redacted copy stays
     for name, text in stored.items():
@@ -539,7 +540,7 @@ def _tamper_setup(tmp_path, sandbox):
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     spec = tmp_path / "spec.md"
     spec.write_text("x")
-    res = run_lane(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led)
+    res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=led))
     led.close()
     return home, res
 
@@ -589,14 +590,14 @@ def test_missing_bwrap_refuses_lanes_with_a_one_line_fix(tmp_path, monkeypatch):
     spec.write_text("x")
     cwd = tmp_path / "work"
     cwd.mkdir()
-    res = run_lane(config=config, home=tmp_path / "home", role="reviewer", spec_path=spec, cwd=cwd)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="reviewer", spec_path=spec, cwd=cwd))
     assert res.status == "unavailable" and "apt-get install bubblewrap" in res.reason
     assert "\n" not in res.reason and "sandbox: none" in res.reason
     assert not (res.log_dir / "01-turn.stdout").exists()          # nothing started
     assert not check_sandbox(config).ok
     none = make_config({"ok": {"command": [sys.executable, str(script)]}}, {"reviewer": {"vendor": "ok"}},
                        sandbox="none")
-    res = run_lane(config=none, home=tmp_path / "home", role="reviewer", spec_path=spec, cwd=cwd)
+    res = run_lane(LaneRequest(config=none, home=tmp_path / "home", role="reviewer", spec_path=spec, cwd=cwd))
     assert res.status == "complete", res.reason
     check = check_sandbox(none)
     assert check.ok and check.warn and "unconfined" in check.detail
@@ -647,7 +648,7 @@ def test_a_lane_running_the_agents_own_interpreter_sees_it_when_installed_under_
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     spec = tmp_path / "spec.md"
     spec.write_text("x")
-    res = run_lane(config=config, home=tmp_path / "home", role="implementer", spec_path=spec, cwd=repo)
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer", spec_path=spec, cwd=repo))
     out = (res.log_dir / "01-turn.stdout").read_text()
     assert res.status == "complete", (res.status, res.reason, out)
     assert f"prefix={venv}" in out and f"agent={src / 'agent' / '__init__.py'}" in out, out

@@ -147,8 +147,8 @@ def lane(tmp_path, monkeypatch, fake, spec, repo):
                                        hosts=() if no_hosts else (server.url.split("//", 1)[1],))},
             limits=Limits(lane_timeout=LANE_TIMEOUT), sandbox=sandbox, prices=prices or {},
             sandbox_network=network)
-        result = lane_mod.run_lane(config=config, home=tmp_path / "agent-home", role=role, spec_path=spec,
-                                   cwd=repo, ledger=ledger)
+        result = lane_mod.run_lane(lane_mod.LaneRequest(config=config, home=tmp_path / "agent-home", role=role,
+                                                        spec_path=spec, cwd=repo, ledger=ledger))
         return result, server
 
     return run

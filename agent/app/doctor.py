@@ -321,7 +321,7 @@ def check_vendor(config, name: str, roles: list[str], home: Path | None = None) 
     """Binary on the lane's PATH and its version, for one vendor serving ``roles``; with ``home``, the version is
     probed in the sandbox the lane gets, so "ok" means the lane can start there."""
     from agent import AgentError
-    from agent.infra.env import config_denylist, lane_env
+    from agent.infra.env import lane_env, secret_env_names
     from agent.lanes.vendors import get_vendor
 
     label = f"lane {name} ({', '.join(roles)})"
@@ -331,7 +331,7 @@ def check_vendor(config, name: str, roles: list[str], home: Path | None = None) 
     except AgentError as exc:
         return Check(label, False, str(exc)[:300], f"define vendors.{name}.command in config.yaml or use a vendor "
                      "this build has an adapter for (`agent lane list`)")
-    env = lane_env(vc.env, deny=config_denylist(config))
+    env = lane_env(vc.env, deny=secret_env_names(config))
     bin_name = vc.bin or adapter.default_bin
     bin_path = _which(bin_name, env.get("PATH"))
     if bin_path is None:

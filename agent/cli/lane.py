@@ -59,15 +59,16 @@ def lane_run(role, vendor, spec_file, cwd, timeout, as_json):
     import time
 
     from agent import AgentError
-    from agent.lanes.lane import LaneNotConfigured, run_lane
+    from agent.lanes.lane import LaneNotConfigured, LaneRequest, run_lane
     from agent.lanes.progress import LaneProgress
 
     app = get_app()
     deadline = time.time() + timeout if timeout else None
     try:
         with LaneProgress(f"{role} {vendor or ''}".strip()) as progress:
-            result = run_lane(config=app.config, home=app.home, ledger=app.ledger, role=role, vendor=vendor,
-                              spec_path=Path(spec_file), cwd=Path(cwd), deadline=deadline, on_progress=progress)
+            result = run_lane(LaneRequest(config=app.config, home=app.home, ledger=app.ledger, role=role,
+                                          vendor=vendor, spec_path=Path(spec_file), cwd=Path(cwd), deadline=deadline,
+                                          on_progress=progress))
     except LaneNotConfigured as exc:  # this command, unlike watch, can name the vendor itself
         raise AgentError(f"{exc}, or pass --vendor") from None
 

@@ -177,7 +177,7 @@ def decide_with_lane(ledger: Ledger, config: Config, home, error: dict, spec_dir
     """Run the decider lane on one error and record its conclusion; returns a scan item."""
     from pathlib import Path
 
-    from agent.lanes.lane import run_lane
+    from agent.lanes.lane import LaneRequest, run_lane
 
     eid = error["id"]
     spec_dir = Path(spec_dir)
@@ -194,8 +194,8 @@ def decide_with_lane(ledger: Ledger, config: Config, home, error: dict, spec_dir
     budget = DailyBudget(limit_usd=config.limits.daily_budget_usd, since=day_start(),
                          fallback_usd=config.limits.task_budget_usd)
     try:
-        res = run_lane(config=config, home=Path(home), role="decider", spec_path=spec_path, cwd=cwd,
-                       ledger=ledger, error_id=eid, budget=budget)
+        res = run_lane(LaneRequest(config=config, home=Path(home), role="decider", spec_path=spec_path, cwd=cwd,
+                                   ledger=ledger, error_id=eid, budget=budget))
     except BudgetRefused as exc:
         if exc.spent + exc.reserved >= exc.limit:
             daily_budget_reached(ledger, exc.spent + exc.reserved, exc.limit)   # the "budget" notice, once a day

@@ -76,11 +76,6 @@ def secret_env_names(config=None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
-def config_denylist(config) -> tuple[str, ...]:
-    """Secret-holding variable names a lane never gets (kept for callers; = ``secret_env_names``)."""
-    return secret_env_names(config)
-
-
 def lane_env(vendor_env_names: Iterable[str] = (), extra: Mapping[str, str] | None = None, *,
              deny: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Build a lane's whole environment.

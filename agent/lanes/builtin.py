@@ -364,7 +364,7 @@ class Aider(_Base):
 
     No session id, but a conversation file: the chat history lives in the lane's run dir and a
     repair turn reloads it with ``--restore-chat-history`` (the "session id" reported is that
-    file's path).  The last message is read from the per-turn LLM history file, not stdout
+    file's path; each turn's lane dir is fresh, so the runner carries the file's text over: ``carried``).  The last message is read from the per-turn LLM history file, not stdout
     (stdout mixes aider's own chatter after the reply).  Read-only: ``--dry-run`` (no file is
     written), no shell command suggestions, no repo map (its cache dir would land in the tree).
     Aider exits 0 on API failure: errors are read from its output.
@@ -382,6 +382,12 @@ class Aider(_Base):
 
     def chat_file(self, ctx: LaneContext) -> Path:
         return ctx.run_dir / "aider.chat.md"
+
+    def carried(self, ctx: LaneContext) -> dict[str, str]:
+        """What the next turn needs of this turn's lane dir (the conversation), as text read through
+        ``read_lane_file``; the runner writes it into the next turn's fresh lane dir."""
+        text = read_lane_file(self.chat_file(ctx), parse=True)      # the lane wrote it: never through a link
+        return {self.chat_file(ctx).name: text} if text is not None else {}
 
     def _llm_log(self, ctx: LaneContext, new: bool) -> Path:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)

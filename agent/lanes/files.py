@@ -3,9 +3,10 @@
 A lane writes only to its worktree and its lane dir (``lanes/N/lane``, bound read-write, ``{run_dir}`` of a
 command vendor); the runner writes only to its run dir (``lanes/N``: logs, notes, results, the git config copy),
 which the lane never sees.  Every read of a file the lane wrote goes through ``read_lane_file``: no symlink
-(``O_NOFOLLOW``), a regular file, a size cap, then redaction and escape stripping.  When the run ends, the lane dir
-is kept only as redacted copies in the run dir (``lane-files/``) and removed: nothing a lane wrote there is bound
-into a later run.
+(``O_NOFOLLOW``), a regular file, a size cap, then redaction and escape stripping.  The lane dir is fresh for each
+turn: after a turn it is kept only as redacted copies in the run dir (``lane-files/<turn>/``) and removed, so nothing
+a lane wrote there is bound into a later turn or run (what a repair turn needs, aider's chat, the runner carries
+over as text it read).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""``run_lane``: one lane run — the one entry point the fixer, the decider and `agent lane run` call.
+"""``run_lane(LaneRequest)``: one lane run — the one entry point the fixer, the decider and `agent lane run` call.
+A ``LaneRun`` holds the run's state and takes it through its phases: open (recorded), prepare, first turn,
+repairs, verdict, finish.
 
 One run = one attempt: a first turn, then up to ``repair`` repair turns that resume the same
 vendor session with a note when the report is missing or malformed (ADR-0061: not a retry; the
@@ -15,6 +17,8 @@ A run found still 'running' and passed as ``resume_run_id`` is marked 'interrupt
 
 The run is recorded in ``lane_runs`` (status 'running' + manifest before the child starts, pid when
 it starts, final fields after) with events lane.started / lane.repair / lane.finished.
+A task's run starts each turn's process only under the task's live claim (checked right before it starts); a lost
+claim raises LeaseLost after git's own files are restored and setid bits stripped, and nothing more is recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any, Callable
 
 from agent import AgentError
 from agent.infra.text import strip_controls
-from agent.infra.env import config_denylist, lane_env
+from agent.infra.env import lane_env, secret_env_names
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
@@ -48,7 +52,6 @@ SETID_BITS = "setid_bits"
 WORKTREE_TOO_LARGE = "worktree_too_large"
 VERSION_TIMEOUT = 20.0
 EXCERPT_CHARS = 2000
-_round = round  # run_lane has a parameter named `round`
 
 
 @dataclass
@@ -346,23 +349,49 @@ def _lane_settings(config, role: str, repo_lanes: dict | None, vendor: str | Non
     return name, model, timeout, repair
 
 
-class _Run:
-    """State of one run_lane call (kept in one place so the steps below stay small)."""
+@dataclass(frozen=True)
+class LaneRequest:
+    """What one lane run is asked to do (``run_lane``'s one argument).
 
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
+    ``deadline`` is an absolute ``time.time()``; the lane's own timeout (lanes.ROLE.timeout, else
+    limits.lane_timeout) applies too, whichever is first, and repair turns share it.
+    ``budget`` (``agent.ledger.lanes.DailyBudget``, the fixer's lanes): the run reserves its estimate of the daily
+    budget when it is recorded, or ``BudgetRefused`` is raised before anything starts.
+    ``task_id`` + ``claim_token``: the run is the task's, recorded under its claim; ``resume_run_id``: the run
+    found in flight that this one supersedes."""
+
+    config: Any
+    home: Path
+    role: str
+    spec_path: Path
+    cwd: Path
+    ledger: Any = None
+    task_id: int | None = None
+    error_id: str | None = None
+    round: int | None = None
+    head_sha: str | None = None
+    repo_lanes: dict | None = None
+    vendor: str | None = None
+    deadline: float | None = None
+    claim_token: str | None = None
+    resume_run_id: int | None = None
+    on_progress: Callable[[str], None] | None = None
+    budget: Any = None
+
+
+class Tally:
+    """The turns of one run and what they add up to: cost, usage and the vendor session (repairs share them)."""
+
+    def __init__(self, vendor):
+        self.vendor = vendor
         self.turns: list[tuple[Any, TurnOutput]] = []
-        self.repairs: list[dict] = []
         self.cost = 0.0
         self.cost_seen = False
         self.usage: dict = {}
         self.session_id: str | None = None
-        self.turn_index = 0
-        self.runner_files: list[Path] = []
-        self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
 
-    def add_turn(self, res, out: TurnOutput) -> None:
-        """Count one turn's cost and usage into the attempt (repairs share the attempt's cost)."""
+    def add(self, res, out: TurnOutput) -> None:
+        """Count one turn's cost and usage into the attempt."""
         if out.cost_usd is not None:
             self.cost += float(out.cost_usd)
             self.cost_seen = True
@@ -378,32 +407,285 @@ class _Run:
             self.session_id = out.session_id
         self.turns.append((res, out))
 
-    # ledger ---------------------------------------------------------------
-    def record(self, values: dict) -> None:
-        if self.ledger is None or self.run_id is None:
-            return
-        from agent.ledger.lanes import update_run
 
-        update_run(self.ledger, self.run_id, values, task_id=self.task_id, claim_token=self.claim_token)
+class _Ended(Exception):
+    """Raised by a preparing step: the run ends here with this outcome, before any turn starts."""
 
-    def event(self, kind: str, payload: dict) -> None:
-        if self.ledger is None:
-            return
-        from agent.ledger.leases import claimed_tx
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
 
-        # fenced like every task write: a lane whose task was taken over (lease lost) records nothing more
-        with claimed_tx(self.ledger, self.task_id, self.claim_token if self.task_id is not None else None) as c:
-            self.ledger.event(c, kind, "lane", payload, task_id=self.task_id, error_id=self.error_id)
 
-    # one turn ---------------------------------------------------------------
-    def turn(self, inv: Invocation, slug: str, ctx: LaneContext):
+Outcome = tuple[str | None, str | None, Report | None]  # (status: None while the report needs repair, reason, report)
+
+
+def run_lane(request: LaneRequest) -> LaneResult:
+    """Run one lane to an outcome; never raises for a failing child (see the module doc).
+
+    Raises AgentError only for caller errors: unknown role/vendor, missing spec or cwd, lost claim, no budget."""
+    return LaneRun(request).run()
+
+
+class LaneRun:
+    """One lane run, phase by phase: open (recorded), prepare, first turn, repairs, verdict, finish."""
+
+    def __init__(self, req: LaneRequest):
+        from agent.config import ROLES
+
+        self.req = req
+        self.started = time.time()
+        if req.role not in ROLES:
+            raise AgentError(f"unknown role {req.role!r}; use one of {', '.join(ROLES)}")
+        self.spec_path, self.cwd, self.home = Path(req.spec_path).resolve(), Path(req.cwd).resolve(), Path(req.home)
+        if not self.spec_path.is_file():
+            raise AgentError(f"spec file {self.spec_path} does not exist; write the spec first")
+        if not self.cwd.is_dir():
+            raise AgentError(f"working directory {self.cwd} does not exist")
+        self.ledger = req.ledger
+        self.role = req.role
+        self.run_id: int | None = None
+        self.run_dir = self.lane_dir = Path()
+        self.repairs: list[dict] = []
+        self.runner_files: list[Path] = []
+        self.turn_index = 0
+        self.carried: dict[str, str] = {}                  # what the next turn needs of the last one's lane dir
+        self.bwrap = self.plan = self.ctx = self.mhash = self.before = self.guard = None
+        self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
+
+    def run(self) -> LaneResult:
+        from agent.ledger.leases import LeaseLost
+
+        self.open()
+        try:
+            first = self.prepare()
+        except _Ended as end:
+            return self.finish(end.status, end.reason, None)
+        try:
+            status, reason, report = self.repair(self.first_turn(first))
+        except LeaseLost:
+            # the claim is gone (no turn starts without it): the lane's traces are settled all the same, and
+            # nothing more is recorded (the fixer drops the task, as for any lost claim)
+            self.settle()
+            raise
+        status, reason = self.verdict(status, reason)
+        return self.finish(status, reason, report)
+
+    # open ---------------------------------------------------------------
+    def open(self) -> None:
+        """Check the claim, read the lane's settings, record the run 'running' and make its dirs."""
+        req = self.req
+        if self.ledger is not None and req.task_id is not None and req.claim_token is not None:
+            from agent.ledger.tasks import ClaimLost, claim_held
+
+            if not claim_held(self.ledger, req.task_id, req.claim_token):
+                raise ClaimLost(f"task {req.task_id}: claim lost to another worker; not starting a lane")
+        self.vendor_name, self.model, timeout, self.repair_budget = _lane_settings(
+            req.config, self.role, req.repo_lanes, req.vendor)
+        self.vendor = get_vendor(self.vendor_name, req.config)
+        self.vc = req.config.vendor(self.vendor_name)
+        self.end = min(req.deadline if req.deadline is not None else float("inf"), self.started + timeout)
+        self.writable = self.role in WRITABLE_ROLES
+        self.deny = secret_env_names(req.config)
+        self.secrets = lane_env(self.vc.env, deny=self.deny)
+        self.tally = Tally(self.vendor)
+        if self.ledger is not None:
+            from agent.ledger.lanes import start_run
+
+            self.run_id = start_run(self.ledger, task_id=req.task_id, error_id=req.error_id, round=req.round,
+                                    role=self.role, vendor=self.vendor_name, head_sha=req.head_sha,
+                                    claim_token=req.claim_token, budget=req.budget, supersedes=req.resume_run_id)
+            self.run_dir = self.home / "lanes" / str(self.run_id)
+        else:
+            self.run_dir = self.home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # the runner's files stay in run_dir, which the lane never sees; the lane writes only to its worktree and
+        # to lane_dir (fresh for each turn, bound read-write, kept as text and removed after it: agent.lanes.files)
+        self.lane_dir = fresh_dir(self.run_dir / "lane")
+        self.record({"log_dir": str(self.run_dir)})
+
+    # prepare (before any child starts) -----------------------------------
+    def prepare(self) -> Invocation:
+        """Sandbox, binary, manifest, the resumed run, the worktree's picture and the sandbox plan; returns the
+        first turn's invocation, or raises _Ended."""
+        self._require_sandbox()
+        bin_path = self._binary()
+        self.ctx = LaneContext(role=self.role, writable=self.writable, spec_path=self.spec_path, cwd=self.cwd,
+                               model=self.model, bin=bin_path, extra_args=tuple(self.vc.args), run_dir=self.lane_dir)
+        try:
+            first = self.vendor.build(self.ctx)
+        except AgentError as exc:
+            raise _Ended("unavailable", f"vendor {self.vendor_name} cannot run this lane: {exc}") from None
+        self._record_manifest(bin_path, first)
+        if self.req.resume_run_id is not None:
+            first = self._resume(first)
+        self.before = None if self.writable else worktree_state(self.cwd)
+        self.guard = GitGuard(self.cwd)
+        if self.bwrap is not None:
+            self._plan(first)
+        if time.time() >= self.end:
+            raise _Ended("timeout", "deadline already passed before the lane started")
+        return first
+
+    def _require_sandbox(self) -> None:
+        """Refuse rather than run a lane unconfined by accident."""
+        config = self.req.config
+        try:
+            self.bwrap = require_sandbox(config)
+        except SandboxUnavailable as exc:
+            raise _Ended("unavailable", str(exc)) from None
+        if self.bwrap is not None:
+            from agent.lanes.egress import EgressUnavailable, lane_network, require as require_egress
+
+            try:
+                require_egress(config)
+            except EgressUnavailable as exc:
+                raise _Ended("unavailable", str(exc)) from None
+            self.network = lambda: lane_network(config, self.vendor_name)
+
+    def _binary(self) -> str:
+        bin_name = self.vc.bin or self.vendor.default_bin
+        bin_path = shutil.which(bin_name, path=lane_env(self.vc.env, deny=self.deny).get("PATH"))
+        if bin_path is None and os.path.sep in bin_name and os.access(bin_name, os.X_OK):
+            bin_path = os.path.abspath(bin_name)
+        if bin_path is None:
+            raise _Ended("unavailable", f"{bin_name}: binary not found on the lane's PATH; install it or set "
+                         f"vendors.{self.vendor_name}.bin")
+        return bin_path
+
+    def _record_manifest(self, bin_path: str, first: Invocation) -> None:
+        probe_env = lane_env(self.vc.env, deny=self.deny)
+        version = binary_version(self.vendor, bin_path, probe_env, self.run_dir,
+                                 cache=self.home / "lanes" / VERSION_CACHE_FILE,
+                                 sandbox=_probe_sandbox(self.req.config, self.home, self.run_dir))
+        manifest = {"vendor": self.vendor_name, "bin": bin_path, "version": version, "model": self.model,
+                    "role": self.role, "argv": _template(self.vendor, first, self.ctx),
+                    "spec_sha256": sha256_file(self.spec_path)}
+        self.mhash = manifest_hash(manifest)
+        self.record({"manifest": json.dumps(manifest, sort_keys=True), "manifest_hash": self.mhash})
+
+    def _resume(self, first: Invocation) -> Invocation:
+        """The run this one supersedes: marked interrupted; a changed manifest ends this one (capability drift);
+        its vendor session is resumed when the vendor can."""
+        from agent.ledger.lanes import get_run, interrupt_run
+
+        req = self.req
+        prev = get_run(self.ledger, req.resume_run_id) if self.ledger is not None else None
+        if prev is None:
+            raise AgentError(f"lane run {req.resume_run_id} not found; cannot resume it")
+        if prev.get("status") == "running":
+            # the interrupted run is superseded by this one; it no longer counts as in flight
+            interrupt_run(self.ledger, req.resume_run_id, f"interrupted; resumed as run {self.run_id}",
+                          task_id=req.task_id, claim_token=req.claim_token)
+        if prev.get("manifest_hash") != self.mhash:
+            raise _Ended("rejected", CAPABILITY_DRIFT)
+        if prev.get("session_id") and self.vendor.can_resume:
+            note = write_private(self.run_dir / "resume-note.md", "The previous run of this task was interrupted. "
+                                 "Continue where you left off and end your last message with the final report.\n")
+            self.runner_files.append(note)
+            try:
+                first = self.vendor.build_resume(self.ctx, prev["session_id"], note)
+                self.tally.session_id = prev["session_id"]
+            except Exception:
+                pass  # fall back to the fresh first turn built above
+        return first
+
+    def _plan(self, first: Invocation) -> None:
+        state_env = lane_env(self.vc.env, first.env, deny=self.deny)
+        state = self.vendor.state_paths(state_env) if hasattr(self.vendor, "state_paths") else []
+        # never the user's live dirs: a private copy per task holding only the login files (agent.lanes.files)
+        scope = f"task-{self.req.task_id}" if self.req.task_id is not None else f"run-{self.run_dir.name}"
+        state = private_state(self.home / "vendor-state" / scope / self.vendor_name, state,
+                              tuple(getattr(self.vendor, "login_files", ()) or ()))
+        self.plan = lane_plan(cwd=self.cwd, writable=self.writable, agent_home=self.home, run_dir=self.run_dir,
+                              lane_dir=self.lane_dir, spec_paths=[self.spec_path], state_paths=state,
+                              extra_writable=list(getattr(self.vc, "writable", ()) or ()))
+        self.plan.tmpfs_mb = self.req.config.limits.lane_tmp_mb
+
+    # the turns -------------------------------------------------------------
+    def first_turn(self, first: Invocation) -> Outcome:
         from agent.infra import proc
 
+        res, out = self.turn(first, "turn")
+        status, reason, report = self.classify(res, out)
+        if status is None and proc.halted():
+            # shutting down stopped it: no report is not a malformed one, and no repair turn may start
+            status, reason = "interrupted", "stopped by shutdown before it reported"
+        return status, reason, report
+
+    def repair(self, outcome: Outcome) -> Outcome:
+        """Up to ``repair`` turns while the report needs repair: resume the session with a note, or (a vendor that
+        cannot resume) one fresh retry with the note in the spec; they share the deadline."""
+        status, reason, report = outcome
+        fresh_used = False
+        n = 0
+        while status is None and n < self.repair_budget:
+            if time.time() >= self.end - 1:
+                reason = f"{reason}; no time left for a repair turn"
+                break
+            n += 1
+            self._fresh_lane_dir()
+            note_text = repair_note(report.problem if report else None, self.role)
+            built = self._repair_invocation(n, note_text, fresh_used)
+            if built is None:
+                break
+            inv, kind = built
+            fresh_used = fresh_used or kind == "fresh"
+            status, new_reason, new_report = self._repair_turn(n, inv, kind, note_text, report)
+            if new_report is not None or status is not None:
+                reason, report = new_reason, (new_report if new_report is not None else report)
+            if kind == "fresh":
+                break
+        return (status or "malformed"), reason, report
+
+    def _repair_invocation(self, n: int, note_text: str, fresh_used: bool) -> tuple[Invocation, str] | None:
+        note_path = write_private(self.run_dir / f"repair-{n}.md", note_text)
+        self.runner_files.append(note_path)
+        if self.vendor.can_resume:
+            try:
+                return self.vendor.build_resume(self.ctx, self.tally.session_id, note_path), "resume"
+            except Exception:
+                pass
+        if fresh_used:
+            return None
+        retry_spec = write_private(self.run_dir / "spec-retry.md",
+                                   self.spec_path.read_text(encoding="utf-8", errors="replace")
+                                   + "\n\n## Note from the runner (a previous attempt's report was rejected)\n\n"
+                                   + note_text)
+        self.runner_files.append(retry_spec)
+        retry_ctx = LaneContext(**{**self.ctx.__dict__, "spec_path": retry_spec})
+        return self.vendor.build(retry_ctx), "fresh"
+
+    def _repair_turn(self, n: int, inv: Invocation, kind: str, note_text: str, report: Report | None) -> Outcome:
+        """Run repair turn ``n`` and record it (``repairs``, event lane.repair)."""
+        total = self.repair_budget if kind == "resume" else 1
+        label = f"{self.role} repair {n}/{total}"
+        if hasattr(self.req.on_progress, "set_label"):
+            self.req.on_progress.set_label(label)
+        session_before = self.tally.session_id
+        cost_before = self.tally.cost
+        res, out = self.turn(inv, f"repair-{n}")
+        prev_problem = lane_text(report.problem, self.secrets) if report else None
+        status, new_reason, new_report = self.classify(res, out)
+        entry = {"label": label, "kind": kind, "round": self.req.round, "note": lane_text(note_text, self.secrets),
+                 "problem": prev_problem, "session_id": out.session_id or session_before,
+                 "resumed_session": session_before if kind == "resume" else None,
+                 "exit_code": res.exit_code, "cost_usd": round(self.tally.cost - cost_before, 6),
+                 "outcome": status or "malformed", "log": str(res.stdout_path)}
+        self.repairs.append(entry)
+        self.event("lane.repair", {"run_id": self.run_id, "label": label, "kind": kind, "problem": prev_problem,
+                                   "outcome": entry["outcome"], "session_id": entry["session_id"]})
+        return status, new_reason, new_report
+
+    def turn(self, inv: Invocation, slug: str):
+        """One turn: its process in the sandbox (with its own network), then its output read and its logs
+        redacted."""
+        from agent.infra import proc
+
+        self.fence(slug)
         self.turn_index += 1
         base = self.run_dir / f"{self.turn_index:02d}-{slug}"
-        remaining = self.deadline - time.time()
-        env = lane_env(self.vendor_env, inv.env, deny=self.deny)
-        argv = list(inv.argv)
+        remaining = self.end - time.time()
+        env = lane_env(self.vc.env, inv.env, deny=self.deny)
         try:
             net = self.network() if self.bwrap is not None else None   # agent.lanes.egress: closed below
         except OSError as exc:                                          # no room for its socket, say
@@ -413,42 +695,81 @@ class _Run:
                                   stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
                                   truncated=False, error=f"the lane's egress proxy could not start: {exc}")
             out = TurnOutput(message="")
-            self.add_turn(res, out)
+            self.tally.add(res, out)
+            self._keep_lane_dir(base.name)
             return res, out
-        if self.bwrap is not None:
-            # what this turn reads of the runner's (its note, a retry spec) is bound read-only; a path that came
-            # from the lane (its session id) is never bound
-            plan = with_argv_files(self.plan, argv, env, untrusted=[self.session_id or ""],
-                                   files=[f for f in self.runner_files if str(f) in " ".join(argv)])
-            argv, env = wrap(self.bwrap, argv, plan, env, net)
-
-        def on_start(pid: int) -> None:
-            self.record({"pid": pid, "pid_start": proc.start_time(pid)})
-
         try:
-            res = proc.run(argv, cwd=ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
-                           stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
-                           on_line=self.on_progress, on_start=on_start)
+            res = self._launch(inv, base, env, net, remaining)
         finally:
             refused = net.refused() if net is not None else []
             if net is not None:
                 net.close()
         if refused:
             self.event("lane.egress_refused", {"run_id": self.run_id, "turn": self.turn_index, "hosts": refused})
+        out = self._read_turn(res)
+        self.tally.add(res, out)
+        self._keep_lane_dir(base.name)
+        return res, out
+
+    def _keep_lane_dir(self, turn: str) -> None:
+        """After a turn: what the next turn needs of its lane dir read (``read_lane_file``), then the dir kept as
+        redacted text under ``lane-files/<turn>/`` and removed."""
+        carried = getattr(self.vendor, "carried", None)
+        self.carried = carried(self.ctx) if carried is not None else {}
+        keep_lane_files(self.lane_dir, self.run_dir / "lane-files" / turn, self.secrets)
+
+    def _fresh_lane_dir(self) -> None:
+        """Before a repair turn: a new empty lane dir holding only what the runner carries over, written by the
+        runner from text (a later turn never sees a file or link an earlier one left)."""
+        fresh_dir(self.lane_dir)
+        for name, text in self.carried.items():
+            write_private(self.lane_dir / name, text)
+
+    def fence(self, slug: str) -> None:
+        """A turn's process starts only under the live claim of the run's task: checked right before it starts, on
+        the ledger's clock (``check_claim``: an expired lease nobody took is renewed); LeaseLost when it is gone."""
+        req = self.req
+        if self.ledger is None or req.task_id is None or req.claim_token is None:
+            return
+        from agent.ledger.leases import LeaseLost, check_claim
+
+        try:
+            with self.ledger.tx(exclusive=False) as c:
+                check_claim(c, req.task_id, req.claim_token)
+        except LeaseLost:
+            what = "first turn" if slug == "turn" else f"{slug} turn"
+            raise LeaseLost(f"task {req.task_id}: claim lost to another worker; the {self.role} lane's {what} "
+                            "was not started, nothing more recorded") from None
+
+    def _launch(self, inv: Invocation, base: Path, env: dict[str, str], net, remaining: float):
+        from agent.infra import proc
+
+        argv = list(inv.argv)
+        if self.bwrap is not None:
+            # what this turn reads of the runner's (its note, a retry spec) is bound read-only; a path that came
+            # from the lane (its session id) is never bound
+            plan = with_argv_files(self.plan, argv, env, untrusted=[self.tally.session_id or ""],
+                                   files=[f for f in self.runner_files if str(f) in " ".join(argv)])
+            argv, env = wrap(self.bwrap, argv, plan, env, net)
+        return proc.run(argv, cwd=self.ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
+                        stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                        on_line=self.req.on_progress,
+                        on_start=lambda pid: self.record({"pid": pid, "pid_start": proc.start_time(pid)}))
+
+    def _read_turn(self, res) -> TurnOutput:
         if res.missing:
             out = TurnOutput(message="")
         else:
             try:
-                out = self.vendor.read_turn(res.stdout_text(), res.stderr_text(), res.exit_code, ctx)
+                out = self.vendor.read_turn(res.stdout_text(), res.stderr_text(), res.exit_code, self.ctx)
             except Exception as exc:  # an adapter bug fails this turn closed, not the process
                 out = TurnOutput(message="", api_error=f"could not read the vendor's output ({exc})")
         # the raw logs were needed to read the turn; from here on only their redacted text is kept
         redact_file(res.stdout_path, self.secrets)
         redact_file(res.stderr_path, self.secrets)
-        self.add_turn(res, out)
-        return res, out
+        return out
 
-    def classify(self, res, out: TurnOutput) -> tuple[str | None, str | None, Report | None]:
+    def classify(self, res, out: TurnOutput) -> Outcome:
         """(final status or None when the report needs repair, reason, report)."""
         if res.missing:
             return "unavailable", res.error or "binary not found", None
@@ -456,7 +777,7 @@ class _Run:
             cause = sandbox_exec_failure(res.stderr_text())
             if cause:
                 return "unavailable", (f"the sandbox could not start the vendor CLI ({cause}); install it where "
-                                       f"its files are readable, or set vendors.{self.vendor.name}.bin to an "
+                                       f"its files are readable, or set vendors.{self.vendor_name}.bin to an "
                                        "executable whose interpreter exists, then `agent doctor`"), None
         if res.exit_code == 127 and not res.timed_out:
             return "unavailable", "exit 127: command not found inside the lane", None
@@ -471,277 +792,133 @@ class _Run:
             return report.status, None, report
         return None, f"malformed report: {report.problem}", report
 
+    # verdict -----------------------------------------------------------------
+    def settle(self) -> tuple[list[str], list[str], str | None]:
+        """After the last turn: git's own files restored, setid bits stripped. Returns (the git files the lane
+        changed, the worktree files that had setid bits, why the worktree is too large or None)."""
+        tampered = self.guard.check_and_restore()
+        setid, too_large = _settle_files(self.plan, self.cwd, self.writable, self.req.config.limits.worktree_max_mb)
+        return tampered, setid, too_large
 
-def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
-             ledger=None, task_id: int | None = None, error_id: str | None = None,
-             round: int | None = None, head_sha: str | None = None, repo_lanes: dict | None = None,
-             vendor: str | None = None, deadline: float | None = None, claim_token: str | None = None,
-             resume_run_id: int | None = None, on_progress: Callable[[str], None] | None = None,
-             budget=None) -> LaneResult:
-    """Run one lane to an outcome; never raises for a failing child (see the module doc).
+    def verdict(self, status: str, reason: str | None) -> tuple[str, str | None]:
+        """The lane's traces settled; a changed git file, setid bits, an oversized worktree or (read-only lanes) a
+        changed worktree rejects the run."""
+        tampered, setid, too_large = self.settle()
+        about = {"run_id": self.run_id, "role": self.role, "vendor": self.vendor_name}
+        if tampered:
+            shown = ", ".join(tampered[:10]) + (f" (+{len(tampered) - 10} more)" if len(tampered) > 10 else "")
+            self.event("lane.git_tampered", {**about, "paths": tampered[:50]})
+            return "rejected", f"{MIRROR_TAMPERED}: the lane changed {shown}; restored"
+        if setid:
+            shown = ", ".join(setid[:10]) + (f" (+{len(setid) - 10} more)" if len(setid) > 10 else "")
+            self.event("lane.setid_bits", {**about, "paths": setid[:50]})
+            return "rejected", f"{SETID_BITS}: the lane left setuid/setgid files {shown}; bits removed"
+        if too_large:
+            return "rejected", f"{WORKTREE_TOO_LARGE}: {too_large}"
+        if self.before is not None:
+            changed = changed_paths(self.before, worktree_state(self.cwd))
+            if changed:
+                shown = ", ".join(changed[:10]) + (f" (+{len(changed) - 10} more)" if len(changed) > 10 else "")
+                return "rejected", f"read-only lane changed the worktree: {shown}"
+        return status, reason
 
-    ``deadline`` is an absolute ``time.time()``; the lane's own timeout (lanes.ROLE.timeout, else
-    limits.lane_timeout) applies too, whichever is first, and repair turns share it.
-    ``budget`` (``agent.ledger.lanes.DailyBudget``, the fixer's lanes): the run reserves its estimate of the daily
-    budget when it is recorded, or ``BudgetRefused`` is raised before anything starts.
-    Raises AgentError only for caller errors: unknown role/vendor, missing spec or cwd, lost claim, no budget.
-    """
-    from agent.config import ROLES
+    # finish ------------------------------------------------------------------
+    def finish(self, status: str, reason: str | None, report: Report | None) -> LaneResult:
+        """The result: recorded with its lane.finished event (under the claim), the lane's files kept, the
+        vendor state of a run outside a task removed, result.json written."""
+        cost_source = self._price()
+        result = self._result(status, reason, report)
+        if self.ledger is not None:
+            self._record_result(result, cost_source)
+        keep_lane_files(self.lane_dir, self.run_dir / "lane-files", self.secrets)   # no turn ran (else: gone)
+        if self.req.task_id is None:         # a run outside a task: no later run can resume its vendor session
+            shutil.rmtree(self.home / "vendor-state" / f"run-{self.run_dir.name}", ignore_errors=True)
+        doc = result.to_json()
+        if doc.get("report"):
+            doc["report"] = {k: (lane_text(v, self.secrets) if isinstance(v, str) else v)
+                             for k, v in doc["report"].items()}
+        try:
+            write_private(self.run_dir / "result.json", json.dumps(doc, indent=2, default=str))
+        except OSError:
+            pass
+        return result
 
-    started = time.time()
-    if role not in ROLES:
-        raise AgentError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
-    spec_path, cwd, home = Path(spec_path).resolve(), Path(cwd).resolve(), Path(home)
-    if not spec_path.is_file():
-        raise AgentError(f"spec file {spec_path} does not exist; write the spec first")
-    if not cwd.is_dir():
-        raise AgentError(f"working directory {cwd} does not exist")
-    if ledger is not None and task_id is not None and claim_token is not None:
-        from agent.ledger.tasks import ClaimLost, claim_held
+    def _price(self) -> str | None:
+        """Where the cost comes from: the vendor, or (tokens only: codex, gemini) config prices: or the defaults."""
+        if self.tally.cost_seen:
+            return "vendor"
+        from agent.domain.prices import priced_cost
 
-        if not claim_held(ledger, task_id, claim_token):
-            raise ClaimLost(f"task {task_id}: claim lost to another worker; not starting a lane")
+        priced = priced_cost(self.vendor_name, self.model, self.tally.usage, getattr(self.req.config, "prices", None))
+        if priced is None:
+            return None
+        self.tally.cost, cost_source = priced
+        return cost_source
 
-    vendor_name, model, timeout, repair_budget = _lane_settings(config, role, repo_lanes, vendor)
-    adapter = get_vendor(vendor_name, config)
-    vc = config.vendor(vendor_name)
-    end = min(deadline if deadline is not None else float("inf"), started + timeout)
-    writable = role in WRITABLE_ROLES
-    deny = config_denylist(config)
-
-    run_id = None
-    if ledger is not None:
-        from agent.ledger.lanes import start_run
-
-        run_id = start_run(ledger, task_id=task_id, error_id=error_id, round=round, role=role, vendor=vendor_name,
-                           head_sha=head_sha, claim_token=claim_token, budget=budget, supersedes=resume_run_id)
-        run_dir = home / "lanes" / str(run_id)
-    else:
-        run_dir = home / "lanes" / f"adhoc-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # the runner's files stay in run_dir, which the lane never sees; the lane writes only to its worktree and to
-    # lane_dir (fresh for this run, bound read-write, removed when the run ends: agent.lanes.files)
-    lane_dir = fresh_dir(run_dir / "lane")
-
-    r = _Run(ledger=ledger, run_id=run_id, task_id=task_id, error_id=error_id, role=role, vendor=adapter,
-             run_dir=run_dir, lane_dir=lane_dir, deadline=end, vendor_env=vc.env, deny=deny, on_progress=on_progress,
-             bwrap=None, plan=None, secrets=lane_env(vc.env, deny=deny), claim_token=claim_token)
-    r.record({"log_dir": str(run_dir)})
-
-    def finish(status: str, reason: str | None, report: Report | None, mhash: str | None) -> LaneResult:
-        last_res, last_out = r.turns[-1] if r.turns else (None, None)
-        cost_source = "vendor" if r.cost_seen else None
-        if not r.cost_seen:  # tokens only (codex, gemini): priced from config prices: or the defaults
-            from agent.domain.prices import priced_cost
-
-            priced = priced_cost(vendor_name, model, r.usage, getattr(config, "prices", None))
-            if priced is not None:
-                r.cost, cost_source = priced
+    def _result(self, status: str, reason: str | None, report: Report | None) -> LaneResult:
+        last_res, last_out = self.tally.turns[-1] if self.tally.turns else (None, None)
         if status in REPORT_STATUSES and report is not None:
             findings, ftext, summary, lesson = report.findings, report.findings_text, report.summary, report.lesson
         else:
             findings, ftext, summary, lesson = None, "", None, None
-        secrets = lane_env(vc.env, deny=deny)
+        secrets = self.secrets
         tail = ""
         if last_out is not None:
             tail = (last_out.message or "")[-EXCERPT_CHARS:]
             if not tail.strip() and last_res is not None:
                 tail = last_res.tail(EXCERPT_CHARS)
-        result = LaneResult(
-            run_id=run_id, role=role, vendor=vendor_name, status=status, report=report, findings=findings,
-            findings_text=lane_text(ftext, secrets), summary=lane_text(summary, secrets) if summary else None,
-            lesson=lane_text(lesson, secrets) if lesson else None, session_id=strip_controls(r.session_id) or None,
-            exit_code=last_res.exit_code if last_res is not None else None, cost_usd=r.cost, usage=r.usage,
-            repairs=r.repairs, reason=lane_text(reason, secrets), log_dir=run_dir, excerpt=lane_text(tail, secrets),
-            manifest_hash=mhash, duration_s=time.time() - started)
-        if ledger is not None:  # the outcome and its lane.finished event: one transaction, under the claim
-            from agent.ledger.lanes import finish_run
+        return LaneResult(
+            run_id=self.run_id, role=self.role, vendor=self.vendor_name, status=status, report=report,
+            findings=findings, findings_text=lane_text(ftext, secrets),
+            summary=lane_text(summary, secrets) if summary else None,
+            lesson=lane_text(lesson, secrets) if lesson else None,
+            session_id=strip_controls(self.tally.session_id) or None,
+            exit_code=last_res.exit_code if last_res is not None else None, cost_usd=self.tally.cost,
+            usage=self.tally.usage, repairs=self.repairs, reason=lane_text(reason, secrets), log_dir=self.run_dir,
+            excerpt=lane_text(tail, secrets), manifest_hash=self.mhash, duration_s=time.time() - self.started)
 
-            finish_run(ledger, run_id, {
-                "status": status, "findings_count": findings, "findings_text": result.findings_text,
-                "summary": result.summary, "lesson": result.lesson, "reason": result.reason,
-                "session_id": result.session_id,
-                "exit_code": result.exit_code, "cost_usd": r.cost, "usage": json.dumps(r.usage, sort_keys=True),
-                "repairs": json.dumps(r.repairs, sort_keys=True)},
-                {"run_id": run_id, "role": role, "vendor": vendor_name, "status": status, "reason": result.reason,
-                 "findings": findings, "repairs": len(r.repairs), "cost_usd": r.cost, "cost_source": cost_source,
-                 "session_id": result.session_id},
-                task_id=task_id, error_id=error_id, claim_token=claim_token)
-        keep_lane_files(lane_dir, run_dir / "lane-files", secrets)
-        if task_id is None:         # a run outside a task: no later run can resume its vendor session
-            shutil.rmtree(home / "vendor-state" / f"run-{run_dir.name}", ignore_errors=True)
-        doc = result.to_json()
-        if doc.get("report"):
-            doc["report"] = {k: (lane_text(v, secrets) if isinstance(v, str) else v) for k, v in doc["report"].items()}
-        try:
-            write_private(run_dir / "result.json", json.dumps(doc, indent=2, default=str))
-        except OSError:
-            pass
-        return result
+    def _record_result(self, result: LaneResult, cost_source: str | None) -> None:
+        """The outcome and its lane.finished event: one transaction, under the claim."""
+        from agent.ledger.lanes import finish_run
 
-    # -- the sandbox (before any child starts): refuse rather than run a lane unconfined by accident
-    try:
-        r.bwrap = require_sandbox(config)
-    except SandboxUnavailable as exc:
-        return finish("unavailable", str(exc), None, None)
-    if r.bwrap is not None:
-        from agent.lanes.egress import EgressUnavailable, lane_network, require as require_egress
+        t = self.tally
+        finish_run(self.ledger, self.run_id, {
+            "status": result.status, "findings_count": result.findings, "findings_text": result.findings_text,
+            "summary": result.summary, "lesson": result.lesson, "reason": result.reason,
+            "session_id": result.session_id, "exit_code": result.exit_code, "cost_usd": t.cost,
+            "usage": json.dumps(t.usage, sort_keys=True), "repairs": json.dumps(self.repairs, sort_keys=True)},
+            {"run_id": self.run_id, "role": self.role, "vendor": self.vendor_name, "status": result.status,
+             "reason": result.reason, "findings": result.findings, "repairs": len(self.repairs), "cost_usd": t.cost,
+             "cost_source": cost_source, "session_id": result.session_id},
+            task_id=self.req.task_id, error_id=self.req.error_id, claim_token=self.req.claim_token)
 
-        try:
-            require_egress(config)
-        except EgressUnavailable as exc:
-            return finish("unavailable", str(exc), None, None)
-        r.network = lambda: lane_network(config, vendor_name)
+    # ledger -----------------------------------------------------------------
+    def record(self, values: dict) -> None:
+        if self.ledger is None or self.run_id is None:
+            return
+        from agent.ledger.lanes import update_run
 
-    # -- binary and manifest (before any child starts)
-    bin_name = vc.bin or adapter.default_bin
-    probe_env = lane_env(vc.env, deny=deny)
-    bin_path = shutil.which(bin_name, path=probe_env.get("PATH"))
-    if bin_path is None and os.path.sep in bin_name and os.access(bin_name, os.X_OK):
-        bin_path = os.path.abspath(bin_name)
-    if bin_path is None:
-        return finish("unavailable", f"{bin_name}: binary not found on the lane's PATH; install it or set "
-                      f"vendors.{vendor_name}.bin", None, None)
-    ctx = LaneContext(role=role, writable=writable, spec_path=spec_path, cwd=cwd, model=model, bin=bin_path,
-                      extra_args=tuple(vc.args), run_dir=lane_dir)
-    try:
-        first = adapter.build(ctx)
-    except AgentError as exc:
-        return finish("unavailable", f"vendor {vendor_name} cannot run this lane: {exc}", None, None)
-    manifest = {"vendor": vendor_name, "bin": bin_path,
-                "version": binary_version(adapter, bin_path, probe_env, run_dir,
-                                          cache=home / "lanes" / VERSION_CACHE_FILE,
-                                          sandbox=_probe_sandbox(config, home, run_dir)),
-                "model": model, "role": role, "argv": _template(adapter, first, ctx),
-                "spec_sha256": sha256_file(spec_path)}
-    mhash = manifest_hash(manifest)
-    r.record({"manifest": json.dumps(manifest, sort_keys=True), "manifest_hash": mhash})
+        update_run(self.ledger, self.run_id, values, task_id=self.req.task_id, claim_token=self.req.claim_token)
 
-    if resume_run_id is not None:
-        from agent.ledger.lanes import get_run, interrupt_run
+    def event(self, kind: str, payload: dict) -> None:
+        if self.ledger is None:
+            return
+        from agent.ledger.leases import claimed_tx
 
-        prev = get_run(ledger, resume_run_id) if ledger is not None else None
-        if prev is None:
-            raise AgentError(f"lane run {resume_run_id} not found; cannot resume it")
-        if prev.get("status") == "running":
-            # the interrupted run is superseded by this one; it no longer counts as in flight
-            interrupt_run(ledger, resume_run_id, f"interrupted; resumed as run {run_id}", task_id=task_id,
-                          claim_token=claim_token)
-        if prev.get("manifest_hash") != mhash:
-            return finish("rejected", CAPABILITY_DRIFT, None, mhash)
-        if prev.get("session_id") and adapter.can_resume:
-            note = write_private(run_dir / "resume-note.md", "The previous run of this task was interrupted. "
-                                 "Continue where you left off and end your last message with the final report.\n")
-            r.runner_files.append(note)
-            try:
-                first = adapter.build_resume(ctx, prev["session_id"], note)
-                r.session_id = prev["session_id"]
-            except Exception:
-                pass  # fall back to the fresh first turn built above
-
-    before = None if writable else worktree_state(cwd)
-    guard = GitGuard(cwd)
-    if r.bwrap is not None:
-        state_env = lane_env(vc.env, first.env, deny=deny)
-        state = adapter.state_paths(state_env) if hasattr(adapter, "state_paths") else []
-        # never the user's live dirs: a private copy per task holding only the login files (agent.lanes.files)
-        scope = f"task-{task_id}" if task_id is not None else f"run-{run_dir.name}"
-        state = private_state(home / "vendor-state" / scope / vendor_name, state,
-                              tuple(getattr(adapter, "login_files", ()) or ()))
-        r.plan = lane_plan(cwd=cwd, writable=writable, agent_home=home, run_dir=run_dir, lane_dir=lane_dir,
-                           spec_paths=[spec_path],
-                           state_paths=state, extra_writable=list(getattr(vc, "writable", ()) or ()))
-        r.plan.tmpfs_mb = config.limits.lane_tmp_mb
-
-    if time.time() >= end:
-        return finish("timeout", "deadline already passed before the lane started", None, mhash)
-
-    # -- the first turn and the repair loop
-    res, out = r.turn(first, "turn", ctx)
-    status, reason, report = r.classify(res, out)
-    from agent.infra import proc
-
-    if status is None and proc.halted():
-        # shutting down stopped it: no report is not a malformed one, and no repair turn may start
-        status, reason = "interrupted", "stopped by shutdown before it reported"
-    fresh_used = False
-    n = 0
-    while status is None and n < repair_budget:
-        if time.time() >= end - 1:
-            reason = f"{reason}; no time left for a repair turn"
-            break
-        n += 1
-        note_text = repair_note(report.problem if report else None, role)
-        note_path = write_private(run_dir / f"repair-{n}.md", note_text)
-        r.runner_files.append(note_path)
-        inv, kind = None, "resume"
-        if adapter.can_resume:
-            try:
-                inv = adapter.build_resume(ctx, r.session_id, note_path)
-            except Exception:
-                inv = None
-        if inv is None:
-            if fresh_used:
-                break
-            fresh_used, kind = True, "fresh"
-            retry_spec = write_private(run_dir / "spec-retry.md", spec_path.read_text(encoding="utf-8", errors="replace")
-                                       + "\n\n## Note from the runner (a previous attempt's report was rejected)\n\n"
-                                       + note_text)
-            r.runner_files.append(retry_spec)
-            retry_ctx = LaneContext(**{**ctx.__dict__, "spec_path": retry_spec})
-            inv = adapter.build(retry_ctx)
-        total = repair_budget if kind == "resume" else 1
-        label = f"{role} repair {n}/{total}"
-        if hasattr(on_progress, "set_label"):
-            on_progress.set_label(label)
-        session_before = r.session_id
-        cost_before = r.cost
-        res, out = r.turn(inv, f"repair-{n}", ctx)
-        prev_problem = lane_text(report.problem, r.secrets) if report else None
-        status, new_reason, new_report = r.classify(res, out)
-        entry = {"label": label, "kind": kind, "round": round, "note": lane_text(note_text, r.secrets),
-                 "problem": prev_problem, "session_id": out.session_id or session_before,
-                 "resumed_session": session_before if kind == "resume" else None,
-                 "exit_code": res.exit_code, "cost_usd": _round(r.cost - cost_before, 6),
-                 "outcome": status or "malformed", "log": str(res.stdout_path)}
-        r.repairs.append(entry)
-        r.event("lane.repair", {"run_id": run_id, "label": label, "kind": kind, "problem": prev_problem,
-                                "outcome": entry["outcome"], "session_id": entry["session_id"]})
-        if new_report is not None or status is not None:
-            reason, report = new_reason, (new_report if new_report is not None else report)
-        if kind == "fresh":
-            break
-    if status is None:
-        status = "malformed"
-
-    tampered = guard.check_and_restore()
-    setid, too_large = _settle_files(r, cwd, writable, config.limits.worktree_max_mb)
-    if tampered:
-        shown = ", ".join(tampered[:10]) + (f" (+{len(tampered) - 10} more)" if len(tampered) > 10 else "")
-        status, reason = "rejected", f"{MIRROR_TAMPERED}: the lane changed {shown}; restored"
-        r.event("lane.git_tampered", {"run_id": run_id, "role": role, "vendor": vendor_name, "paths": tampered[:50]})
-    elif setid:
-        shown_paths = ", ".join(setid[:10]) + (f" (+{len(setid) - 10} more)" if len(setid) > 10 else "")
-        status, reason = "rejected", f"{SETID_BITS}: the lane left setuid/setgid files {shown_paths}; bits removed"
-        r.event("lane.setid_bits", {"run_id": run_id, "role": role, "vendor": vendor_name, "paths": setid[:50]})
-    elif too_large:
-        status, reason = "rejected", f"{WORKTREE_TOO_LARGE}: {too_large}"
-    elif before is not None:
-        changed = changed_paths(before, worktree_state(cwd))
-        if changed:
-            shown = ", ".join(changed[:10]) + (f" (+{len(changed) - 10} more)" if len(changed) > 10 else "")
-            status, reason = "rejected", f"read-only lane changed the worktree: {shown}"
-    return finish(status, reason, report if status in REPORT_STATUSES else report, mhash)
+        # fenced like every task write: a lane whose task was taken over (lease lost) records nothing more
+        task_id = self.req.task_id
+        with claimed_tx(self.ledger, task_id, self.req.claim_token if task_id is not None else None) as c:
+            self.ledger.event(c, kind, "lane", payload, task_id=task_id, error_id=self.req.error_id)
 
 
-def _settle_files(r: _Run, cwd: Path, writable: bool, max_mb: int) -> tuple[list[str], str | None]:
+def _settle_files(plan, cwd: Path, writable: bool, max_mb: int) -> tuple[list[str], str | None]:
     """After the lane: setuid/setgid bits removed from everything it could write (the worktree, its vendor state,
     ``vendors.X.writable``), and the worktree's size against ``limits.worktree_max_mb``.  Returns (the worktree
     files that had such bits, why the worktree is too large or None)."""
     from agent.git.workspace import human_bytes, walk_tree
 
-    if r.plan is not None:
-        for src in [s for s, _ in r.plan.over_rw] + [p for p in r.plan.rw if p != Path(cwd)]:
+    if plan is not None:
+        for src in [s for s, _ in plan.over_rw] + [p for p in plan.rw if p != Path(cwd)]:
             if Path(src).is_dir() and not Path(src).is_symlink():
                 walk_tree(Path(src), strip_setid=True)
     if not writable:
@@ -775,7 +952,7 @@ def list_lanes(config, scratch: Path) -> list[dict]:
             adapter = get_vendor(name, config)
         except AgentError:
             adapter = None
-        env = lane_env(vc.env, deny=config_denylist(config))
+        env = lane_env(vc.env, deny=secret_env_names(config))
         bin_name = vc.bin or (adapter.default_bin if adapter is not None else name)
         path = shutil.which(bin_name, path=env.get("PATH"))
         version = None

@@ -4,7 +4,7 @@ Only on a terminal: when the stream is not a TTY (cron, pipes, --json consumers)
 written at all.  Use as a context manager and pass the object as ``on_progress`` to run_lane::
 
     with LaneProgress("implementer codex") as progress:
-        run_lane(..., on_progress=progress)
+        run_lane(LaneRequest(..., on_progress=progress))
 """
 
 from __future__ import annotations

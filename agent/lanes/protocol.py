@@ -18,8 +18,8 @@ class LaneContext:
     model: str | None
     bin: str
     extra_args: tuple[str, ...]
-    run_dir: Path                 # the lane dir $AGENT_HOME/lanes/<run-id>/lane/: the lane writes here; read its
-                                  # files only with agent.lanes.files.read_lane_file
+    run_dir: Path                 # the lane dir $AGENT_HOME/lanes/<run-id>/lane/, fresh for each turn: the lane
+                                  # writes here; read its files only with agent.lanes.files.read_lane_file
 
 
 @dataclass

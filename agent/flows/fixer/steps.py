@@ -108,7 +108,7 @@ def _lease_held(ctx: Ctx, keeper, what: str) -> None:
 def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
     """Run one lane for this task (re-attaching the same attempt if an earlier run died in flight)."""
     from agent.coord.claims import lease_keeper
-    from agent.lanes.lane import run_lane
+    from agent.lanes.lane import LaneRequest, run_lane
     from agent.infra.proc import kill_group_if_same, same_process
 
     _require_lane(ctx, role)
@@ -145,11 +145,11 @@ def _lane(ctx: Ctx, role: str, spec_path: Path, head: str | None):
                 LaneProgress(f"task {ctx.task_id} {role}", force=None if ctx.progress else False) as progress:
             # the daily budget is checked and this lane's estimate reserved in the transaction that records it
             # running, so runners (and --jobs threads) racing for the last of it launch only the lanes that fit
-            result = run_lane(config=ctx.config, home=ctx.home, role=role, spec_path=spec_path,
-                              cwd=Path(t["worktree"]), ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"],
-                              round=t["round"], head_sha=head, repo_lanes=settings.lanes if settings else None,
-                              claim_token=ctx.token, resume_run_id=inflight["id"] if inflight else None,
-                              on_progress=progress, budget=lane_budget(ctx))
+            result = run_lane(LaneRequest(
+                config=ctx.config, home=ctx.home, role=role, spec_path=spec_path, cwd=Path(t["worktree"]),
+                ledger=ctx.ledger, task_id=ctx.task_id, error_id=t["error_id"], round=t["round"], head_sha=head,
+                repo_lanes=settings.lanes if settings else None, claim_token=ctx.token,
+                resume_run_id=inflight["id"] if inflight else None, on_progress=progress, budget=lane_budget(ctx)))
     except BudgetRefused as exc:
         budget_refused(ctx, role, exc)
     _lease_held(ctx, keeper, f"{role} lane")
