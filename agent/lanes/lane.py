@@ -652,6 +652,7 @@ def run_lane(*, config, home: Path, role: str, spec_path: Path, cwd: Path,
                            spec_paths=[spec_path],
                            state_paths=state, extra_writable=list(getattr(vc, "writable", ()) or ()))
         r.plan.tmpfs_mb = config.limits.lane_tmp_mb
+        r.plan.unix_sockets = config.sandbox_unix_sockets
 
     if time.time() >= end:
         return finish("timeout", "deadline already passed before the lane started", None, mhash)
