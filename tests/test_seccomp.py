@@ -221,3 +221,16 @@ def test_config_key():
     assert make_config({}, sandbox={"unix_sockets": "allow"}).sandbox_unix_sockets == "allow"
     with pytest.raises(ConfigError, match="sandbox.unix_sockets"):
         make_config({}, sandbox={"unix_sockets": "no"})
+
+
+def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
+    """Fail closed: when the filter cannot be set (here: an empty program, which the kernel refuses), the command
+    never runs, and the line says what to do (the lane is `unavailable` with it)."""
+    from agent.lanes.sandbox import sandbox_exec_failure
+
+    marker = tmp_path / "ran"
+    argv = seccomp.applier_argv(["touch", str(marker)], {})
+    argv[argv.index(seccomp.program().hex())] = ""
+    out = subprocess.run(argv, capture_output=True, text=True)
+    assert out.returncode == 126 and not marker.exists(), out
+    assert "agent-lane: seccomp: prctl failed" in out.stderr and sandbox_exec_failure(out.stderr), out

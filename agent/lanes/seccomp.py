@@ -105,7 +105,8 @@ fprog = Fprog(len(prog) // 8, prog)
 libc = ctypes.CDLL(None, use_errno=True)
 u = ctypes.c_ulong
 if libc.prctl(38, u(1), u(0), u(0), u(0)) or libc.prctl(22, u(2), ctypes.byref(fprog), u(0), u(0)):
-    sys.stderr.write("agent-lane: seccomp: " + os.strerror(ctypes.get_errno()) + "\n")
+    sys.stderr.write("agent-lane: seccomp: prctl failed (" + os.strerror(ctypes.get_errno()) + "), so no exec: "
+                     "sandbox.unix_sockets: allow runs lanes without the filter\n")
     os._exit(126)
 try:
     os.execvp(argv[0], argv)
@@ -118,12 +119,16 @@ except OSError as e:
 def interpreter() -> str:
     """The interpreter that applies the filter: the one the agent runs on, resolved past its venv's link (the
     sandbox shows it: the root read-only, or bound back by ``sandbox.runtime_paths``)."""
-    return os.path.realpath(sys.executable)
+    found = os.path.realpath(sys.executable) if sys.executable else ""
+    if not os.path.isfile(found):
+        raise Unsupported(f"no interpreter to apply the seccomp filter with ({sys.executable!r})")
+    return found
 
 
 def applier_argv(argv: list[str], env: dict[str, str], machine: str | None = None) -> list[str]:
     """``argv`` run under the filter (raises Unsupported on an unknown architecture)."""
-    return [interpreter(), "-I", "-S", "-c", APPLY, program(machine).hex(), env.get("LC_CTYPE", "-"), *argv]
+    prog = program(machine).hex()
+    return [interpreter(), "-I", "-S", "-c", APPLY, prog, env.get("LC_CTYPE", "-"), *argv]
 
 
 _warned: set[str] = set()
