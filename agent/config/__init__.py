@@ -22,6 +22,7 @@ FORGES = ("github", "gitlab", "gitea", "local")
 SOURCE_KINDS = ("loki", "file", "sentry")
 SANDBOXES = ("bwrap", "none")
 NETWORKS = ("proxy", "none", "host")      # sandbox.network (agent.lanes.egress)
+UNIX_SOCKETS = ("deny", "allow")           # sandbox.unix_sockets (agent.lanes.seccomp)
 DEFAULT_BLOCKED = (".github/", ".agent/")
 
 
@@ -241,6 +242,7 @@ class Config:
     sandbox_explicit: bool = False           # whether the file said `sandbox:` at all
     sandbox_network: str = "proxy"           # sandbox.network: proxy | none | host (agent.lanes.egress)
     sandbox_allow_hosts: tuple[str, ...] = ()   # sandbox.allow_hosts: HOST[:PORT] every lane may reach
+    sandbox_unix_sockets: str = "deny"       # sandbox.unix_sockets: deny (socket(AF_UNIX) fails in lanes) | allow
     prices: dict = field(default_factory=dict)     # name (model or vendor) -> lanes.prices.Price
     notify: tuple[NotifyChannel, ...] = ()
     serve: ServeConfig = ServeConfig()
@@ -520,7 +522,7 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
 
-    sandbox, network, allow_hosts = _sandbox(v, top.get("sandbox", "bwrap"))
+    sandbox, network, allow_hosts, unix_sockets = _sandbox(v, top.get("sandbox", "bwrap"))
 
     prices = {}
     for name, raw in v.mapping(top.get("prices"), "prices").items():
@@ -537,21 +539,23 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
                   git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
                   forges=_forges(v, top.get("forges")),
                   review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
-                  sandbox_network=network, sandbox_allow_hosts=allow_hosts,
+                  sandbox_network=network, sandbox_allow_hosts=allow_hosts, sandbox_unix_sockets=unix_sockets,
                   notify=_notify(v, top.get("notify")),
                   serve=_serve(v, top.get("serve"), repos),
                   lessons=_lessons(v, top.get("lessons")),
                   ledger_url=_ledger_url(v, top.get("ledger")))
 
 
-def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...]]:
-    """``sandbox: bwrap|none``, or ``sandbox: {mode: bwrap|none, network: proxy|none|host, allow_hosts: [...]}``."""
+def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...], str]:
+    """``sandbox: bwrap|none``, or ``sandbox: {mode: bwrap|none, network: proxy|none|host, allow_hosts: [...],
+    unix_sockets: deny|allow}``."""
     if isinstance(raw, str) or raw is None:
-        return v.string(raw, "sandbox", SANDBOXES), "proxy", ()
-    d = v.mapping(raw, "sandbox", ("mode", "network", "allow_hosts"))
+        return v.string(raw, "sandbox", SANDBOXES), "proxy", (), "deny"
+    d = v.mapping(raw, "sandbox", ("mode", "network", "allow_hosts", "unix_sockets"))
     return (v.string(d.get("mode", "bwrap"), "sandbox.mode", SANDBOXES),
             v.string(d.get("network", "proxy"), "sandbox.network", NETWORKS),
-            _hosts(v, d.get("allow_hosts"), "sandbox.allow_hosts"))
+            _hosts(v, d.get("allow_hosts"), "sandbox.allow_hosts"),
+            v.string(d.get("unix_sockets", "deny"), "sandbox.unix_sockets", UNIX_SOCKETS))
 
 
 def _hosts(v: _V, raw: Any, path: str) -> tuple[str, ...]:
@@ -863,6 +867,8 @@ DEFAULT_CONFIG = """\
 # sandbox: {mode: bwrap, network: proxy, allow_hosts: [pypi.org, "llm.corp.example:8443"]}
 #                    # network: proxy (default: own network namespace, only the vendor's model hosts and these through
 #                    # the agent's egress proxy) | none (no network) | host (the host's network; doctor warns)
+#                    # unix_sockets: deny (default: socket(AF_UNIX) fails in a lane, so it reaches no host socket;
+#                    # socketpair works) | allow
 
 # lessons:                     # a lane's LESSON steers later lanes only once a human merged its PR
 #   reviewers: false           # reviewer specs carry lessons too

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import socket
-import time
 from typing import Callable, Mapping
 
 from agent import AgentError
@@ -31,7 +30,8 @@ from agent.notify.channels import (SIGNATURE_HEADER, Message, NotifyFailed, rend
 
 BACKOFF_S = (30, 60, 120, 300, 600, 1800, 3600)   # after attempt 1, 2, ...; the last repeats
 MAX_ATTEMPTS = 10
-LEASE_S = 120                                      # > one send; a dead claimant's row is taken back at once
+LEASE_S = 120                                      # > one send, on the ledger's clock (agent.ledger.outbox);
+                                                   # a dead claimant's row is taken back at once
 
 
 def _claimant() -> str:
@@ -51,19 +51,19 @@ def backoff(attempts: int) -> float:
     return float(BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1])
 
 
-def deliver(ledger: Ledger, config: Config, env: Mapping[str, str] | None = None, *,
-            clock: Callable[[], float] = time.time, ssl_context=None,
+def deliver(ledger: Ledger, config: Config, env: Mapping[str, str] | None = None, *, ssl_context=None,
             sender: Callable[..., None] = send) -> list[dict]:
-    """One delivery pass: expand new outbox rows, send what is due, record each outcome. One item per delivery."""
+    """One delivery pass: expand new outbox rows, send what is due, record each outcome. One item per delivery.
+    What is due, each claim's lease and each retry's time are the ledger's clock, never this runner's."""
     channels = {c.id: c for c in config.notify}
     outbox.expand(ledger, {cid: c.on for cid, c in channels.items()})
     token = _claimant()
     items = []
-    for d in outbox.dead_letter_stuck(ledger, clock(), _dead, MAX_ATTEMPTS):
+    for d in outbox.dead_letter_stuck(ledger, _dead, MAX_ATTEMPTS):
         items.append({"key": d["key"], "state": outbox.DEAD,
                       "line": f"notify {d['key']} ({d['kinds']}): dead after {d['attempts']} attempts that never "
                               f"finished; `agent notify retry {d['key']}` tries again"})
-    for d in outbox.claim_due(ledger, token, clock(), LEASE_S, _dead):
+    for d in outbox.claim_due(ledger, token, LEASE_S, _dead):
         channel = channels.get(d["channel"])
         kinds = tuple(d["kinds"].split(","))
         label = f"notify {d['key']} ({','.join(kinds)})"
@@ -90,7 +90,7 @@ def deliver(ledger: Ledger, config: Config, env: Mapping[str, str] | None = None
                                       f"`agent notify retry {d['key']}` tries again"})
             else:
                 wait = backoff(d["attempts"])
-                outbox.record(ledger, d["id"], token, "pending", str(exc), next_at=clock() + wait)
+                outbox.record(ledger, d["id"], token, "pending", str(exc), retry_in=wait)
                 items.append({"key": d["key"], "state": "pending",
                               "line": f"{label}: attempt {d['attempts']} failed, retry in {wait:.0f}s: {exc}"})
             continue

@@ -600,6 +600,7 @@ class LaneRun:
                               lane_dir=self.lane_dir, spec_paths=[self.spec_path], state_paths=state,
                               extra_writable=list(getattr(self.vc, "writable", ()) or ()))
         self.plan.tmpfs_mb = self.req.config.limits.lane_tmp_mb
+        self.plan.unix_sockets = self.req.config.sandbox_unix_sockets
 
     # the turns -------------------------------------------------------------
     def first_turn(self, first: Invocation) -> Outcome:

@@ -24,7 +24,9 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
   ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``: the task's private copy shown at that path) and the paths listed in
   ``vendors.X.writable``;
 - its own network namespace: only its vendor's model hosts, through the agent's egress proxy, and no host
-  socket dir (``/run``, ``/var/run``, the ledger's and ssh-agent's); see ``agent.lanes.egress``.
+  socket dir (``/run``, ``/var/run``, the ledger's and ssh-agent's); see ``agent.lanes.egress``;
+- no unix socket of its own: ``socket(AF_UNIX)`` fails with EPERM (``sandbox.unix_sockets: deny``, the default;
+  ``agent.lanes.seccomp``), so no host socket a mount left in view is connectable; ``socketpair()`` works.
 
 ``sandbox: none`` in config.yaml runs lanes without it (explicitly only; doctor warns).  With ``sandbox: bwrap``
 (the default) and no bwrap on PATH, lanes refuse to start with a one-line fix.
@@ -83,6 +85,7 @@ class Plan:
     over_rw: list[tuple[Path, Path]] = field(default_factory=list)   # (source, dest): dest shows source, writable
     empty: list[Path] = field(default_factory=list)         # an empty read-only dir in place of these
     tmpfs_mb: int = 1024                                    # size cap of each writable tmpfs (/tmp, homes)
+    unix_sockets: str = "deny"                              # deny: socket(AF_UNIX) fails (agent.lanes.seccomp)
 
 
 def sanitized_git_config(common: Path, out: Path) -> Path:
@@ -402,6 +405,7 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     plan = lane_plan(cwd=worktree, writable=True, agent_home=agent_home, run_dir=scratch, spec_paths=[],
                      state_paths=[], extra_writable=[])
     plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
+    plan.unix_sockets = getattr(config, "sandbox_unix_sockets", plan.unix_sockets)
     from agent.lanes.egress import check_network
 
     return wrap(bwrap, argv, with_argv_files(plan, argv, env), env, check_network(config))
@@ -422,6 +426,7 @@ def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], s
     plan = lane_plan(cwd=cwd, writable=False, agent_home=agent_home, run_dir=Path(scratch), spec_paths=[],
                      state_paths=[], extra_writable=[])
     plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
+    plan.unix_sockets = getattr(config, "sandbox_unix_sockets", plan.unix_sockets)
     return wrap(bwrap, list(argv), with_argv_files(plan, list(argv), env), env, None)
 
 
@@ -501,4 +506,8 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
         args += op
     args += ["--chdir", str(plan.cwd), "--"]
+    if plan.unix_sockets != "allow":     # applied after the egress bridge started: its socat needs a unix socket
+        from agent.lanes.seccomp import filtered_argv
+
+        argv = filtered_argv(argv, env)
     return args + (list(argv) if net is None else net.argv(argv)), env

@@ -94,44 +94,61 @@ def expand(ledger, wants: dict[str, tuple[str, ...]]) -> int:
     return made
 
 
-def claim_due(ledger, token: str, now_s: float, lease_s: float, dead: "callable", limit: int = 50) -> list[dict]:
+def claim_due(ledger, token: str, lease_s: float, dead: "callable", limit: int = 50) -> list[dict]:
     """Claim deliveries that are due: pending past their ``next_at``, or stuck in ``sending`` by a claimant
-    whose lease ran out or whose process is dead (``dead(claimed_by)``). Each claim counts an attempt."""
+    whose lease ran out or whose process is dead (``dead(claimed_by)``). Each claim counts an attempt.
+
+    One clock: ``next_at`` and ``lease_until`` are the ledger's time (``dialect.clock``), set and compared by the
+    claiming UPDATE itself, which takes a row only if it is still due then (so a runner whose clock is off never
+    takes a live delivery, and of two runners claiming at once on PostgreSQL one gets the row)."""
+    clock = ledger.dialect.clock
+    claimed = []
     with ledger.tx() as c:
-        due = [r["id"] for r in c.execute(
-            "SELECT id FROM notify_deliveries WHERE state = 'pending' AND next_at <= ? ORDER BY id LIMIT ?",
-            (now_s, limit))]
-        for r in c.execute("SELECT id, lease_until, claimed_by FROM notify_deliveries WHERE state = 'sending'"):
-            if (r["lease_until"] or 0) < now_s or dead(r["claimed_by"] or ""):
-                due.append(r["id"])
-        for did in due:
-            c.execute("UPDATE notify_deliveries SET state = 'sending', claimed_by = ?, lease_until = ?, "
-                      "attempts = attempts + 1 WHERE id = ?", (token, now_s + lease_s, did))
-        if not due:
+        due = [(r["id"], None, False) for r in c.execute(
+            f"SELECT id FROM notify_deliveries WHERE state = 'pending' AND next_at <= {clock} ORDER BY id LIMIT ?",
+            (limit,))]
+        for r in c.execute(f"SELECT id, claimed_by, coalesce(lease_until, 0) < {clock} AS expired "
+                           "FROM notify_deliveries WHERE state = 'sending' ORDER BY id").fetchall():
+            gone = dead(r["claimed_by"] or "")
+            if r["expired"] or gone:
+                due.append((r["id"], r["claimed_by"] or "", gone))
+        for did, holder, gone in due:
+            still = f"state = 'pending' AND next_at <= {clock}" if holder is None else \
+                f"state = 'sending' AND coalesce(claimed_by, '') = ? AND (coalesce(lease_until, 0) < {clock} OR ? = 1)"
+            n = c.execute(f"UPDATE notify_deliveries SET state = 'sending', claimed_by = ?, lease_until = {clock} + ?, "
+                          f"attempts = attempts + 1 WHERE id = ? AND {still}",
+                          (token, lease_s, did, *(() if holder is None else (holder, int(gone))))).rowcount
+            if n:
+                claimed.append(did)
+        if not claimed:
             return []
-        marks = ",".join("?" for _ in due)
+        marks = ",".join("?" for _ in claimed)
         return [dict(r) for r in c.execute(
             "SELECT d.*, o.event_id, o.kinds, o.task_id, o.error_id, o.payload, o.created_at AS event_at "
             f"FROM notify_deliveries d JOIN outbox o ON o.id = d.outbox_id WHERE d.id IN ({marks}) ORDER BY d.id",
-            due)]
+            claimed)]
 
 
-def dead_letter_stuck(ledger, now_s: float, dead: "callable", max_attempts: int) -> list[dict]:
-    """Deliveries stuck in ``sending`` (lease over or claimant dead) that used up their attempts: each claim was
-    lost mid-send (a crash every time), so they go to ``dead`` instead of being claimed again."""
+def dead_letter_stuck(ledger, dead: "callable", max_attempts: int) -> list[dict]:
+    """Deliveries stuck in ``sending`` (lease over on the ledger's clock, or claimant dead) that used up their
+    attempts: each claim was lost mid-send (a crash every time), so they go to ``dead`` instead of being claimed
+    again."""
+    clock = ledger.dialect.clock
     out = []
     with ledger.tx() as c:
-        for r in c.execute("SELECT d.id, d.key, d.attempts, d.lease_until, d.claimed_by, o.kinds, o.task_id "
+        for r in c.execute("SELECT d.id, d.key, d.attempts, d.lease_until, d.claimed_by, o.kinds, o.task_id, "
+                           f"coalesce(d.lease_until, 0) < {clock} AS expired "
                            "FROM notify_deliveries d JOIN outbox o ON o.id = d.outbox_id "
                            "WHERE d.state = 'sending' AND d.attempts >= ?", (max_attempts,)).fetchall():
-            if (r["lease_until"] or 0) < now_s or dead(r["claimed_by"] or ""):
+            if r["expired"] or dead(r["claimed_by"] or ""):
                 error = f"{r['attempts']} attempts never finished (the sender died each time)"
                 c.execute("UPDATE notify_deliveries SET state = ?, last_error = ?, claimed_by = NULL, "
                           "lease_until = NULL WHERE id = ?", (DEAD, error, r["id"]))
                 ledger.event(c, "notify.dead", "script", {"key": r["key"], "kinds": r["kinds"],
                                                           "attempts": r["attempts"], "error": error},
                              task_id=r["task_id"])
-                out.append(dict(r))
+                out.append({k: r[k] for k in ("id", "key", "attempts", "lease_until", "claimed_by", "kinds",
+                                              "task_id")})
     return out
 
 
@@ -162,13 +179,15 @@ def requeue(ledger, keys: tuple[str, ...], every: bool) -> list[dict]:
 
 
 def record(ledger, delivery_id: int, token: str, state: str, error: str | None = None,
-           next_at: float | None = None) -> bool:
-    """Record a claimed delivery's outcome (delivered | pending with next_at | failed); False if the claim was lost."""
+           retry_in: float | None = None) -> bool:
+    """Record a claimed delivery's outcome (delivered | pending, due again ``retry_in`` seconds from now on the
+    ledger's clock | failed); False if the claim was lost."""
+    due = "next_at" if retry_in is None else f"{ledger.dialect.clock} + ?"
     with ledger.tx() as c:
-        n = c.execute("UPDATE notify_deliveries SET state = ?, last_error = ?, next_at = coalesce(?, next_at), "
+        n = c.execute(f"UPDATE notify_deliveries SET state = ?, last_error = ?, next_at = {due}, "
                       "claimed_by = NULL, lease_until = NULL, delivered_at = ? WHERE id = ? AND claimed_by = ?",
-                      (state, error, next_at, ledger_now() if state == "delivered" else None, delivery_id,
-                       token)).rowcount
+                      (state, error, *(() if retry_in is None else (retry_in,)),
+                       ledger_now() if state == "delivered" else None, delivery_id, token)).rowcount
         if n and state in ("delivered", "failed", DEAD):
             row = c.execute("SELECT d.channel, d.key, d.attempts, o.task_id, o.kinds FROM notify_deliveries d "
                             "JOIN outbox o ON o.id = d.outbox_id WHERE d.id = ?", (delivery_id,)).fetchone()

@@ -1,0 +1,149 @@
+"""The lane's seccomp filter: ``socket(AF_UNIX, ...)`` fails with EPERM (issue 23).
+
+A lane in its own network namespace reaches no abstract unix socket of the host (those belong to a network
+namespace), but a path socket is a file: one the sandbox neither hides nor blanks (a service's socket in ``/srv``,
+``/opt``, deep in ``/var/lib``, or any dir a lane is shown) is connectable.  The filter closes that for every
+socket a lane could name: creating an ``AF_UNIX`` socket fails, so nothing can ``connect()`` or ``bind()`` one.
+``socketpair()`` is a different system call and stays allowed (node's and Python's child stdio, asyncio's self
+pipe); a socket passed in already connected (none is) would keep working.  As in Anthropic's sandbox-runtime.
+
+The program is classic BPF (``struct sock_filter``), 10 instructions, built here for the running architecture
+(x86_64, aarch64): a system call of any other architecture (i386 through ``int 0x80``, 32-bit arm) or of the x32 ABI
+kills the process, since its socket call has another number the filter would not see.  Only the low 32 bits of
+``domain`` are compared: the kernel reads the argument as an ``int``, so ``1 | 1 << 32`` is ``AF_UNIX`` too.  On
+any other architecture ``program()`` refuses (``Unsupported``) and the sandbox says it runs without the filter.
+
+It is applied inside the sandbox, after the egress bridge started (its socat connects to the proxy's unix socket
+for every connection the lane opens), right before the lane's command: ``applier_argv`` is an ``exec`` through the
+agent's own interpreter, which sets the filter (``prctl(PR_SET_SECCOMP)``; bwrap already set no-new-privs) and
+``exec``s the command.  bwrap's own ``--seccomp FD`` would filter the bridge too.  No library: libseccomp's Python
+binding is a Debian package outside the agent's venv (and the PyPI ones are unmaintained ctypes copies of it); the
+program below is checked by the kernel when it loads and by the tests in tests/test_seccomp.py on real bwrap.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+import sys
+
+from agent import AgentError
+
+AF_UNIX = 1
+EPERM = 1
+
+# <linux/audit.h>: EM_X86_64 / EM_AARCH64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE
+AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_AARCH64 = 0xC00000B7
+X32_SYSCALL_BIT = 0x40000000
+
+# (audit arch, socket's system call number), by platform.machine()
+ARCHES = {"x86_64": (AUDIT_ARCH_X86_64, 41), "amd64": (AUDIT_ARCH_X86_64, 41),
+          "aarch64": (AUDIT_ARCH_AARCH64, 198), "arm64": (AUDIT_ARCH_AARCH64, 198)}
+
+# <linux/filter.h>, <linux/seccomp.h>
+BPF_LD_W_ABS = 0x20
+BPF_JEQ_K = 0x15
+BPF_JGE_K = 0x35
+BPF_RET_K = 0x06
+RET_KILL_PROCESS = 0x80000000
+RET_ERRNO = 0x00050000
+RET_ALLOW = 0x7FFF0000
+# struct seccomp_data {int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];}
+OFF_NR, OFF_ARCH, OFF_ARG0 = 0, 4, 16      # args[0]'s low half: both architectures are little-endian
+
+
+class Unsupported(AgentError):
+    pass
+
+
+def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def program(machine: str | None = None) -> bytes:
+    """The filter for ``machine`` (default: this one's), as the bytes of a ``struct sock_filter`` array."""
+    m = (machine or platform.machine()).lower()
+    if m not in ARCHES:
+        raise Unsupported(f"no seccomp filter for architecture {m or '?'} (x86_64 and aarch64 only)")
+    arch, nr_socket = ARCHES[m]
+    x86 = arch == AUDIT_ARCH_X86_64
+    kill = 9 if x86 else 8                  # index of the last instruction (kill); allow is the one before
+    allow = kill - 1
+    out = [_ins(BPF_LD_W_ABS, OFF_ARCH),
+           _ins(BPF_JEQ_K, arch, 0, kill - 2),                      # another architecture: kill
+           _ins(BPF_LD_W_ABS, OFF_NR)]
+    if x86:
+        out.append(_ins(BPF_JGE_K, X32_SYSCALL_BIT, kill - 4, 0))   # the x32 ABI: kill
+    i = len(out)
+    out += [_ins(BPF_JEQ_K, nr_socket, 0, allow - i - 1),           # not socket(): allow
+            _ins(BPF_LD_W_ABS, OFF_ARG0),
+            _ins(BPF_JEQ_K, AF_UNIX, 0, allow - i - 3),             # socket() of another family: allow
+            _ins(BPF_RET_K, RET_ERRNO | EPERM),
+            _ins(BPF_RET_K, RET_ALLOW),
+            _ins(BPF_RET_K, RET_KILL_PROCESS)]
+    assert len(out) == kill + 1
+    return b"".join(out)
+
+
+# Runs as `python -I -S -c APPLY PROGRAM_HEX LC_CTYPE_OR_- argv...`: stdlib only, no site, no agent import.
+# The command gets what it was given: Python's locale coercion may have set LC_CTYPE in its environment, and Python
+# ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored across exec): both back to the default.
+APPLY = r"""import _signal, ctypes, os, sys
+_signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+_signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+prog = bytes.fromhex(sys.argv[1])
+if sys.argv[2] == "-":
+    os.environ.pop("LC_CTYPE", None)
+else:
+    os.environ["LC_CTYPE"] = sys.argv[2]
+argv = sys.argv[3:]
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+fprog = Fprog(len(prog) // 8, prog)
+libc = ctypes.CDLL(None, use_errno=True)
+u = ctypes.c_ulong
+if libc.prctl(38, u(1), u(0), u(0), u(0)) or libc.prctl(22, u(2), ctypes.byref(fprog), u(0), u(0)):
+    sys.stderr.write("agent-lane: seccomp: prctl failed (" + os.strerror(ctypes.get_errno()) + "), so no exec: "
+                     "sandbox.unix_sockets: allow runs lanes without the filter\n")
+    os._exit(126)
+try:
+    os.execvp(argv[0], argv)
+except OSError as e:
+    sys.stderr.write("agent-lane: exec: " + argv[0] + ": " + (e.strerror or str(e)) + "\n")
+    os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+"""
+
+
+def interpreter() -> str:
+    """The interpreter that applies the filter: the one the agent runs on, resolved past its venv's link (the
+    sandbox shows it: the root read-only, or bound back by ``sandbox.runtime_paths``)."""
+    found = os.path.realpath(sys.executable) if sys.executable else ""
+    if not os.path.isfile(found):
+        raise Unsupported(f"no interpreter to apply the seccomp filter with ({sys.executable!r})")
+    return found
+
+
+def applier_argv(argv: list[str], env: dict[str, str], machine: str | None = None) -> list[str]:
+    """``argv`` run under the filter (raises Unsupported on an unknown architecture)."""
+    prog = program(machine).hex()
+    return [interpreter(), "-I", "-S", "-c", APPLY, prog, env.get("LC_CTYPE", "-"), *argv]
+
+
+_warned: set[str] = set()
+
+
+def filtered_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``argv`` under the filter; on an architecture without one, ``argv`` as it is and a warning (once per
+    process) that lanes run without it."""
+    try:
+        return applier_argv(argv, env)
+    except Unsupported as exc:
+        if str(exc) not in _warned:
+            _warned.add(str(exc))
+            import logging
+
+            logging.getLogger(__name__).warning("%s: lanes run without it and may connect to the host's unix "
+                                                "sockets (sandbox.unix_sockets: deny)", exc)
+        return list(argv)

@@ -1,0 +1,236 @@
+"""Issue 23: no unix socket in a lane.  A path socket the mounts leave in view (here: one in a dir bound into the
+lane read-write) was connectable from a lane; now ``socket(AF_UNIX)`` fails with EPERM inside the sandbox
+(agent.lanes.seccomp), while ``socketpair()``, child processes with pipes and the egress bridge (whose socat
+connects to the proxy's unix socket) still work.  ``sandbox: {unix_sockets: allow}`` is the control: the same lane
+connects.  Real bubblewrap, socat, a real listening socket and the real lane runner."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.config import ConfigError
+from agent.lanes import egress, seccomp
+from agent.lanes.lane import LaneRequest, run_lane
+from agent.lanes.sandbox import bwrap_path, check_argv
+from lane_helpers import make_config, make_repo
+
+needs_sandbox = pytest.mark.skipif(bwrap_path() is None or egress.socat_path() is None,
+                                   reason="bubblewrap or socat is not installed; scripts/ci-bwrap installs both "
+                                          "(apt-get install bubblewrap socat as root)")
+
+PROBE = r'''
+import json, os, socket, subprocess, sys
+sock, out = sys.argv[1], sys.argv[2]
+res = {}
+try:
+    s = socket.socket(socket.AF_UNIX)
+except OSError as exc:
+    res["socket"] = exc.errno
+else:
+    s.settimeout(5)
+    s.connect(sock)
+    res["socket"] = "connected: " + s.recv(16).decode()
+a, b = socket.socketpair()
+a.sendall(b"pair")
+res["socketpair"] = b.recv(4).decode()
+child = subprocess.run([sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read().upper())"],
+                       input="piped", capture_output=True, text=True)
+res["python_child"] = child.stdout
+import shutil
+if shutil.which("node"):
+    node = subprocess.run(["node", "-e", "const c = require('child_process').spawnSync('node', ['-e', "
+                           "'process.stdin.pipe(process.stdout)'], {input: 'nodepipe'}); "
+                           "process.stdout.write(c.stdout.toString())"], capture_output=True, text=True)
+    res["node_child"] = node.stdout or node.stderr[-300:]
+proxy = os.environ.get("HTTP_PROXY")
+if proxy:   # the bridge: socat on the lane's loopback, connecting to the proxy's unix socket for this request
+    c = socket.create_connection(("127.0.0.1", int(proxy.rsplit(":", 1)[1])), timeout=10)
+    c.sendall(b"CONNECT 127.0.0.2:9 HTTP/1.1\r\nHost: 127.0.0.2:9\r\n\r\n")
+    res["proxy"] = c.recv(200).decode(errors="replace").split("\r\n")[0]
+json.dump(res, open(out, "w"))
+print("Done.\n\nSTATUS: complete\nSUMMARY: probed\nLESSON: none\n")
+'''
+
+
+class Listener:
+    """A real unix socket server in a short dir (a socket path has at most 107 bytes): says hello to each client."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="us-", dir="/tmp"))
+        self.path = self.dir / "l.sock"
+        self.srv = socket.socket(socket.AF_UNIX)
+        self.srv.bind(str(self.path))
+        self.srv.listen(4)
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            c.sendall(b"hello")
+            c.close()
+
+    def close(self):
+        self.srv.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def listener():
+    lst = Listener()
+    yield lst
+    lst.close()
+
+
+def _lane(tmp_path, ledger, listener, sandbox: dict) -> dict:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    out = tmp_path / "repo" / "probe.json"
+    cmd = [sys.executable, str(script), str(listener.path), str(out)]
+    config = make_config({"p": {"command": cmd, "writable": [str(listener.dir)]}},
+                         {"implementer": {"vendor": "p", "repair": 0}}, sandbox=sandbox)
+    repo = make_repo(tmp_path / "repo")
+    spec = tmp_path / "spec.md"
+    spec.write_text("probe\n")
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer", spec_path=spec, cwd=repo,
+                               ledger=ledger))
+    assert res.status == "complete", (res.status, res.reason)
+    return json.loads(out.read_text())
+
+
+@needs_sandbox
+def test_a_lane_cannot_create_a_unix_socket_but_pipes_socketpair_and_the_bridge_work(tmp_path, ledger, listener):
+    res = _lane(tmp_path, ledger, listener, {"mode": "bwrap"})
+    assert res["socket"] == 1, res                              # EPERM at socket(), before any connect
+    assert listener.accepted == 0
+    assert res["socketpair"] == "pair"
+    assert res["python_child"] == "PIPED"
+    if shutil.which("node"):
+        assert res["node_child"] == "nodepipe", res
+    # the egress bridge still reaches the proxy (it refuses this host: an answer from the proxy itself)
+    assert res["proxy"].startswith("HTTP/1.1 403"), res
+
+
+@needs_sandbox
+def test_unix_sockets_allow_is_the_control(tmp_path, ledger, listener):
+    res = _lane(tmp_path, ledger, listener, {"mode": "bwrap", "unix_sockets": "allow"})
+    assert res["socket"] == "connected: hello", res
+    assert listener.accepted == 1
+    assert res["socketpair"] == "pair" and res["python_child"] == "PIPED"
+
+
+@needs_sandbox
+@pytest.mark.parametrize("unix_sockets", ["deny", "allow"])
+def test_a_repository_check_is_filtered_too(tmp_path, listener, unix_sockets):
+    config = make_config({}, sandbox={"mode": "bwrap", "unix_sockets": unix_sockets})
+    repo = make_repo(tmp_path / "repo")
+    code = ("import socket,sys\ntry:\n s=socket.socket(socket.AF_UNIX)\nexcept OSError as e:\n print(e.errno)\n"
+            " sys.exit()\ns.connect(sys.argv[1]); print(s.recv(5).decode())")
+    cmd = f"{sys.executable} -c '{code}' {listener.path}"
+    argv, env = check_argv(config, tmp_path / "home", repo, cmd, tmp_path / "scratch")
+    # the check's worktree is bound; the socket's dir is not: bind it as a lane's writable dir would be
+    i = argv.index("--chdir")
+    argv[i:i] = ["--bind", str(listener.dir), str(listener.dir)]
+    out = subprocess.run(argv, env=env, cwd=repo, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == ("1" if unix_sockets == "deny" else "hello"), (out.stdout, out.stderr)
+
+
+def _under_filter(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``code`` run by this interpreter under the filter, outside bwrap (the kernel's filter is the same)."""
+    return subprocess.run(seccomp.applier_argv([sys.executable, "-c", code], dict(os.environ)), cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_filter_itself_on_this_kernel(tmp_path):
+    code = r'''
+import ctypes, socket
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 41, "aarch64": 198}[__import__("platform").machine()]
+def raw(domain):
+    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(domain), ctypes.c_ulong(1), ctypes.c_ulong(0))
+    return fd if fd >= 0 else -ctypes.get_errno()
+print(raw(1), raw(1 | 1 << 32), raw(1 | 0xffffffff << 32) , raw(2) >= 0, raw(10) >= 0)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+print(a.family == socket.AF_UNIX)
+'''
+    out = _under_filter(code, tmp_path)
+    # the kernel reads domain as an int: the high half of the register never hides AF_UNIX
+    assert out.stdout.split() == ["-1", "-1", "-1", "True", "True", "True"], out
+
+
+@pytest.mark.skipif(seccomp.platform.machine() != "x86_64", reason="the x32 ABI exists on x86_64 only")
+def test_x32_system_calls_are_killed(tmp_path):
+    # socket() through the x32 ABI (number | 0x40000000) would carry another number than the one checked
+    out = _under_filter("import ctypes; ctypes.CDLL(None).syscall(ctypes.c_long(0x40000000 | 41), 1, 1, 0); "
+                        "print('survived')", tmp_path)
+    assert out.returncode == -signal.SIGSYS and "survived" not in out.stdout, out
+
+
+def test_the_program_per_architecture_and_a_refusal_elsewhere(caplog):
+    x86, arm = seccomp.program("x86_64"), seccomp.program("aarch64")
+    assert len(x86) == 10 * 8 and len(arm) == 9 * 8
+    assert (0xC000003E).to_bytes(4, "little") in x86 and (0xC00000B7).to_bytes(4, "little") in arm
+    with pytest.raises(seccomp.Unsupported, match="riscv64"):
+        seccomp.program("riscv64")
+    argv = ["tool", "--flag"]
+    seccomp.platform.machine, real = (lambda: "riscv64"), seccomp.platform.machine
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert seccomp.filtered_argv(argv, {}) == argv
+    finally:
+        seccomp.platform.machine = real
+    assert "lanes run without it" in caplog.text
+    assert seccomp.filtered_argv(argv, {})[-2:] == argv
+
+
+def test_the_applier_keeps_the_environment_and_says_a_missing_command():
+    env = {k: v for k, v in os.environ.items() if k != "LC_CTYPE"}
+    env.update(LANG="C", LC_ALL="")
+    out = subprocess.run(seccomp.applier_argv(["sh", "-c", "echo ${LC_CTYPE-unset}"], env), env=env,
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "unset", out      # Python's locale coercion does not leak into the command
+    out = subprocess.run(seccomp.applier_argv(["sh", "-c", "echo $LC_CTYPE"], {**env, "LC_CTYPE": "C"}),
+                         env={**env, "LC_CTYPE": "C"}, capture_output=True, text=True)
+    assert out.stdout.strip() == "C", out
+    out = subprocess.run(seccomp.applier_argv(["no-such-tool-x"], env), env=env, capture_output=True, text=True)
+    assert out.returncode == 127 and out.stderr.startswith("agent-lane: exec: no-such-tool-x:"), out
+    from agent.lanes.sandbox import sandbox_exec_failure
+
+    assert sandbox_exec_failure(out.stderr)
+
+
+def test_config_key():
+    assert make_config({}).sandbox_unix_sockets == "deny"
+    assert make_config({}, sandbox={"unix_sockets": "allow"}).sandbox_unix_sockets == "allow"
+    with pytest.raises(ConfigError, match="sandbox.unix_sockets"):
+        make_config({}, sandbox={"unix_sockets": "no"})
+
+
+def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
+    """Fail closed: when the filter cannot be set (here: an empty program, which the kernel refuses), the command
+    never runs, and the line says what to do (the lane is `unavailable` with it)."""
+    from agent.lanes.sandbox import sandbox_exec_failure
+
+    marker = tmp_path / "ran"
+    argv = seccomp.applier_argv(["touch", str(marker)], {})
+    argv[argv.index(seccomp.program().hex())] = ""
+    out = subprocess.run(argv, capture_output=True, text=True)
+    assert out.returncode == 126 and not marker.exists(), out
+    assert "agent-lane: seccomp: prctl failed" in out.stderr and sandbox_exec_failure(out.stderr), out
