@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config import ConfigError, load_config, load_repo_settings, parse_config
+from agent.config import ConfigError, load_config, parse_config
+from agent.config.repo import load_repo_settings
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "config.md"
 

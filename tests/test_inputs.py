@@ -104,7 +104,8 @@ def test_2_oversized_or_broken_yaml_is_one_line_from_every_reader(inited, agent_
     line = one_line(r.stderr)
     assert str(cfg) in line and what.split(": ", 1)[-1] in line and "ledger.url" in line, line
 
-    from agent.config import ConfigError, load_repo_settings            # a repository's own .agent/config.yaml
+    from agent.config import ConfigError                                # a repository's own .agent/config.yaml
+    from agent.config.repo import load_repo_settings
     repo = tmp_path / "repo"
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     (repo / ".agent").mkdir()
@@ -119,7 +120,7 @@ def test_2_oversized_or_broken_yaml_is_one_line_from_every_reader(inited, agent_
 
 
 def test_2_repository_settings_honour_a_byte_order_mark(tmp_path):
-    from agent.config import load_repo_settings
+    from agent.config.repo import load_repo_settings
 
     repo = tmp_path / "repo"
     git(tmp_path, "init", "-q", "-b", "main", str(repo))

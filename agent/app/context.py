@@ -70,7 +70,8 @@ class App:
     def config(self) -> Config:
         if self._config is None:
             self.require_home()
-            from agent.config import check_open_tasks, load_config
+            from agent.config import load_config
+            from agent.config.repo import check_open_tasks
 
             config = load_config(self.config_path, required=self.config_file is not None)
             where = self.ledger_location

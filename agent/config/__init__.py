@@ -1,8 +1,8 @@
 """YAML config -> typed dataclasses, with errors naming file, key path and what was expected.
 
-Two files are read: the home config (``$AGENT_HOME/config.yaml`` or ``--config FILE``) and,
-optionally, a target repository's ``.agent/config.yaml``.  Both are a user-facing contract
-(see DESIGN.md "Config"): unknown keys and wrong types are errors and nothing runs.
+Two files are parsed here: the home config (``$AGENT_HOME/config.yaml`` or ``--config FILE``) and,
+optionally, a target repository's ``.agent/config.yaml`` (read from git by ``agent.config.repo``).  Both are a
+user-facing contract (see DESIGN.md "Config"): unknown keys and wrong types are errors and nothing runs.
 Secrets never live here: config names environment variables instead.
 """
 
@@ -287,7 +287,7 @@ class ProofSettings:
 # --------------------------------------------------------------------------- validation
 
 
-class _V:
+class Validator:
     """Walks a parsed YAML document, raising ConfigError with ``file: key.path: expected ...``."""
 
     def __init__(self, filename: str):
@@ -354,7 +354,7 @@ class _V:
         return self.strings(value, path)
 
 
-def _lane(v: _V, role: str, raw: Any, path: str) -> LaneConfig:
+def _lane(v: Validator, role: str, raw: Any, path: str) -> LaneConfig:
     if role not in ROLES:
         raise ConfigError(f"{v.filename}: {path}: unknown role; expected one of {', '.join(ROLES)}")
     if isinstance(raw, str):
@@ -369,19 +369,43 @@ def _lane(v: _V, role: str, raw: Any, path: str) -> LaneConfig:
     )
 
 
-def _lanes(v: _V, raw: Any, path: str) -> dict[str, LaneConfig]:
+def _lanes(v: Validator, raw: Any, path: str) -> dict[str, LaneConfig]:
     return {role: _lane(v, role, spec, f"{path}.{role}" if path else role)
             for role, spec in v.mapping(raw, path).items()}
 
 
 def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = None) -> Config:
-    v = _V(filename)
+    """Validate ``data`` (a parsed config.yaml) into a ``Config``; the first problem is a ``ConfigError`` naming the
+    file, the key's path, what was expected and what was found."""
+    v = Validator(filename)
     top = v.mapping(data, "", ("repos", "lanes", "vendors", "limits", "decide", "git", "github", "gitlab", "gitea",
                                "forges", "sources", "review", "prices", "sandbox", "notify", "serve", "ledger",
                                "lessons", "feedback"))
+    repos = _repos(v, top.get("repos"))       # sections in this order: the first problem found is the one reported
+    lanes = _lanes(v, top.get("lanes"), "lanes")
+    vendors = _vendors(v, top.get("vendors"), lanes)
+    limits = _limits(v, top.get("limits"))
+    review, feedback = _review(v, top.get("review")), _feedback(v, top.get("feedback"))
+    decide, git = _decide(v, top.get("decide")), _git(v, top.get("git"))
+    github, gitlab, gitea = _github(v, top.get("github")), _gitlab(v, top.get("gitlab")), _gitea(v, top.get("gitea"))
+    sources = _sources(v, top.get("sources"))
+    sandbox, network, allow_hosts, unix_sockets = _sandbox(v, top.get("sandbox", "bwrap"))
+    prices = _prices(v, top.get("prices"))
+    return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
+                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=sources, prices=prices,
+                  forges=_forges(v, top.get("forges")),
+                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
+                  sandbox_network=network, sandbox_allow_hosts=allow_hosts, sandbox_unix_sockets=unix_sockets,
+                  notify=_notify(v, top.get("notify")),
+                  serve=_serve(v, top.get("serve"), repos),
+                  lessons=_lessons(v, top.get("lessons")),
+                  ledger_url=_ledger_url(v, top.get("ledger")))
 
+
+def _repos(v: Validator, raw_repos: Any) -> dict[str, RepoConfig]:
+    filename = v.filename
     repos: dict[str, RepoConfig] = {}
-    for name, raw in v.mapping(top.get("repos"), "repos").items():
+    for name, raw in v.mapping(raw_repos, "repos").items():
         p = f"repos.{name}"
         d = v.mapping(raw, p, ("url", "base", "forge", "services", "check", "branch_prefix", "blocked_paths",
                                "allow_bidi"))
@@ -399,11 +423,14 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
             blocked_paths=v.strings(d.get("blocked_paths", list(DEFAULT_BLOCKED)), f"{p}.blocked_paths"),
             allow_bidi=v.boolean(d.get("allow_bidi", False), f"{p}.allow_bidi"),
         )
+    return repos
 
-    lanes = _lanes(v, top.get("lanes"), "lanes")
 
+def _vendors(v: Validator, raw_vendors: Any, lanes: dict[str, LaneConfig]) -> dict[str, VendorConfig]:
+    """The ``vendors:`` section, and every lane's vendor known (built in, or defined here with a command)."""
+    filename = v.filename
     vendors: dict[str, VendorConfig] = {}
-    for name, raw in v.mapping(top.get("vendors"), "vendors").items():
+    for name, raw in v.mapping(raw_vendors, "vendors").items():
         p = f"vendors.{name}"
         d = v.mapping(raw, p, ("bin", "env", "command", "resume", "args", "writable", "hosts"))
         vendors[name] = VendorConfig(
@@ -425,10 +452,13 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         if name not in BUILTIN_VENDORS and vc.command is None:
             raise ConfigError(f"{filename}: vendors.{name}.command: expected an argv list for a command vendor, "
                               "got nothing")
+    return vendors
 
-    ld = v.mapping(top.get("limits"), "limits", tuple(Limits.__dataclass_fields__))
+
+def _limits(v: Validator, raw: Any) -> Limits:
+    ld = v.mapping(raw, "limits", tuple(Limits.__dataclass_fields__))
     dflt = Limits()
-    limits = Limits(
+    return Limits(
         round_cap=v.integer(ld.get("round_cap", dflt.round_cap), "limits.round_cap", 1),
         repair=v.integer(ld.get("repair", dflt.repair), "limits.repair", 0, 3),
         lane_timeout=v.integer(ld.get("lane_timeout", dflt.lane_timeout), "limits.lane_timeout", 1),
@@ -447,28 +477,42 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         lane_tmp_mb=v.integer(ld.get("lane_tmp_mb", dflt.lane_tmp_mb), "limits.lane_tmp_mb", 16),
         shutdown_grace=v.integer(ld.get("shutdown_grace", dflt.shutdown_grace), "limits.shutdown_grace", 0),
     )
-    rd = v.mapping(top.get("review"), "review", ("allowed_users",))
-    review = ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
-    fd = v.mapping(top.get("feedback"), "feedback", ("ci_wait", "ci_apps"))
-    feedback = FeedbackConfig(
+
+
+def _review(v: Validator, raw: Any) -> ReviewConfig:
+    rd = v.mapping(raw, "review", ("allowed_users",))
+    return ReviewConfig(allowed_users=v.strings(rd.get("allowed_users"), "review.allowed_users"))
+
+
+def _feedback(v: Validator, raw: Any) -> FeedbackConfig:
+    fd = v.mapping(raw, "feedback", ("ci_wait", "ci_apps"))
+    return FeedbackConfig(
         ci_wait=v.integer(fd.get("ci_wait", FeedbackConfig.ci_wait), "feedback.ci_wait", 1),
         ci_apps=v.strings(fd["ci_apps"], "feedback.ci_apps") if "ci_apps" in fd else FeedbackConfig.ci_apps)
 
-    dd = v.mapping(top.get("decide"), "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
-    decide = DecideConfig(
+
+def _decide(v: Validator, raw: Any) -> DecideConfig:
+    dd = v.mapping(raw, "decide", ("auto", "min_count", "max_age_days", "max_per_scan"))
+    return DecideConfig(
         auto=v.boolean(dd.get("auto", False), "decide.auto"),
         min_count=v.integer(dd.get("min_count", 3), "decide.min_count", 1),
         max_age_days=v.integer(dd.get("max_age_days", 14), "decide.max_age_days", 1),
         max_per_scan=v.integer(dd.get("max_per_scan", DecideConfig.max_per_scan), "decide.max_per_scan", 1),
     )
 
-    gd = v.mapping(top.get("git"), "git", ("author_name", "author_email"))
-    git = GitConfig(
+
+def _git(v: Validator, raw: Any) -> GitConfig:
+    gd = v.mapping(raw, "git", ("author_name", "author_email"))
+    return GitConfig(
         author_name=v.string(gd.get("author_name", "agent"), "git.author_name"),
         author_email=v.string(gd.get("author_email", "agent@localhost"), "git.author_email"),
     )
 
-    hd = v.mapping(top.get("github"), "github", tuple(GithubConfig.__dataclass_fields__))
+
+def _github(v: Validator, raw: Any) -> GithubConfig:
+    """``github:``: the API, the token (or a command printing one), or a GitHub App (its id and exactly one key)."""
+    filename = v.filename
+    hd = v.mapping(raw, "github", tuple(GithubConfig.__dataclass_fields__))
     github = GithubConfig(
         api_url=v.string(hd.get("api_url", "https://api.github.com"), "github.api_url").rstrip("/"),
         token_env=v.string(hd.get("token_env", "GITHUB_TOKEN"), "github.token_env"),
@@ -488,21 +532,31 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         if github.app_id is None:
             raise ConfigError(f"{filename}: github.{k}: only used with github.app_id (a GitHub App); set app_id "
                               "or remove it")
+    return github
 
-    gl = v.mapping(top.get("gitlab"), "gitlab", ("api_url", "token_env"))
-    gitlab = GitlabConfig(
+
+def _gitlab(v: Validator, raw: Any) -> GitlabConfig:
+    gl = v.mapping(raw, "gitlab", ("api_url", "token_env"))
+    return GitlabConfig(
         api_url=_api_url(v, gl.get("api_url", GitlabConfig.api_url), "gitlab.api_url"),
         token_env=v.string(gl.get("token_env", GitlabConfig.token_env), "gitlab.token_env"),
     )
-    td = v.mapping(top.get("gitea"), "gitea", ("api_url", "token_env", "wip_prefix"))
-    gitea = GiteaConfig(
+
+
+def _gitea(v: Validator, raw: Any) -> GiteaConfig:
+    td = v.mapping(raw, "gitea", ("api_url", "token_env", "wip_prefix"))
+    return GiteaConfig(
         api_url=_api_url(v, td.get("api_url", GiteaConfig.api_url), "gitea.api_url"),
         token_env=v.string(td.get("token_env", GiteaConfig.token_env), "gitea.token_env"),
         wip_prefix=v.string(td.get("wip_prefix", GiteaConfig.wip_prefix), "gitea.wip_prefix"),
     )
 
+
+def _sources(v: Validator, raw_sources: Any) -> tuple[SourceConfig, ...]:
+    """``sources:``: each with the keys its kind needs; a secret is never a value here, only a variable's name."""
+    filename = v.filename
     sources = []
-    raw_sources = top.get("sources") or []
+    raw_sources = raw_sources or []
     if not isinstance(raw_sources, list):
         v.fail("sources", "a list of sources", raw_sources)
     for i, raw in enumerate(raw_sources):
@@ -521,32 +575,25 @@ def parse_config(data: Any, filename: str = "config.yaml", path: Path | None = N
         if src.kind == "loki" and d.get("password") is not None:
             raise ConfigError(f"{filename}: {p}.password: secrets never go in config; name an env var in auth_env")
         sources.append(src)
+    return tuple(sources)
 
-    sandbox, network, allow_hosts, unix_sockets = _sandbox(v, top.get("sandbox", "bwrap"))
 
+def _prices(v: Validator, raw: Any) -> dict:
+    """``prices:`` per model or vendor, USD per million input and output tokens."""
     prices = {}
-    for name, raw in v.mapping(top.get("prices"), "prices").items():
+    for name, entry in v.mapping(raw, "prices").items():
         from agent.domain.prices import Price
 
         p = f"prices.{name}"
-        d = v.mapping(raw, p, ("input", "output"))
+        d = v.mapping(entry, p, ("input", "output"))
         for k in ("input", "output"):
             if k not in d:
                 v.fail(f"{p}.{k}", "a number >= 0 (USD per million tokens)", None)
         prices[str(name)] = Price(input=v.number(d["input"], f"{p}.input"), output=v.number(d["output"], f"{p}.output"))
-
-    return Config(path=path, repos=repos, lanes=lanes, vendors=vendors, limits=limits, decide=decide,
-                  git=git, github=github, gitlab=gitlab, gitea=gitea, sources=tuple(sources), prices=prices,
-                  forges=_forges(v, top.get("forges")),
-                  review=review, feedback=feedback, sandbox=sandbox, sandbox_explicit="sandbox" in top,
-                  sandbox_network=network, sandbox_allow_hosts=allow_hosts, sandbox_unix_sockets=unix_sockets,
-                  notify=_notify(v, top.get("notify")),
-                  serve=_serve(v, top.get("serve"), repos),
-                  lessons=_lessons(v, top.get("lessons")),
-                  ledger_url=_ledger_url(v, top.get("ledger")))
+    return prices
 
 
-def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...], str]:
+def _sandbox(v: Validator, raw: Any) -> tuple[str, str, tuple[str, ...], str]:
     """``sandbox: bwrap|none``, or ``sandbox: {mode: bwrap|none, network: proxy|none|host, allow_hosts: [...],
     unix_sockets: deny|allow}``."""
     if isinstance(raw, str) or raw is None:
@@ -558,7 +605,7 @@ def _sandbox(v: _V, raw: Any) -> tuple[str, str, tuple[str, ...], str]:
             v.string(d.get("unix_sockets", "deny"), "sandbox.unix_sockets", UNIX_SOCKETS))
 
 
-def _hosts(v: _V, raw: Any, path: str) -> tuple[str, ...]:
+def _hosts(v: Validator, raw: Any, path: str) -> tuple[str, ...]:
     """A list of ``HOST``, ``HOST:PORT`` or ``*.DOMAIN`` entries (the egress proxy's allowlist)."""
     from agent.domain.hosts import HostRule
 
@@ -571,7 +618,7 @@ def _hosts(v: _V, raw: Any, path: str) -> tuple[str, ...]:
     return hosts
 
 
-def _ledger_url(v: _V, raw: Any) -> str | None:
+def _ledger_url(v: Validator, raw: Any) -> str | None:
     """``ledger: {url: postgresql://USER@HOST[:PORT]/DB}``; the URL is never echoed with its password."""
     from agent.ledger.backend import BackendError, check_url
 
@@ -591,7 +638,7 @@ _CHANNEL_KEYS = ("kind", "name", "on", "url", "url_env", "secret_env", "smtp", "
                  "from", "starttls")
 
 
-def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
+def _notify(v: Validator, raw: Any) -> tuple[NotifyChannel, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -643,7 +690,7 @@ def _notify(v: _V, raw: Any) -> tuple[NotifyChannel, ...]:
     return tuple(channels)
 
 
-def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
+def _serve(v: Validator, raw: Any, repos: dict) -> ServeConfig:
     d = v.mapping(raw, "serve", tuple(ServeConfig.__dataclass_fields__))
     dflt = ServeConfig()
     return ServeConfig(
@@ -661,7 +708,7 @@ def _serve(v: _V, raw: Any, repos: dict) -> ServeConfig:
         url=None if d.get("url") is None else _api_url(v, d["url"], "serve.url"))
 
 
-def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
+def _dsn_projects(v: Validator, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
     """``serve.dsn: [{project: 42, key_env: NAME, service: S, repo: KEY}]``."""
     if raw is None:
         return ()
@@ -686,7 +733,7 @@ def _dsn_projects(v: _V, raw: Any, repos: dict) -> tuple[DsnProject, ...]:
     return tuple(out)
 
 
-def _lessons(v: _V, raw: Any) -> LessonsConfig:
+def _lessons(v: Validator, raw: Any) -> LessonsConfig:
     d = v.mapping(raw, "lessons", tuple(LessonsConfig.__dataclass_fields__))
     dflt = LessonsConfig()
     return LessonsConfig(
@@ -695,7 +742,7 @@ def _lessons(v: _V, raw: Any) -> LessonsConfig:
         max_chars=v.integer(d.get("max_chars", dflt.max_chars), "lessons.max_chars", 20, 2000))
 
 
-def _forges(v: _V, raw: Any) -> ForgesConfig:
+def _forges(v: Validator, raw: Any) -> ForgesConfig:
     """``forges.timeout``: ``{connect: S, read: S}``, ``[connect, read]`` or one number for both (seconds > 0)."""
     d = v.mapping(raw, "forges", ("timeout",))
     if d.get("timeout") is None:
@@ -717,7 +764,7 @@ def _forges(v: _V, raw: Any) -> ForgesConfig:
     return ForgesConfig(timeout=(out[0], out[1]))
 
 
-def _api_url(v: _V, value: Any, path: str) -> str:
+def _api_url(v: Validator, value: Any, path: str) -> str:
     url = v.string(value, path).rstrip("/")
     if not url.startswith(("https://", "http://")):
         v.fail(path, "an http(s) URL of the API root (e.g. https://HOST/api/v4)", value)
@@ -728,7 +775,7 @@ def _api_url(v: _V, value: Any, path: str) -> str:
 
 
 def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> RepoSettings:
-    v = _V(filename)
+    v = Validator(filename)
     top = v.mapping(data, "", ("check", "blocked_paths", "lanes", "proof"))
     return RepoSettings(
         check=v.opt_string(top.get("check"), "check"),
@@ -738,7 +785,7 @@ def parse_repo_settings(data: Any, filename: str = ".agent/config.yaml") -> Repo
     )
 
 
-def _proof(v: _V, value: Any) -> ProofSettings:
+def _proof(v: Validator, value: Any) -> ProofSettings:
     """``proof: optional`` (a mode alone) or ``proof: {mode: required|optional|off, tests: [globs]}``."""
     if value is None:
         return ProofSettings()
@@ -763,59 +810,6 @@ def load_config(path: Path, required: bool = False) -> Config:
             raise ConfigError(f"{path}: no such config file; run `agent init` or pass an existing --config")
         return Config(path=None)
     return parse_config(_read_yaml(path), filename=str(path), path=path)
-
-
-def task_gaps(config: Config, home: Path, task: dict) -> list[str]:
-    """What the config lacks for a task (``repo``, ``base_sha``): ``repos.<repo>`` and ``lanes.<role>`` for each
-    chain role set neither there nor in the repository's own .agent/config.yaml (at the task's base commit)."""
-    repo = task["repo"]
-    gaps = [] if repo in config.repos else [f"repos.{repo}"]
-    missing = [r for r in FIXER_ROLES if r not in config.lanes]
-    if missing and task.get("base_sha"):
-        from agent.git.workspace import mirror_path
-
-        try:
-            own = load_repo_settings(mirror_path(home, repo), task["base_sha"]).lanes
-        except ConfigError:
-            own = {}
-        missing = [r for r in missing if r not in own]
-    return gaps + [f"lanes.{r}" for r in missing]
-
-
-def check_open_tasks(config: Config, home: Path, tasks: list[dict], filename: str = "config.yaml") -> None:
-    """Refuse a config that drops a repository or a lane that open tasks need, as invalid YAML is refused: one
-    line naming what is missing and the tasks, and nothing runs (rather than gate-blocking every task)."""
-    needed: dict[str, list[int]] = {}
-    for t in tasks:
-        for gap in task_gaps(config, home, t):
-            needed.setdefault(gap, []).append(t["id"])
-    if not needed:
-        return
-    parts = []
-    for gap, ids in needed.items():
-        shown = ", ".join(str(i) for i in ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-        parts.append(f"{gap} (open task{'s' if len(ids) > 1 else ''} {shown})")
-    raise ConfigError(f"{filename}: missing {'; '.join(parts)}, which open tasks need; put "
-                      f"{'it' if len(parts) == 1 else 'them'} back (nothing ran)")
-
-
-REPO_SETTINGS_PATH = ".agent/config.yaml"
-
-
-def load_repo_settings(mirror: Path, base_sha: str | None) -> RepoSettings:
-    """A repository's own ``.agent/config.yaml`` as it is in the BASE commit (never the task's worktree, which a
-    lane can write: a lane must not be able to loosen its own checks, blocked paths or reviewers)."""
-    from agent.infra.textio import decode, load_yaml
-    from agent.git.workspace import read_base_file
-
-    if not base_sha or not Path(mirror).exists():
-        return RepoSettings()
-    raw = read_base_file(Path(mirror), base_sha, REPO_SETTINGS_PATH, raw=True)
-    if raw is None:
-        return RepoSettings()
-    filename = f"{REPO_SETTINGS_PATH} at {base_sha[:12]}"
-    data = load_yaml(decode(raw, filename, error=ConfigError).text, filename, error=ConfigError)
-    return parse_repo_settings(data, filename=filename)
 
 
 DEFAULT_CONFIG = """\

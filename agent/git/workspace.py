@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import re
 import shutil
 import stat
@@ -498,7 +499,7 @@ def _write_excludes(mirror: Path) -> None:
 
 
 _THREAD_LOCKS: dict[str, "threading.Lock"] = {}
-_THREAD_LOCKS_GUARD = __import__("threading").Lock()
+_THREAD_LOCKS_GUARD = threading.Lock()
 MIRROR_LOCK_WAIT = 600.0   # a clone of a large repository can take minutes
 
 

@@ -98,7 +98,7 @@ def repo_config(ctx: Ctx) -> RepoConfig:
 
 def repo_settings(ctx: Ctx):
     """The repository's .agent/config.yaml from the task's base commit (never from the worktree a lane wrote)."""
-    from agent.config import load_repo_settings
+    from agent.config.repo import load_repo_settings
     from agent.git.workspace import mirror_path
 
     t = ctx.load_task()

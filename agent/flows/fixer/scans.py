@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def lift_config_blocks(ledger: Ledger, home: Path, config: Config, blocked: list[dict]) -> list[dict]:
     """Tasks gate-blocked by the config (repository not configured, no lane for a role; ``blocked`` from
     ``tasks.config_blocked_tasks``) go back to work, with an event, once the config has what they need again."""
-    from agent.config import task_gaps
+    from agent.config.repo import task_gaps
     from agent.ledger.tasks import lift_config_block
 
     items = []
