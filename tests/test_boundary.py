@@ -454,6 +454,35 @@ print("STATUS: complete\nSUMMARY: filled things\n")
 '''
 
 
+FILLING_LANE = r"""
+import os, time
+for i in range(300):                      # 300 MiB over about 30 s, unless stopped
+    with open(f"fill-{i}.bin", "wb") as fh:
+        fh.write(os.urandom(1 << 20))
+    time.sleep(0.1)
+print("STATUS: complete\nSUMMARY: filled the worktree\n")
+"""
+
+
+@needs_bwrap
+def test_a_lane_filling_the_worktree_is_stopped_while_it_runs(tmp_path, monkeypatch):
+    """The worktree's size is watched during a writing turn: past limits.worktree_max_mb the lane is killed then,
+    not after it wrote everything it meant to (before: the check ran only after the turn, 300 MiB later)."""
+    import agent.lanes.lane as lane
+
+    monkeypatch.setattr(lane, "WATCH_S", 0.2)
+    script = tmp_path / "fill.py"
+    script.write_text(FILLING_LANE)
+    config = make_config({"f": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "f"}},
+                         limits={"worktree_max_mb": 4})
+    repo = make_repo(tmp_path / "repo")
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo))
+    written = len(list(repo.glob("fill-*.bin")))
+    assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
+    assert 4 < written < 100, written        # stopped soon after the cap, far from the 300 it would write
+
+
 @needs_bwrap
 def test_lane_tmp_and_home_are_capped_and_a_grown_worktree_fails_the_run(tmp_path):
     """/tmp and the private home are tmpfs capped at limits.lane_tmp_mb (RAM a lane could fill); a worktree

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ CAPABILITY_DRIFT = "capability_drift"
 MIRROR_TAMPERED = "git_tampered"
 SETID_BITS = "setid_bits"
 WORKTREE_TOO_LARGE = "worktree_too_large"
+WATCH_S = 2.0            # how often a writing turn's worktree size is measured (limits.worktree_max_mb)
 VERSION_TIMEOUT = 20.0
 EXCERPT_CHARS = 2000
 
@@ -752,10 +754,20 @@ class LaneRun:
             plan = with_argv_files(self.plan, argv, env, untrusted=[self.tally.session_id or ""],
                                    files=[f for f in self.runner_files if str(f) in " ".join(argv)])
             argv, env = wrap(self.bwrap, argv, plan, env, net)
-        return proc.run(argv, cwd=self.ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
-                        stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
-                        on_line=self.req.on_progress,
-                        on_start=lambda pid: self.record({"pid": pid, "pid_start": proc.start_time(pid)}))
+        watch = _SizeWatch(self.cwd, self.req.config.limits.worktree_max_mb) if self.writable else None
+
+        def started(pid: int) -> None:
+            self.record({"pid": pid, "pid_start": proc.start_time(pid)})
+            if watch is not None:
+                watch.start(pid)
+
+        try:
+            return proc.run(argv, cwd=self.ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
+                            stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
+                            on_line=self.req.on_progress, on_start=started)
+        finally:
+            if watch is not None:
+                watch.stop()
 
     def _read_turn(self, res) -> TurnOutput:
         if res.missing:
@@ -910,6 +922,39 @@ class LaneRun:
         task_id = self.req.task_id
         with claimed_tx(self.ledger, task_id, self.req.claim_token if task_id is not None else None) as c:
             self.ledger.event(c, kind, "lane", payload, task_id=task_id, error_id=self.req.error_id)
+
+
+class _SizeWatch:
+    """While a writing turn runs, the worktree's size is measured every ``WATCH_S`` seconds; past
+    ``limits.worktree_max_mb`` the turn's process group is killed at once, so a lane filling the disk stops within
+    seconds (the round then fails with the size as its reason, from ``_settle_files`` after the turn)."""
+
+    def __init__(self, cwd: Path, max_mb: int, period: float | None = None):
+        self.cwd, self.max_bytes = Path(cwd), max_mb << 20
+        self.period = WATCH_S if period is None else period
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self, pid: int) -> None:
+        from agent.infra import proc
+
+        started = proc.start_time(pid)
+        self.thread = threading.Thread(target=self._watch, args=(pid, started), name="worktree-size", daemon=True)
+        self.thread.start()
+
+    def _watch(self, pid: int, started: int | None) -> None:
+        from agent.git.workspace import walk_tree
+        from agent.infra import proc
+
+        while not self.done.wait(self.period):
+            if walk_tree(self.cwd)[0] > self.max_bytes:
+                proc.kill_group_if_same(pid, started, grace=0.5)
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
 
 
 def _settle_files(plan, cwd: Path, writable: bool, max_mb: int) -> tuple[list[str], str | None]:
