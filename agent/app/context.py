@@ -82,6 +82,22 @@ class App:
             self._config = config
         return self._config
 
+    def shutdown_grace(self) -> float:
+        """``limits.shutdown_grace``: of the config already loaded, else of the config file alone (no ledger read:
+        it is asked when a signal comes); the default when the config does not load, since stopping must not
+        depend on a config being fixed."""
+        from agent.infra.shutdown import DEFAULT_GRACE_S
+
+        try:
+            config = self._config
+            if config is None:
+                from agent.config import load_config
+
+                config = load_config(self.config_path, required=self.config_file is not None)
+            return float(config.limits.shutdown_grace)
+        except Exception:  # noqa: BLE001 - any failure to load the config: the default
+            return float(DEFAULT_GRACE_S)
+
     def config_problem(self) -> str | None:
         """Why the config file cannot be used (its one line), or None: for commands that work without it
         (`status`, listings), which still say so."""

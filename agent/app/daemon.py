@@ -21,7 +21,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
     from agent.coord.runners import beat, stop
     from agent.ledger.clock import claim_lease_s
     from agent.app.scans import SCANS, news, run_scan
-    from agent.infra.shutdown import STOP, grace_of, graceful_stop
+    from agent.infra.shutdown import STOP, graceful_stop
 
     from agent.ledger.backend import OUTAGE
 
@@ -30,7 +30,7 @@ def run_daemon(app, interval: float = 60.0, jobs: int = 1, max_ticks: int | None
     OUTAGE.echo = lambda line: echo(f"daemon: {line}")   # a lost ledger: one line, one a minute, one when back
     server = _start_server(app, serve, echo, public) if serve else None
     try:
-        with graceful_stop(echo, who="daemon", grace=grace_of(app)):
+        with graceful_stop(echo, who="daemon", grace=app.shutdown_grace):
             while not STOP.is_set():
                 try:  # one heartbeat per tick: `agent runners` shows this runner alive
                     beat(app.ledger, app.home, echo)

@@ -16,13 +16,13 @@ def _print(items):
 def run_scans(names: list[str], jobs: int, as_json: bool) -> None:
     """Run scans in order and print them; SIGINT/SIGTERM stop like the daemon (agent.infra.shutdown), then exit 128+N."""
     from agent.coord.runners import beat, stop
-    from agent.infra.shutdown import STOP, grace_of, graceful_stop
+    from agent.infra.shutdown import STOP, graceful_stop
 
     app = get_app()
     app.require_home()
     beat(app.ledger, app.home, lambda line: click.echo(f"agent: {line}", err=True))  # alive (`agent runners`)
     items: list[dict] = []
-    with graceful_stop(lambda line: click.echo(line, err=True), grace=grace_of(app)) as stopping:
+    with graceful_stop(lambda line: click.echo(line, err=True), grace=app.shutdown_grace) as stopping:
         for name in names:
             if STOP.is_set():
                 break

@@ -37,15 +37,6 @@ class Stopping:
         return 128 + self.signum if self.signum else 0
 
 
-def grace_of(app) -> float:
-    """``limits.shutdown_grace`` of the app's config (its default when the config does not load: stopping must
-    not depend on a config being fixed)."""
-    try:
-        return float(app.config.limits.shutdown_grace)
-    except Exception:  # noqa: BLE001 - any failure to load the config: the default
-        return float(DEFAULT_GRACE_S)
-
-
 def _kill_running() -> int:
     proc = sys.modules.get("agent.infra.proc")  # not imported: this process never started a child
     return proc.kill_all() if proc is not None else 0
@@ -57,11 +48,14 @@ def _running() -> int:
 
 
 @contextmanager
-def graceful_stop(echo: Callable[[str], None], who: str = "agent", grace: float | None = None) -> Iterator[Stopping]:
+def graceful_stop(echo: Callable[[str], None], who: str = "agent",
+                  grace: float | Callable[[], float] | None = None) -> Iterator[Stopping]:
     """Handle SIGINT/SIGTERM as described above while the body runs (main thread only). ``grace``: seconds the
-    first signal lets running lanes and checks go on before stopping them (None: until they end)."""
+    first signal lets running lanes and checks go on before stopping them (None: until they end); a callable is
+    asked when the first signal comes, so a run that is never signalled never reads the config for it."""
     state = Stopping()
     timer: list[threading.Timer] = []
+    asked = grace
 
     def grace_over():
         n = _running()
@@ -71,6 +65,9 @@ def graceful_stop(echo: Callable[[str], None], who: str = "agent", grace: float 
             _kill_running()
 
     def on_signal(signum, frame):
+        nonlocal grace
+        if callable(grace):
+            grace = asked()
         state.count += 1
         if state.signum is None:
             state.signum = signum
