@@ -19,8 +19,9 @@ import gc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from agent.intake.fingerprint import fingerprint, signature
-from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
+from agent.intake.fingerprint import _in_app as frame_in_app
+from agent.intake.fingerprint import fingerprint, frame_key, signature_of
+from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Frame, Rejected, cap, valid_text
 from agent.infra.redact import redact
 from agent.ledger import Ledger, now
 from agent.infra.text import one_line
@@ -96,6 +97,8 @@ def clean_name(value: object, limit: int) -> str:
     event, so a short one is cleaned once (cached)."""
     if type(value) is str and len(value) <= 256:
         return _short_name(value)
+    if value is None:
+        return ""
     return one_line(clean(value, limit))
 
 
@@ -110,12 +113,22 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     environment = clean_name(ev.environment, MAX_SHORT) or "unknown"
     cls = clean_name(ev.cls, MAX_NAME)
     message = cap(clean(ev.message, PRE_MESSAGE), MAX_MESSAGE)
-    frames = [type(f)(file=clean_name(f.file, MAX_NAME), function=clean_name(f.function, MAX_NAME),
-                      lineno=f.lineno if isinstance(f.lineno, int) else None,
-                      module=clean_name(f.module, MAX_NAME), in_app=f.in_app)
-              for f in ev.frames[-MAX_FRAMES_STORED:]]
+    labels, keys, in_app = [], [], []
+    for f in ev.frames[-MAX_FRAMES_STORED:]:
+        file, function, module, flag = f.file, f.function, f.module, f.in_app
+        if type(f) is Frame and type(file) is str and type(function) is str and type(module) is str \
+                and len(file) <= 256 and len(function) <= 256 and len(module) <= 256 \
+                and (flag is None or type(flag) is bool):
+            label, key, app = _frame_parts(file, function, module, flag)
+        else:
+            label, key, app = _frame_parts_of(type(f)(file=clean_name(file, MAX_NAME),
+                                                      function=clean_name(function, MAX_NAME),
+                                                      module=clean_name(module, MAX_NAME), in_app=flag))
+        labels.append(label)
+        keys.append(key)
+        in_app.append(app)
     causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
-    sig = signature(frames, causes, message)
+    sig = signature_of(keys, in_app, causes, message)
     group_cls = cls
     if ev.grouping:
         # the SDK's own fingerprint replaces the grouping, as in Sentry: `{{ default }}` stands for the stack
@@ -126,10 +139,22 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     ts = ev.timestamp if isinstance(ev.timestamp, str) and len(ev.timestamp) <= 64 else None
     return Prepared(
         fingerprint=fingerprint(service, group_cls, sig, environment), service=service, environment=environment,
-        cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
+        cls=cls, message=message, signature=sig, frames=labels,
         repo=clean_name(ev.repo, MAX_SHORT) or None, level=clean_name(ev.level or "error", MAX_SHORT),
         release=clean_name(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),
         raw_excerpt=valid_text(cap(ev.excerpt or message, PRE_EXCERPT)))
+
+
+def _frame_parts_of(f) -> tuple[str, str, bool]:
+    """A cleaned frame's (label, signature key, in-app)."""
+    return f.label(), frame_key(f.file or "", f.function or "", f.module or ""), frame_in_app(f)
+
+
+@functools.lru_cache(maxsize=16384)
+def _frame_parts(file: str, function: str, module: str, in_app: bool | None) -> tuple[str, str, bool]:
+    """:func:`_frame_parts_of` for a frame of short names (a frame recurs from event to event: cleaned once)."""
+    return _frame_parts_of(Frame(file=_short_name(file), function=_short_name(function), module=_short_name(module),
+                                 in_app=in_app))
 
 
 def _chunks(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
@@ -170,13 +195,28 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
 def _prepare_batch(events: list[Event], result: IngestResult) -> dict[str, dict]:
     """Outside any transaction: prepare every event (one that fails is rejected alone) and group them by
     fingerprint; the latest occurrence's excerpt is redacted here too."""
+    return _group(_prepare_all(events), result)
+
+
+def _prepare_all(events: list[Event]) -> list[Prepared | Rejected]:
+    """Each event prepared, or the reason it cannot be, in input order."""
     ts_default = now()
-    touched: dict[str, dict] = {}
+    out: list[Prepared | Rejected] = []
     for ev in events:
         try:
-            p = prepare(ev, ts_default)
+            out.append(prepare(ev, ts_default))
         except Exception as exc:  # noqa: BLE001 - one event never costs the others
-            result.add_rejected([Rejected(getattr(ev, "line", 0), f"could not be stored ({type(exc).__name__})")])
+            out.append(Rejected(getattr(ev, "line", 0), f"could not be stored ({type(exc).__name__})"))
+    return out
+
+
+def _group(prepared: list[Prepared | Rejected], result: IngestResult) -> dict[str, dict]:
+    """Prepared events grouped by fingerprint (rejections counted in ``result``, in order); the excerpt of each
+    group's latest occurrence redacted."""
+    touched: dict[str, dict] = {}
+    for p in prepared:
+        if type(p) is Rejected:
+            result.add_rejected([p])
             continue
         t = touched.get(p.fingerprint)
         if t is None:
@@ -195,11 +235,15 @@ def _prepare_batch(events: list[Event], result: IngestResult) -> dict[str, dict]
 
 def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | None = None,
                 environment: str | None = None, repo: str | None = None, actor: str = "script",
-                source: str | None = None, chunk_lines: int = BATCH) -> tuple[IngestResult, str]:
+                source: str | None = None, chunk_lines: int = BATCH, workers: int = 0) -> tuple[IngestResult, str]:
     """Parse and ingest a whole input; returns (result, the format used).
 
     JSONL is parsed and stored ``chunk_lines`` lines at a time (bounded memory, one transaction per
     chunk); Sentry documents and log text are parsed whole, since an event may span many lines.
+    With ``workers`` > 1 (the CLI; only where forking is safe: no threads, no open transaction) a JSONL input of
+    at least ``PARALLEL_CHUNKS`` chunks is parsed, redacted and fingerprinted by that many forked processes,
+    chunk by chunk, while this process groups and stores the chunks in input order: the same rows, counts,
+    events and rejections as without them.
     """
     from agent.intake.formats import parse, sniff
     from agent.infra.textio import one_newline
@@ -214,16 +258,78 @@ def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | 
             result.add_rejected(parsed.rejected)
             ingest(ledger, parsed.events, actor=actor, source=source or f"ingest:{chosen}", result=result)
             return result, chosen
+        source = source or "ingest:jsonl"
+        if workers > 1:
+            spans = list(_line_spans(text, chunk_lines))
+            if len(spans) >= PARALLEL_CHUNKS and _ingest_parallel(ledger, text, spans, kw, workers, actor, source,
+                                                                  result):
+                return result, chosen
         for start, chunk in _line_chunks(text, chunk_lines):
             parsed = parse(chunk, "jsonl", line_base=start + 1, **kw)
             result.add_rejected(parsed.rejected)
-            ingest(ledger, parsed.events, actor=actor, source=source or "ingest:jsonl", result=result, batch=None)
+            ingest(ledger, parsed.events, actor=actor, source=source, result=result, batch=None)
     return result, chosen
 
 
-def _line_chunks(text: str, size: int) -> Iterator[tuple[int, str]]:
-    """(index of the first line, text of ``size`` lines) pieces of ``text``, cut where its line ends are (no list
-    of every line: a 100 MB input is not held twice)."""
+PARALLEL_CHUNKS = 3          # fewer chunks than this are not worth starting processes for
+_SHARED: dict[str, Any] = {}   # the text and options the forked workers read (inherited, never pickled)
+
+
+def _prepare_span(span: tuple[int, int, int]) -> tuple[list[Rejected], IngestResult, dict[str, dict]]:
+    """In a worker: parse, prepare and group the lines ``text[pos:end]`` (the first being line ``first`` + 1):
+    (the parser's rejections, the preparation's, the groups to store). Only the groups travel back, not every
+    event."""
+    from agent.intake.formats import parse
+
+    first, pos, end = span
+    with _fewer_collections():
+        parsed = parse(_SHARED["text"][pos:end], "jsonl", line_base=first + 1, **_SHARED["kw"])
+        rejected = IngestResult()
+        return parsed.rejected, rejected, _prepare_batch(parsed.events, rejected)
+
+
+def _ingest_parallel(ledger: Ledger, text: str, spans: list[tuple[int, int, int]], kw: dict, workers: int,
+                     actor: str, source: str, result: IngestResult) -> bool:
+    """Chunks prepared by forked workers, stored here in input order. False (nothing stored) when no pool can be
+    started (no fork on this platform, no process to spare): the caller goes on in-process. A worker that dies
+    (killed, out of memory) fails the ingest with the chunks before it stored, as an error in-process would."""
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from agent import AgentError
+
+    if threading.active_count() > 1 or ledger.conn.in_transaction:
+        return False     # a fork copies no other thread (a lock it held stays held) and must not share a transaction
+    try:
+        ctx = multiprocessing.get_context("fork")
+    except ValueError:
+        return False
+    _SHARED.update(text=text, kw=kw)
+    pool = ProcessPoolExecutor(workers, mp_context=ctx)   # with fork, every worker starts at the first submit
+    try:
+        try:
+            done = pool.map(_prepare_span, spans)
+        except OSError:
+            return False
+        for first, _, _ in spans:
+            try:
+                rejected, unprepared, touched = next(done)
+            except BrokenProcessPool:
+                raise AgentError(f"an intake worker process died; the events before line {first + 1} are "
+                                 "stored") from None
+            result.add_rejected(rejected)
+            result.add_rejected(unprepared.rejections)
+            record_occurrences(ledger, touched, actor, source, None, result)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _SHARED.clear()
+    return True
+
+
+def _line_spans(text: str, size: int) -> Iterator[tuple[int, int, int]]:
+    """(index of the first line, start, end) of each piece :func:`_line_chunks` cuts."""
     pos, first, n = 0, 0, len(text)
     while pos < n:
         end = pos
@@ -232,8 +338,15 @@ def _line_chunks(text: str, size: int) -> Iterator[tuple[int, str]]:
             if end == 0:
                 end = n
                 break
-        yield first, text[pos:end]
+        yield first, pos, end
         pos, first = end, first + size
+
+
+def _line_chunks(text: str, size: int) -> Iterator[tuple[int, str]]:
+    """(index of the first line, text of ``size`` lines) pieces of ``text``, cut where its line ends are (no list
+    of every line: a 100 MB input is not held twice)."""
+    for first, pos, end in _line_spans(text, size):
+        yield first, text[pos:end]
 
 
 @contextlib.contextmanager
