@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -56,7 +55,7 @@ def error_ingest(file, fmt, service, environment, repo, as_json):
     if note:
         click.echo(f"agent: warning: {note}", err=True)
     result, used = ingest_text(get_app().ledger, decoded.text, fmt, service=service, environment=environment,
-                              repo=repo, actor="human", workers=min(os.cpu_count() or 1, 4))
+                              repo=repo, actor="human")
     for r in result.rejections:
         reason = " ".join(str(r.reason).split())[:300]
         click.echo(f"{name}: line {r.line}: rejected: {reason}", err=True)

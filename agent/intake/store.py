@@ -195,28 +195,13 @@ def ingest(ledger: Ledger, events: Iterable[Event], *, actor: str = "script", so
 def _prepare_batch(events: list[Event], result: IngestResult) -> dict[str, dict]:
     """Outside any transaction: prepare every event (one that fails is rejected alone) and group them by
     fingerprint; the latest occurrence's excerpt is redacted here too."""
-    return _group(_prepare_all(events), result)
-
-
-def _prepare_all(events: list[Event]) -> list[Prepared | Rejected]:
-    """Each event prepared, or the reason it cannot be, in input order."""
     ts_default = now()
-    out: list[Prepared | Rejected] = []
+    touched: dict[str, dict] = {}
     for ev in events:
         try:
-            out.append(prepare(ev, ts_default))
+            p = prepare(ev, ts_default)
         except Exception as exc:  # noqa: BLE001 - one event never costs the others
-            out.append(Rejected(getattr(ev, "line", 0), f"could not be stored ({type(exc).__name__})"))
-    return out
-
-
-def _group(prepared: list[Prepared | Rejected], result: IngestResult) -> dict[str, dict]:
-    """Prepared events grouped by fingerprint (rejections counted in ``result``, in order); the excerpt of each
-    group's latest occurrence redacted."""
-    touched: dict[str, dict] = {}
-    for p in prepared:
-        if type(p) is Rejected:
-            result.add_rejected([p])
+            result.add_rejected([Rejected(getattr(ev, "line", 0), f"could not be stored ({type(exc).__name__})")])
             continue
         t = touched.get(p.fingerprint)
         if t is None:
@@ -235,15 +220,11 @@ def _group(prepared: list[Prepared | Rejected], result: IngestResult) -> dict[st
 
 def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | None = None,
                 environment: str | None = None, repo: str | None = None, actor: str = "script",
-                source: str | None = None, chunk_lines: int = BATCH, workers: int = 0) -> tuple[IngestResult, str]:
+                source: str | None = None, chunk_lines: int = BATCH) -> tuple[IngestResult, str]:
     """Parse and ingest a whole input; returns (result, the format used).
 
     JSONL is parsed and stored ``chunk_lines`` lines at a time (bounded memory, one transaction per
     chunk); Sentry documents and log text are parsed whole, since an event may span many lines.
-    With ``workers`` > 1 (the CLI; only where forking is safe: no threads, no open transaction) a JSONL input of
-    at least ``PARALLEL_CHUNKS`` chunks is parsed, redacted and fingerprinted by that many forked processes,
-    chunk by chunk, while this process groups and stores the chunks in input order: the same rows, counts,
-    events and rejections as without them.
     """
     from agent.intake.formats import parse, sniff
     from agent.infra.textio import one_newline
@@ -258,78 +239,16 @@ def ingest_text(ledger: Ledger, text: str, fmt: str = "auto", *, service: str | 
             result.add_rejected(parsed.rejected)
             ingest(ledger, parsed.events, actor=actor, source=source or f"ingest:{chosen}", result=result)
             return result, chosen
-        source = source or "ingest:jsonl"
-        if workers > 1:
-            spans = list(_line_spans(text, chunk_lines))
-            if len(spans) >= PARALLEL_CHUNKS and _ingest_parallel(ledger, text, spans, kw, workers, actor, source,
-                                                                  result):
-                return result, chosen
         for start, chunk in _line_chunks(text, chunk_lines):
             parsed = parse(chunk, "jsonl", line_base=start + 1, **kw)
             result.add_rejected(parsed.rejected)
-            ingest(ledger, parsed.events, actor=actor, source=source, result=result, batch=None)
+            ingest(ledger, parsed.events, actor=actor, source=source or "ingest:jsonl", result=result, batch=None)
     return result, chosen
 
 
-PARALLEL_CHUNKS = 3          # fewer chunks than this are not worth starting processes for
-_SHARED: dict[str, Any] = {}   # the text and options the forked workers read (inherited, never pickled)
-
-
-def _prepare_span(span: tuple[int, int, int]) -> tuple[list[Rejected], IngestResult, dict[str, dict]]:
-    """In a worker: parse, prepare and group the lines ``text[pos:end]`` (the first being line ``first`` + 1):
-    (the parser's rejections, the preparation's, the groups to store). Only the groups travel back, not every
-    event."""
-    from agent.intake.formats import parse
-
-    first, pos, end = span
-    with _fewer_collections():
-        parsed = parse(_SHARED["text"][pos:end], "jsonl", line_base=first + 1, **_SHARED["kw"])
-        rejected = IngestResult()
-        return parsed.rejected, rejected, _prepare_batch(parsed.events, rejected)
-
-
-def _ingest_parallel(ledger: Ledger, text: str, spans: list[tuple[int, int, int]], kw: dict, workers: int,
-                     actor: str, source: str, result: IngestResult) -> bool:
-    """Chunks prepared by forked workers, stored here in input order. False (nothing stored) when no pool can be
-    started (no fork on this platform, no process to spare): the caller goes on in-process. A worker that dies
-    (killed, out of memory) fails the ingest with the chunks before it stored, as an error in-process would."""
-    import multiprocessing
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    from agent import AgentError
-
-    if threading.active_count() > 1 or ledger.conn.in_transaction:
-        return False     # a fork copies no other thread (a lock it held stays held) and must not share a transaction
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:
-        return False
-    _SHARED.update(text=text, kw=kw)
-    pool = ProcessPoolExecutor(workers, mp_context=ctx)   # with fork, every worker starts at the first submit
-    try:
-        try:
-            done = pool.map(_prepare_span, spans)
-        except OSError:
-            return False
-        for first, _, _ in spans:
-            try:
-                rejected, unprepared, touched = next(done)
-            except BrokenProcessPool:
-                raise AgentError(f"an intake worker process died; the events before line {first + 1} are "
-                                 "stored") from None
-            result.add_rejected(rejected)
-            result.add_rejected(unprepared.rejections)
-            record_occurrences(ledger, touched, actor, source, None, result)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        _SHARED.clear()
-    return True
-
-
-def _line_spans(text: str, size: int) -> Iterator[tuple[int, int, int]]:
-    """(index of the first line, start, end) of each piece :func:`_line_chunks` cuts."""
+def _line_chunks(text: str, size: int) -> Iterator[tuple[int, str]]:
+    """(index of the first line, text of ``size`` lines) pieces of ``text``, cut where its line ends are (no list
+    of every line: a 100 MB input is not held twice)."""
     pos, first, n = 0, 0, len(text)
     while pos < n:
         end = pos
@@ -338,15 +257,8 @@ def _line_spans(text: str, size: int) -> Iterator[tuple[int, int, int]]:
             if end == 0:
                 end = n
                 break
-        yield first, pos, end
-        pos, first = end, first + size
-
-
-def _line_chunks(text: str, size: int) -> Iterator[tuple[int, str]]:
-    """(index of the first line, text of ``size`` lines) pieces of ``text``, cut where its line ends are (no list
-    of every line: a 100 MB input is not held twice)."""
-    for first, pos, end in _line_spans(text, size):
         yield first, text[pos:end]
+        pos, first = end, first + size
 
 
 @contextlib.contextmanager

@@ -1,12 +1,10 @@
-"""JSONL intake in chunks: batch boundaries, and the forked workers `agent error ingest` uses, which must store
-exactly what the in-process path stores (rows, counts, events, rejections and their order)."""
+"""JSONL intake in chunks (one transaction per chunk: batch boundaries), and the cached per-frame path of
+``prepare`` against the general one."""
 
 import json
-import os
 
 import pytest
 
-from agent import AgentError
 from agent.intake import store
 from agent.intake.formats import Event, Frame
 from agent.intake.store import ingest_text, prepare
@@ -44,12 +42,6 @@ def _stored(ledger: Ledger) -> tuple[list, list]:
     return rows, events
 
 
-def _summary(result) -> dict:
-    d = result.to_json()
-    d["errors"] = len(d["errors"])
-    return d
-
-
 @pytest.fixture
 def no_clock(monkeypatch):
     """Events without a timestamp take the time of ingest: fixed, so two ingests compare equal."""
@@ -72,53 +64,24 @@ def test_chunk_of_n_plus_one_events_rejections_and_duplicates_across_the_boundar
     assert [(e["kind"], e["payload"]["count"]) for e in ledger.events()] == [("error.ingested", 4), ("error.seen", 2)]
 
 
-def test_forked_workers_store_exactly_what_the_in_process_path_stores(tmp_path, ledger, no_clock, monkeypatch):
-    text = _text(437)                                          # 44 chunks of 10 lines, the last one short
-    ref = Ledger.open(tmp_path / "ref.db")                     # in-process, on SQLite
-    expected, _ = ingest_text(ref, text, "auto", chunk_lines=10, workers=0)
-    pids = tmp_path / "pids"
-    real = store._prepare_batch
-
-    def spy(events, result):
-        with open(pids, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        return real(events, result)
-
-    monkeypatch.setattr(store, "_prepare_batch", spy)         # (the forked workers inherit it)
-    got, used = ingest_text(ledger, text, "auto", chunk_lines=10, workers=2)
-    workers = set(pids.read_text().split())
-    assert workers and str(os.getpid()) not in workers and len(pids.read_text().split()) == 44
+def test_many_chunks_with_rejections_and_blank_lines_inside_them(tmp_path, ledger, no_clock):
+    n, size = 437, 10                          # 44 chunks, the last one short
+    result, used = ingest_text(ledger, _text(n), "auto", chunk_lines=size)
+    bad = [i for i in range(n) if i % 17 == 7 or i % 23 == 11]
+    good = [i for i in range(n) if i not in bad and i % 29 != 13]
     assert used == "jsonl"
-    assert _summary(got) == _summary(expected)
-    assert expected.rejected > 10 and expected.deduplicated > 100
-    assert [(r.line, r.reason) for r in got.rejections] == [(r.line, r.reason) for r in expected.rejections]
-    assert _stored(ledger) == _stored(ref)
-    assert "hunter" not in json.dumps(_stored(ledger))
-    ref.close()
-
-
-def test_few_chunks_stay_in_process(tmp_path, ledger, monkeypatch):
-    monkeypatch.setattr(store, "_ingest_parallel", lambda *a, **k: pytest.fail("no pool for two chunks"))
-    result, _ = ingest_text(ledger, _text(20), "jsonl", chunk_lines=10, workers=2)
-    assert result.new == 3
-
-
-def test_a_worker_that_dies_fails_the_ingest_and_keeps_the_chunks_before_it(tmp_path, ledger, no_clock, monkeypatch):
-    real = store._prepare_batch
-
-    def dies_on_the_third(events, result):
-        if events and events[0].line == 21:
-            os._exit(3)
-        return real(events, result)
-
-    monkeypatch.setattr(store, "_prepare_batch", dies_on_the_third)
-    with pytest.raises(AgentError, match=r"worker process died; the events before line (\d+) are stored") as err:
-        ingest_text(ledger, _text(60), "jsonl", chunk_lines=10, workers=2)
-    # the chunks whose results arrived before the death was seen are stored (usually lines 1-20), whole; none after
-    before = int(err.value.args[0].split("before line ")[1].split()[0])
-    assert before in (1, 11, 21)
-    events = sum(1 for i in range(before - 1) if i % 17 != 7 and i % 23 != 11 and i % 29 != 13)
-    assert (ledger.scalar("SELECT sum(count) FROM errors") or 0) == events
+    assert [r.line for r in result.rejections] == [i + 1 for i in bad]        # in input order, numbered right
+    assert (result.new, result.deduplicated, result.rejected) == (3, len(good) - 3, len(bad))
+    assert ledger.scalar("SELECT sum(count) FROM errors") == len(good)
+    # one transaction per chunk of 10 lines: per chunk, its events are counted once, whatever error they join
+    per_chunk = [sum(1 for i in good if i // size == c) for c in range(-(-n // size))]
+    counts: list[int] = []
+    for e in ledger.events():
+        counts.append(e["payload"]["count"])
+    assert sum(counts) == len(good) and len(counts) == sum(len({i % 3 for i in good if i // size == c})
+                                                            for c in range(len(per_chunk)))
+    rows, _ = _stored(ledger)
+    assert "hunter" not in json.dumps(rows) and all(r[-2] > r[-3] for r in rows)   # last_seen after first_seen
 
 
 def test_cached_frame_path_equals_the_general_one():
