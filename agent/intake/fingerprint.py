@@ -138,8 +138,17 @@ def signature(frames: Sequence, causes: Sequence[str] = (), message: str | None 
     """The normalised stack signature of an event (frames ordered outermost first)."""
     keys = [frame_key(getattr(f, "file", "") or "", getattr(f, "function", "") or "", getattr(f, "module", "") or "")
             for f in frames]
-    in_app = [k for k, f in zip(keys, frames) if _in_app(f)]
-    keys = in_app or keys
+    return signature_of(keys, [_in_app(f) for f in frames], causes, message)
+
+
+def signature_of(keys: Sequence[str], in_app: Sequence[bool], causes: Sequence[str] = (),
+                 message: str | None = None) -> str:
+    """:func:`signature` from each frame's :func:`frame_key` and whether it is in-app (intake computes those once
+    per distinct frame)."""
+    if keys and not causes:
+        return _frames_signature(tuple(keys), tuple(in_app))
+    app_keys = [k for k, a in zip(keys, in_app) if a]
+    keys = app_keys or keys
     if keys:
         sig = " > ".join(keys[-MAX_FRAMES:])
     else:
@@ -149,6 +158,13 @@ def signature(frames: Sequence, causes: Sequence[str] = (), message: str | None 
     return sig
 
 
+@functools.lru_cache(maxsize=16384)
+def _frames_signature(keys: tuple[str, ...], in_app: tuple[bool, ...]) -> str:
+    app_keys = [k for k, a in zip(keys, in_app) if a]
+    return " > ".join((app_keys or keys)[-MAX_FRAMES:])
+
+
+@functools.lru_cache(maxsize=16384)
 def fingerprint(service: str | None, cls: str | None, sig: str, environment: str | None) -> str:
     raw = " | ".join([(service or "").strip(), normalise_code(cls), sig, (environment or "").strip()])
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:20]

@@ -154,18 +154,27 @@ def _get(obj: Any, *paths: str) -> Any:
     """First non-empty value among dotted ``paths`` (also tried as flat keys like "error.message")."""
     if not isinstance(obj, dict):
         return None
+    get = obj.get
     for path in paths:
-        value = obj.get(path)
+        value = get(path)
         if value is not None and value != "" and value != [] and value != {}:
             return value
-        if "." not in path:
+        parts = _PARTS.get(path)
+        if parts is None:
+            parts = _PARTS[path] = tuple(path.split(".")) if "." in path else ()
+        if not parts:
             continue
-        cur = obj
-        for part in path.split("."):
+        cur = get(parts[0])
+        if not isinstance(cur, dict):
+            continue          # (a path through a missing key or a non-object is None)
+        for part in parts[1:]:
             cur = cur.get(part) if isinstance(cur, dict) else None
         if cur not in (None, "", [], {}):
             return cur
     return None
+
+
+_PARTS: dict[str, tuple[str, ...]] = {}    # a dotted path's keys (the paths are the constants below)
 
 
 def _str(value: Any, limit: int = MAX_SHORT) -> str | None:
@@ -354,7 +363,9 @@ def _parse_python(lines: list[str], i: int) -> tuple[Event | None, int, str]:
             if line[:1].isspace():
                 m = PY_FRAME.match(line)
                 if m:
-                    frames.append(Frame(file=m[1], function=(m[3] or "").strip(), lineno=_int(m[2])))
+                    num = m[2]      # digits: a line number when ASCII and below 2**31 (as _int reads it)
+                    frames.append(Frame(m[1], (m[3] or "").strip(),
+                                        int(num) if len(num) <= 9 and num.isascii() else None))
             elif line.strip():
                 break
             j += 1
@@ -639,7 +650,7 @@ def _bool(value: Any) -> bool | None:
 def _json_lines(text: str, line_base: int) -> Iterator[tuple[int, Any, str | None]]:
     """(line number, parsed object or None, why it is not JSON or None) for every non-blank line."""
     for offset, line in enumerate(split_lines(text)):
-        if not line.strip():
+        if not line or line.isspace():      # (what `not line.strip()` says, without copying the line)
             continue
         obj, bad = loads(line)
         yield line_base + offset, obj, bad

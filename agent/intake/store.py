@@ -19,8 +19,9 @@ import gc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from agent.intake.fingerprint import fingerprint, signature
-from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Rejected, cap, valid_text
+from agent.intake.fingerprint import _in_app as frame_in_app
+from agent.intake.fingerprint import fingerprint, frame_key, signature_of
+from agent.intake.formats import MAX_NAME, MAX_SHORT, Event, Frame, Rejected, cap, valid_text
 from agent.infra.redact import redact
 from agent.ledger import Ledger, now
 from agent.infra.text import one_line
@@ -96,6 +97,8 @@ def clean_name(value: object, limit: int) -> str:
     event, so a short one is cleaned once (cached)."""
     if type(value) is str and len(value) <= 256:
         return _short_name(value)
+    if value is None:
+        return ""
     return one_line(clean(value, limit))
 
 
@@ -110,12 +113,22 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     environment = clean_name(ev.environment, MAX_SHORT) or "unknown"
     cls = clean_name(ev.cls, MAX_NAME)
     message = cap(clean(ev.message, PRE_MESSAGE), MAX_MESSAGE)
-    frames = [type(f)(file=clean_name(f.file, MAX_NAME), function=clean_name(f.function, MAX_NAME),
-                      lineno=f.lineno if isinstance(f.lineno, int) else None,
-                      module=clean_name(f.module, MAX_NAME), in_app=f.in_app)
-              for f in ev.frames[-MAX_FRAMES_STORED:]]
+    labels, keys, in_app = [], [], []
+    for f in ev.frames[-MAX_FRAMES_STORED:]:
+        file, function, module, flag = f.file, f.function, f.module, f.in_app
+        if type(f) is Frame and type(file) is str and type(function) is str and type(module) is str \
+                and len(file) <= 256 and len(function) <= 256 and len(module) <= 256 \
+                and (flag is None or type(flag) is bool):
+            label, key, app = _frame_parts(file, function, module, flag)
+        else:
+            label, key, app = _frame_parts_of(type(f)(file=clean_name(file, MAX_NAME),
+                                                      function=clean_name(function, MAX_NAME),
+                                                      module=clean_name(module, MAX_NAME), in_app=flag))
+        labels.append(label)
+        keys.append(key)
+        in_app.append(app)
     causes = [clean(c, MAX_NAME) for c in ev.causes[:32]]
-    sig = signature(frames, causes, message)
+    sig = signature_of(keys, in_app, causes, message)
     group_cls = cls
     if ev.grouping:
         # the SDK's own fingerprint replaces the grouping, as in Sentry: `{{ default }}` stands for the stack
@@ -126,10 +139,22 @@ def prepare(ev: Event, default_ts: str | None = None) -> Prepared:
     ts = ev.timestamp if isinstance(ev.timestamp, str) and len(ev.timestamp) <= 64 else None
     return Prepared(
         fingerprint=fingerprint(service, group_cls, sig, environment), service=service, environment=environment,
-        cls=cls, message=message, signature=sig, frames=[f.label() for f in frames],
+        cls=cls, message=message, signature=sig, frames=labels,
         repo=clean_name(ev.repo, MAX_SHORT) or None, level=clean_name(ev.level or "error", MAX_SHORT),
         release=clean_name(ev.release, MAX_SHORT) or None, timestamp=valid_text(ts or default_ts or now()),
         raw_excerpt=valid_text(cap(ev.excerpt or message, PRE_EXCERPT)))
+
+
+def _frame_parts_of(f) -> tuple[str, str, bool]:
+    """A cleaned frame's (label, signature key, in-app)."""
+    return f.label(), frame_key(f.file or "", f.function or "", f.module or ""), frame_in_app(f)
+
+
+@functools.lru_cache(maxsize=16384)
+def _frame_parts(file: str, function: str, module: str, in_app: bool | None) -> tuple[str, str, bool]:
+    """:func:`_frame_parts_of` for a frame of short names (a frame recurs from event to event: cleaned once)."""
+    return _frame_parts_of(Frame(file=_short_name(file), function=_short_name(function), module=_short_name(module),
+                                 in_app=in_app))
 
 
 def _chunks(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
