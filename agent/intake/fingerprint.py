@@ -111,11 +111,6 @@ def location(file: str = "", module: str = "") -> str:
     return normalise_code(base)
 
 
-def _path(file: str) -> str:
-    """Kept for callers of the old name: the deploy-independent location of a file."""
-    return location(file)
-
-
 @functools.lru_cache(maxsize=16384)
 def frame_key(file: str = "", function: str = "", module: str = "") -> str:
     fn = normalise_code(function) or "?"
