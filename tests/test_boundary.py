@@ -480,7 +480,7 @@ def test_a_lane_filling_the_worktree_is_stopped_while_it_runs(tmp_path, monkeypa
                                spec_path=_spec(tmp_path), cwd=repo))
     written = len(list(repo.glob("fill-*.bin")))
     assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
-    assert 4 < written < 100, written        # stopped soon after the cap, far from the 300 it would write
+    assert 4 <= written < 100, written       # stopped at or soon after the cap (4 MiB plus the repo), not at 300
 
 
 @needs_bwrap
