@@ -222,3 +222,68 @@ def test_orphan_lane_past_its_timeout_is_killed_and_rerun(tmp_path):
                 os.killpg(rec["pid"], 9)
             except ProcessLookupError:
                 pass
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Live descendants of ``pid`` (not zombies), each with its start time (``/proc/PID/stat`` field 22), so a
+    reused pid is never mistaken for a survivor."""
+    parents: dict[int, int] = {}
+    info: dict[int, tuple[str, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        parents[int(entry)] = int(fields[1])
+        info[int(entry)] = (fields[0], fields[19])
+    found, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        for child, parent in parents.items():
+            if parent == p and child not in found:
+                if info[child][0] != "Z":
+                    found[child] = info[child][1]
+                todo.append(child)
+    return found
+
+
+def _still_alive(procs: dict[int, str]) -> list[str]:
+    alive = []
+    for pid, start in procs.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200].decode(errors="replace")
+        except OSError:
+            continue
+        if fields[19] == start and fields[0] != "Z":
+            alive.append(f"{pid} {fields[0]} {cmd}")
+    return alive
+
+
+@pytest.mark.parametrize("network", ["proxy", "none"])
+def test_sigkill_mid_lane_ends_the_sandboxed_lane_and_its_egress_bridge(tmp_path, network):
+    """A sandboxed lane dies with its watcher: SIGKILL the watcher's group while the implementer lane sleeps in
+    bwrap (its own process group) and nothing the lane started outlives it: not bwrap, not the lane, not socat's
+    egress bridge (network: proxy), not a process the lane put in a new session."""
+    log = tmp_path / "lanes.log"
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60", "--log", str(log)))
+    home = p["home"]
+    with open(home / "config.yaml", "a") as fh:
+        fh.write(f"\nsandbox: {{mode: bwrap, network: {network}}}\n")
+    w = watcher(home, log=tmp_path / "w1.log")
+    deadline = time.monotonic() + 60
+    while not read_log(log) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert read_log(log), (tmp_path / "w1.log").read_text()[-2000:]
+    procs = _descendants(w.pid)
+    names = " ".join(Path(f"/proc/{p}/comm").read_text().strip() for p in procs if Path(f"/proc/{p}/comm").exists())
+    assert "bwrap" in names and ("socat" in names) == (network == "proxy"), names
+    kill_group(w)
+    deadline = time.monotonic() + 10
+    while _still_alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _still_alive(procs), _still_alive(procs)
