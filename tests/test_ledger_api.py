@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,8 @@ def test_a_lane_run_outcome_and_lane_finished_commit_together(led):
 
 @pytest.mark.sqlite_only("reads the statements through SQLite's trace callback")
 def test_the_guards_snapshot_is_one_read(led):
-    """Every statement ``snapshot`` runs is inside one transaction (BEGIN ... COMMIT around all its SELECTs)."""
+    """``snapshot`` is one statement: one consistent view without a transaction (no BEGIN IMMEDIATE, so no write
+    lock for a read) and one round trip on PostgreSQL."""
     t, _ = _task(led)
     seen: list[str] = []
     led.conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())))
@@ -197,11 +199,30 @@ def test_the_guards_snapshot_is_one_read(led):
         snap = tasks.snapshot(led, t)
     finally:
         led.conn.set_trace_callback(None)
-    assert snap.task_id == t and snap.from_conclusion
-    assert seen[0].upper().startswith("BEGIN") and seen[-1].upper() == "COMMIT", seen
-    body = seen[1:-1]
-    assert len(body) >= 6 and all(s.upper().startswith("SELECT") for s in body), body
-    assert not any(s.upper().startswith(("BEGIN", "COMMIT")) for s in body)
+    assert snap.task_id == t and snap.from_conclusion and snap.round == 1 and snap.state == "open"
+    assert len(seen) == 1 and seen[0].upper().startswith("SELECT"), seen
+
+
+def test_the_guards_snapshot_reads_while_a_writer_holds_the_lock(led, monkeypatch):
+    """Runners read the guard's snapshot while another holds the ledger's write lock (PostgreSQL's advisory lock,
+    SQLite's BEGIN IMMEDIATE) and see only what that writer committed: the read neither waits for it nor sees
+    its uncommitted step."""
+    t, _ = _task(led)
+    monkeypatch.setenv("AGENT_LEDGER_BUSY_TIMEOUT", "1")
+    reader, writer = Ledger.open(led.location), Ledger.open(led.location)
+    try:
+        before = tasks.snapshot(reader, t)
+        with writer.tx() as c:
+            writer.update(c, "steps", {"task_id": t, "key": "spec_written"}, {"status": "ja"})
+            start = time.monotonic()
+            snap = tasks.snapshot(reader, t)
+            waited = time.monotonic() - start
+        assert snap.steps == before.steps and snap.steps["spec_written"] != "ja"
+        assert waited < 1.0, waited
+        assert tasks.snapshot(reader, t).steps["spec_written"] == "ja"
+    finally:
+        reader.close()
+        writer.close()
 
 
 # The guard's inputs (chain.Snapshot) and the one record operation that adds each (an INSERT of its table).

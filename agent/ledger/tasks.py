@@ -84,38 +84,55 @@ def create_task(ledger: Ledger, repo: str, title: str, error_id: str | None = No
         return task_id, True
 
 
+# The guard's read as one statement: one consistent view on both backends (a statement sees one snapshot on
+# PostgreSQL; SQLite runs it in one implicit transaction) without a transaction, the write lock or one round trip
+# per part. Rows are (part, a, b, c, d, e, f); every value is text so the branches share one type on PostgreSQL.
+_SNAPSHOT_SQL = """
+SELECT 'task' AS part, state AS a, CAST(round AS TEXT) AS b, head_sha AS c, base_sha AS d, pushed_sha AS e,
+       spec_path AS f FROM tasks WHERE id = ?
+UNION ALL SELECT 'conclusion', c.kind, NULL, NULL, NULL, NULL, NULL FROM tasks t
+       JOIN conclusions c ON c.id = t.conclusion_id AND c.error_id = t.error_id WHERE t.id = ?
+UNION ALL SELECT 'step', key, status, NULL, NULL, NULL, NULL FROM steps WHERE task_id = ?
+UNION ALL SELECT 'implementer', NULL, NULL, NULL, NULL, NULL, NULL FROM tasks t WHERE t.id = ? AND EXISTS (
+       SELECT 1 FROM lane_runs l WHERE l.task_id = t.id AND l.round = t.round AND l.role = 'implementer'
+       AND l.status = 'complete')
+UNION ALL SELECT 'committed', NULL, NULL, NULL, NULL, NULL, NULL FROM tasks t WHERE t.id = ?
+       AND t.head_sha IS NOT NULL AND EXISTS (
+       SELECT 1 FROM commits m WHERE m.task_id = t.id AND m.round = t.round AND m.sha = t.head_sha)
+UNION ALL SELECT 'check', head_sha, NULL, NULL, NULL, NULL, NULL FROM checks WHERE task_id = ? AND passed = 1
+UNION ALL SELECT 'approval', stage, dimension, head_sha, NULL, NULL, NULL FROM gates
+       WHERE task_id = ? AND verdict = 'approve'
+UNION ALL SELECT 'pr', head_sha, NULL, NULL, NULL, NULL, NULL FROM prs WHERE task_id = ? AND state = 'open'
+UNION ALL SELECT 'refused', head_sha, NULL, NULL, NULL, NULL, NULL FROM proofs
+       WHERE task_id = ? AND verdict = 'rejected'
+"""
+_SNAPSHOT_PARAMS = _SNAPSHOT_SQL.count("?")
+
+
 def snapshot(ledger: Ledger, task_id: int, conn: sqlite3.Connection | None = None) -> chain.Snapshot:
-    """The guard's one read: every input of ``chain.close_reasons`` from one transaction (the caller's ``conn``,
-    else one of its own), so no write can land between two of its parts."""
-    if conn is None:
-        with ledger.tx() as c:
-            return snapshot(ledger, task_id, c)
-    c = conn
-    t = get_task(ledger, task_id, c)
-    from_conclusion = False
-    if t["conclusion_id"] is not None:
-        row = c.execute("SELECT kind FROM conclusions WHERE id = ? AND error_id = ?",
-                        (t["conclusion_id"], t["error_id"])).fetchone()
-        from_conclusion = row is not None and row[0] == "fix"
-    steps = {r[0]: r[1] for r in c.execute("SELECT key, status FROM steps WHERE task_id = ?", (task_id,))}
-    impl = c.execute("SELECT 1 FROM lane_runs WHERE task_id = ? AND round = ? AND role = 'implementer' "
-                     "AND status = 'complete' LIMIT 1", (task_id, t["round"])).fetchone()
-    committed = t["head_sha"] is not None and c.execute(
-        "SELECT 1 FROM commits WHERE task_id = ? AND round = ? AND sha = ?",
-        (task_id, t["round"], t["head_sha"])).fetchone() is not None
-    checks = {r[0] for r in c.execute("SELECT head_sha FROM checks WHERE task_id = ? AND passed = 1", (task_id,))}
+    """The guard's one read: every input of ``chain.close_reasons`` in one statement (on the caller's ``conn``
+    inside its transaction, else on its own), so no write can land between two of its parts."""
+    params = (task_id,) * _SNAPSHOT_PARAMS
+    rows = conn.execute(_SNAPSHOT_SQL, params).fetchall() if conn is not None else \
+        [tuple(r.values()) for r in ledger.all(_SNAPSHOT_SQL, params)]
+    task = next((r for r in rows if r[0] == "task"), None)
+    if task is None:
+        get_task(ledger, task_id, conn)            # raises the one-line "no task N"
+    _, state, round_, head, base, pushed, spec = task
+    parts: dict[str, list] = {}
+    for r in rows:
+        parts.setdefault(r[0], []).append(r)
     approvals: dict[str, set[str]] = {}
-    for stage, dim, head in c.execute("SELECT stage, dimension, head_sha FROM gates "
-                                      "WHERE task_id = ? AND verdict = 'approve'", (task_id,)):
-        approvals.setdefault(f"{stage}:{dim}", set()).add(head)
-    pr = c.execute("SELECT head_sha FROM prs WHERE task_id = ? AND state = 'open'", (task_id,)).fetchone()
-    refused = {r[0] for r in c.execute("SELECT head_sha FROM proofs WHERE task_id = ? AND verdict = 'rejected'",
-                                       (task_id,))}
+    for _, stage, dim, sha, *_rest in parts.get("approval", []):
+        approvals.setdefault(f"{stage}:{dim}", set()).add(sha)
+    prs = parts.get("pr", [])
     return chain.Snapshot(
-        task_id=task_id, state=t["state"], round=t["round"], from_conclusion=from_conclusion,
-        head_sha=t["head_sha"], base_sha=t["base_sha"], pushed_sha=t["pushed_sha"], spec_path=t["spec_path"],
-        steps=steps, implementer_complete=impl is not None, committed_round=committed,
-        checks_passed=checks, approvals=approvals, pr_head=pr[0] if pr else None, proofs_refused=refused)
+        task_id=task_id, state=state, round=int(round_), head_sha=head, base_sha=base, pushed_sha=pushed,
+        spec_path=spec, from_conclusion=any(r[1] == "fix" for r in parts.get("conclusion", [])),
+        steps={r[1]: r[2] for r in parts.get("step", [])}, implementer_complete="implementer" in parts,
+        committed_round="committed" in parts, checks_passed={r[1] for r in parts.get("check", [])},
+        approvals=approvals, pr_head=prs[0][1] if prs else None,
+        proofs_refused={r[1] for r in parts.get("refused", [])})
 
 
 def set_step(ledger: Ledger, task_id: int, key: str, status: str, evidence: str | None,
