@@ -273,6 +273,31 @@ def test_a_holder_whose_lease_expired_but_was_not_taken_still_writes_and_renews(
     assert ledger.scalar("SELECT lease_until FROM tasks WHERE id = ?", (tid,)) > time.time() + 60
 
 
+def test_the_lease_keeper_opens_its_connection_only_when_a_renewal_is_due(ledger):
+    """A step shorter than a third of the lease (most of them) costs the keeper no connection (on PostgreSQL each
+    is a server process); a longer one opens one and renews the lease on it."""
+    from agent.coord import claims
+
+    tid, _ = create_task(ledger, "acme/widgets", "t")
+    got = take(ledger, tid, lease_s=600)
+    opened = []
+
+    def open_ledger():
+        opened.append(Ledger.open(ledger.location, create=False))
+        return opened[-1]
+
+    renewals = []
+    renew = lambda led: renewals.append(led) or claims.renew(led, tid, got.token, 600)  # noqa: E731
+    with claims._renewing(open_ledger, 0.2, renew, lambda: None, "short"):
+        pass
+    assert opened == [] and renewals == []
+    before = ledger.scalar("SELECT lease_until FROM tasks WHERE id = ?", (tid,))
+    with claims._renewing(open_ledger, 0.1, renew, lambda: None, "long"):
+        time.sleep(0.45)
+    assert len(opened) == 1 and len(renewals) >= 2 and all(led is opened[0] for led in renewals)
+    assert ledger.scalar("SELECT lease_until FROM tasks WHERE id = ?", (tid,)) >= before
+
+
 STALLED_WORKER = r"""
 import sys, time
 from pathlib import Path

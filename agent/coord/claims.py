@@ -129,22 +129,25 @@ class Keeper:
 @contextmanager
 def _renewing(open_ledger, period: float, renew, on_lost, name: str) -> Iterator[None]:
     """While the body runs, call ``renew(led)`` every ``period`` s from a background thread with its own
-    connection (``open_ledger()``); once it returns False, ``on_lost()`` runs and renewing stops. A renewal that
-    raises (a busy or unreachable ledger) is tried again next time: the lease covers the gap."""
+    connection (``open_ledger()``, opened when the first renewal is due: most steps end before it, and on
+    PostgreSQL a connection is a server process); once it returns False, ``on_lost()`` runs and renewing stops.
+    A renewal that raises (a busy or unreachable ledger) is tried again next time: the lease covers the gap."""
     stop = threading.Event()
 
     def loop() -> None:
-        led = open_ledger()
+        led = None
         try:
             while not stop.wait(period):
                 try:
+                    led = led or open_ledger()
                     if not renew(led):
                         on_lost()
                         return
                 except Exception:
                     continue
         finally:
-            led.close()
+            if led is not None:
+                led.close()
 
     thread = threading.Thread(target=loop, daemon=True, name=name)
     thread.start()

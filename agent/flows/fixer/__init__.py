@@ -20,7 +20,6 @@ _EXPORTS = {
     "Ctx": "outcomes", "Stop": "outcomes", "advance": "driver", "MAX_UNEXPECTED": "driver",
     "STEP_HANDLERS": "steps",
     "work_scan": "scans", "fix_scan": "scans", "lift_config_blocks": "scans", "advance_workspace_only": "scans",
-    "app_task_state": "scans",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -220,13 +220,16 @@ def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: s
                           f"unexpected error {streak} times in a row: {redact_text(error)[:300]}")
 
 
-def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False) -> list[str]:
-    """Drive one task as far as it can go now. Opens its own ledger connection; never raises for a task problem."""
+def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, progress: bool = False,
+            ledger: Ledger | None = None) -> list[str]:
+    """Drive one task as far as it can go now, on ``ledger`` (a connection of this thread, which it leaves open)
+    or else on a connection of its own; never raises for a task problem."""
     from agent.coord.claims import release_quietly, take
     from agent.coord.runners import runner_id
     from agent.flows.fixer.steps import STEP_HANDLERS, finish
 
-    ledger = Ledger.open(ledger_path(home), create=False)
+    own = ledger is None
+    ledger = Ledger.open(ledger_path(home), create=False) if own else ledger
     ctx = Ctx(home, config, ledger, task_id, progress=progress)
     token = None
     try:
@@ -281,5 +284,6 @@ def advance(home: Path, config: Config, task_id: int, max_steps: int = 100, prog
             except Exception:
                 pass
         release_quietly(ledger, task_id, token)
-        ledger.close()
+        if own:
+            ledger.close()
     return ctx.lines

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from agent import AgentError
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,31 +51,41 @@ def work_scan(app, jobs: int = 1) -> list[dict]:
     from agent.flows.fixer.driver import advance   # a no-op tick never loads the driver
 
     config = app.config
+    # one connection per thread for the whole scan (this thread's is the app's): a task another runner holds
+    # costs one statement, not two connections (each a server process on PostgreSQL)
+    mine = threading.local()
+    opened: list[Ledger] = []
+
+    def ledger() -> Ledger:
+        if threading.get_ident() == main:
+            return app.ledger
+        if getattr(mine, "ledger", None) is None:
+            mine.ledger = Ledger.open(ledger_path(app.home), create=False)
+            opened.append(mine.ledger)
+        return mine.ledger
 
     def one(task_id: int) -> dict:
         if STOP.is_set():
             return {"task_id": task_id, "line": f"task {task_id}: not started: shutting down"}
-        lines = advance(app.home, config, task_id, progress=jobs <= 1)
-        t = app_task_state(app.home, task_id)
+        led = ledger()
+        lines = advance(app.home, config, task_id, progress=jobs <= 1, ledger=led)
+        t = task_state(led, task_id) or {"state": "?", "round": 0}
         # nothing to say (no progress, the same wait as last time): quiet, so a cron tick mails only news
         return {"task_id": task_id, "state": t["state"], "round": t["round"], "lines": lines,
                 "line": "\n".join(lines) if lines else f"task {task_id}: no progress possible now",
                 **({} if lines else {"quiet": True})}
 
+    main = threading.get_ident()
     if jobs <= 1 or len(ids) == 1:
         return lifted + [one(i) for i in ids]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return lifted + list(pool.map(one, ids))
-
-
-def app_task_state(home: Path, task_id: int) -> dict:
-    led = Ledger.open(ledger_path(home), create=False)
     try:
-        return task_state(led, task_id) or {"state": "?", "round": 0}
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return lifted + list(pool.map(one, ids))
     finally:
-        led.close()
+        for led in opened:
+            led.close()
 
 
 def fix_scan(app, jobs: int = 1) -> list[dict]:
