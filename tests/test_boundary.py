@@ -19,6 +19,7 @@ import pytest
 
 from agent.lanes.lane import SETID_BITS, WORKTREE_TOO_LARGE, LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path, check_argv
+from agent.ledger import eventlog
 from conftest import git
 from lane_helpers import make_config, make_repo
 
@@ -520,9 +521,9 @@ print("STATUS: complete\nSUMMARY: grew things\n")
     led = open_ledger(paths)
     try:
         t = led.one("SELECT * FROM tasks")
-        feedback = [e["payload"].get("feedback", "") for e in led.events(task_id=t["id"])
+        feedback = [e["payload"].get("feedback", "") for e in eventlog.events(led, task_id=t["id"])
                     if e["kind"] == "round.started"]
-        reasons = " ".join(str(e["payload"].get("reason") or "") for e in led.events(task_id=t["id"]))
+        reasons = " ".join(str(e["payload"].get("reason") or "") for e in eventlog.events(led, task_id=t["id"]))
     finally:
         led.close()
     assert t["state"] == "failed" and t["pushed_sha"] is None
@@ -583,7 +584,7 @@ print("STATUS: complete\nSUMMARY: named a file\n")
 ''', round_cap=1)
     led = open_ledger(paths)
     try:
-        events = led.events(task_id=led.scalar("SELECT id FROM tasks"))
+        events = eventlog.events(led, task_id=led.scalar("SELECT id FROM tasks"))
     finally:
         led.close()
     text = json.dumps([e["payload"] for e in events], ensure_ascii=False)

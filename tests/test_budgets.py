@@ -17,7 +17,7 @@ from agent.config import ConfigError, parse_config
 from agent.coord.claims import take
 from agent.domain.budget import day_start, daily_wait_line
 from agent.domain.prices import DEFAULT_PRICES, Price, price_for, priced_cost, tokens
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, leases, ledger_path
 from agent.ledger.lanes import (BudgetRefused, DailyBudget, daily_spend_since, finish_run, interrupt_run,
                                 lane_estimate, start_run)
 from agent.ledger.tasks import create_task
@@ -289,7 +289,7 @@ def test_a_killed_runners_reservation_ends_when_its_run_is_marked_interrupted(tm
             start_run(led, task_id=other, error_id=None, round=1, role="implementer", vendor="demo-implementer",
                       head_sha=None, claim_token=claim.token,
                       budget=DailyBudget(limit_usd=0.01, since=day_start(), fallback_usd=3.0))
-        led.release_claim(other, claim.token)
+        leases.release_claim(led, other, claim.token)
     finally:
         led.close()
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from agent.domain import chain
-from agent.ledger import ledger_path, now
+from agent.ledger import eventlog, ledger_path, now
 from agent.ledger.tasks import Refused, create_task, reset_task, set_step, snapshot, start_next_round, transition
 
 HEAD = "a" * 40
@@ -155,7 +155,7 @@ def test_nein_reopens_a_closed_step(ledger):
     snap = snapshot(ledger, tid)
     assert snap.steps["spec_written"] == "nein"
     assert "implementer_done" not in chain.next_steps(snap)
-    kinds = [e["kind"] for e in ledger.events(task_id=tid)]
+    kinds = [e["kind"] for e in eventlog.events(ledger, task_id=tid)]
     assert kinds.count("step.closed") == 1 and kinds.count("step.reopened") == 1
 
 
@@ -221,7 +221,7 @@ def test_round_cap_fails_task_with_reason(ledger):
     r = reset_task(ledger, tid, "looked at it, try again", rounds=2)
     assert r["round_cap"] == 4
     assert ledger.one("SELECT state FROM tasks WHERE id = ?", (tid,))["state"] == "working"
-    human = [e for e in ledger.events(task_id=tid) if e["kind"] == "task.reset"]
+    human = [e for e in eventlog.events(ledger, task_id=tid) if e["kind"] == "task.reset"]
     assert human and human[0]["actor"] == "human"
 
 

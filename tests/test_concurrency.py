@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 
-from agent.ledger import ledger_path
+from agent.ledger import eventlog, ledger_path
 from chaos_support import build, check_invariants, lane_launches, open_tasks, read_log, watcher
 from conftest import ledger_conn
 
@@ -148,7 +148,7 @@ def test_stale_claims_are_reclaimed_live_ones_are_not(tmp_path):
         tok2 = claim(led, 1)
         assert tok2
         release(led, 1, tok2)
-        kinds = [e["kind"] for e in led.events(task_id=1)]
+        kinds = [e["kind"] for e in eventlog.events(led, task_id=1)]
         assert kinds.count("task.claim_reclaimed") == 2
     finally:
         led.close()

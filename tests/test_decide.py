@@ -9,7 +9,7 @@ from agent import AgentError
 from agent.flows.decide import decide, decider_spec
 from agent.intake.formats import Event, Frame
 from agent.intake.store import ingest
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, eventlog, ledger_path
 from agent.ledger.tasks import create_task
 
 from intake_support import config_of
@@ -40,11 +40,11 @@ def test_fix_and_skip_record_conclusion_state_and_events(ledger):
     decide(ledger, CONFIG, b, "skip", reason="an upstream outage", decided_by="lane", lane_run_id=None)
     states = {r["id"]: r["state"] for r in ledger.all("SELECT id, state FROM errors")}
     assert states == {a: "fixing", b: "skipped"}
-    evs = [(e["kind"], e["actor"], e["error_id"]) for e in ledger.events() if e["kind"].startswith("error.")
+    evs = [(e["kind"], e["actor"], e["error_id"]) for e in eventlog.events(ledger) if e["kind"].startswith("error.")
            and e["kind"] not in ("error.ingested",)]
     assert evs == [("error.decided", "human", a), ("error.state", "human", a),
                    ("error.decided", "lane", b), ("error.state", "lane", b)]
-    fix_event = [e for e in ledger.events() if e["kind"] == "error.decided"][0]
+    fix_event = [e for e in eventlog.events(ledger) if e["kind"] == "error.decided"][0]
     assert fix_event["payload"]["repo"] == "acme/widgets"
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from agent.intake.formats import Event, Frame
 from agent.intake.store import ingest
+from agent.ledger import eventlog
 
 from intake_support import make_app
 
@@ -80,7 +81,7 @@ def test_decide_scan_runs_decider_lane_and_records_conclusions(tmp_path):
     assert led.scalar("SELECT state FROM errors WHERE id = ?", (ids["skip"],)) == "skipped"
     assert led.scalar("SELECT count(*) FROM conclusions WHERE error_id IN (?, ?)",
                       (ids["unmapped"], ids["bad"])) == 0
-    kinds = {e["kind"] for e in led.events() if e["error_id"] == ids["unmapped"]}
+    kinds = {e["kind"] for e in eventlog.events(led) if e["error_id"] == ids["unmapped"]}
     assert "error.decide_refused" in kinds
 
     specs = seen.read_text()

@@ -24,6 +24,7 @@ import pytest
 from agent.lanes import egress
 from agent.lanes.lane import LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path
+from agent.ledger import eventlog
 from conftest import git
 from lane_helpers import make_config
 
@@ -225,7 +226,7 @@ def _attack(tmp_path, home, ledger, targets, sandbox) -> dict:
     res = run_lane(LaneRequest(config=config, home=home, role="implementer", spec_path=spec, cwd=repo, ledger=ledger))
     assert res.status == "complete", (res.status, res.reason, res.excerpt)
     out = json.loads((repo / "net-results.json").read_text())
-    out["_refused"] = [e["payload"] for e in ledger.events()
+    out["_refused"] = [e["payload"] for e in eventlog.events(ledger)
                        if e["kind"] == "lane.egress_refused" and e["payload"]["run_id"] == res.run_id]
     return out
 

@@ -9,7 +9,7 @@ from agent.config import parse_config
 from agent.flows.followup import follow_prs
 from agent.flows.pr_thread import publish_pr
 from agent.forge import get_forge
-from agent.ledger import now
+from agent.ledger import eventlog, now
 from agent.git.push import push_branch, remote_branch_sha, remote_ref_sha
 from agent.ledger.tasks import create_task, transition
 from conftest import LANES_YAML, add_failing_trigger, db_errors, drop_trigger, git, remote_with_branch
@@ -58,7 +58,7 @@ def test_merged_resolves_error_and_closes_task(setup, ledger, home):
     assert len(items) == 1 and items[0]["state"] == "merged" and items[0]["changed"]
     assert states(ledger, setup["task_id"]) == ("merged", "resolved", "done")
     assert ledger.scalar("SELECT state_reason FROM errors WHERE id = ?", (EID,)) == "PR acme/widgets#1 merged"
-    kinds = [e["kind"] for e in ledger.events(task_id=setup["task_id"])]
+    kinds = [e["kind"] for e in eventlog.events(ledger, task_id=setup["task_id"])]
     assert {"pr.merged", "error.state", "task.state"} <= set(kinds)
     assert remote_branch_sha(str(setup["remote"]), BRANCH) is not None   # merged branches are not pruned
     assert remote_ref_sha(str(setup["remote"]), f"refs/agent/task-{setup['task_id']}") is None   # the hidden ref is
@@ -98,7 +98,7 @@ def test_state_change_and_its_events_are_one_transaction(setup, ledger, home):
     with pytest.raises(db_errors()):
         follow_prs(ledger, setup["config"], home)
     assert states(ledger, setup["task_id"]) == ("open", "fixing", "working")   # all or nothing
-    assert "pr.merged" not in [e["kind"] for e in ledger.events()]
+    assert "pr.merged" not in [e["kind"] for e in eventlog.events(ledger)]
     drop_trigger(ledger.conn, "boom", "tasks")
     follow_prs(ledger, setup["config"], home)
     assert states(ledger, setup["task_id"]) == ("merged", "resolved", "done")
@@ -109,7 +109,7 @@ def test_gate_blocked_task_keeps_its_state_but_error_resolves(setup, ledger, hom
     setup["forge"].mark(1, "merged")
     follow_prs(ledger, setup["config"], home)
     assert states(ledger, setup["task_id"]) == ("merged", "resolved", "gate-blocked")
-    kept = [e for e in ledger.events(task_id=setup["task_id"]) if e["kind"] == "task.state_kept"]
+    kept = [e for e in eventlog.events(ledger, task_id=setup["task_id"]) if e["kind"] == "task.state_kept"]
     assert kept and kept[0]["payload"]["wanted"] == "done"
 
 

@@ -20,6 +20,7 @@ import requests
 
 from agent.flows.pr_thread import publish_pr
 from agent.forge import ForgeAuthError, ForgeBadAnswer, ForgeError, ForgeRateLimited, ForgeTransient
+from agent.ledger import eventlog
 from agent.ledger.tasks import create_task
 from fault_proxy import Fault, FaultProxy
 from forge_sim import FakeClock
@@ -445,5 +446,5 @@ def test_a_crash_between_create_and_ledger_write_never_makes_a_second_pr(hub, le
     assert (row["forge"], row["number"], row["state"], row["draft"]) == (hub.name, pr.number, "open", 1)
     pr2, action2 = publish_pr(ledger, forge, task_id, "agent/fix-crash002", "main", "title", "body v2", "d" * 40)
     assert (pr2.number, action2) == (pr.number, "updated") and forge.state(pr.number).body == "body v2"
-    kinds = [e["kind"] for e in ledger.events(task_id=task_id)]
+    kinds = [e["kind"] for e in eventlog.events(ledger, task_id=task_id)]
     assert kinds.count("pr.adopted") == 1 and kinds.count("pr.updated") == 1

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from agent.ledger import eventlog
 from intake_payloads import JAVA_LOG, PY_LOG, sentry_python_event
 from conftest import git
 
@@ -285,7 +286,7 @@ def test_5_listings_page_by_keyset_and_never_read_more_than_a_page(ledger):
     assert [r["id"] for r in iter_errors(ledger, since=row["last_seen"], limit=None)] == expected
 
     # a tail listing (events): the newest N, oldest first, from one bounded query and pages
-    ids = [e["id"] for e in ledger.events()]
+    ids = [e["id"] for e in eventlog.events(ledger)]
     tail = iter_events(ledger, limit=25)
     tail.page = 4
     assert [e["id"] for e in tail] == ids[-25:] and tail.more

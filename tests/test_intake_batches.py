@@ -8,7 +8,7 @@ import pytest
 from agent.intake import store
 from agent.intake.formats import Event, Frame
 from agent.intake.store import ingest_text, prepare
-from agent.ledger import Ledger
+from agent.ledger import Ledger, eventlog
 
 ROW = ("fingerprint, service, environment, class, message, excerpt, signature, frames, repo, level, release, count, "
        "first_seen, last_seen, state")
@@ -38,7 +38,7 @@ def _text(n: int) -> str:
 
 def _stored(ledger: Ledger) -> tuple[list, list]:
     rows = [tuple(r.values()) for r in ledger.all(f"SELECT {ROW} FROM errors ORDER BY fingerprint, first_seen")]
-    events = [(e["kind"], json.dumps(e["payload"], sort_keys=True)) for e in ledger.events()]
+    events = [(e["kind"], json.dumps(e["payload"], sort_keys=True)) for e in eventlog.events(ledger)]
     return rows, events
 
 
@@ -61,7 +61,8 @@ def test_chunk_of_n_plus_one_events_rejections_and_duplicates_across_the_boundar
     assert row["count"] == 6 and row["message"] == "m 5"
     assert (row["first_seen"], row["last_seen"]) == ("2024-05-01T10:00:00.000000Z", "2024-05-01T10:00:05.000000Z")
     # one transaction per chunk: lines 1-5 (four events), then lines 6-7 (the same error, seen twice more)
-    assert [(e["kind"], e["payload"]["count"]) for e in ledger.events()] == [("error.ingested", 4), ("error.seen", 2)]
+    assert [(e["kind"], e["payload"]["count"]) for e in eventlog.events(ledger)] == [("error.ingested", 4),
+                                                                                      ("error.seen", 2)]
 
 
 def test_many_chunks_with_rejections_and_blank_lines_inside_them(tmp_path, ledger, no_clock):
@@ -76,7 +77,7 @@ def test_many_chunks_with_rejections_and_blank_lines_inside_them(tmp_path, ledge
     # one transaction per chunk of 10 lines: per chunk, its events are counted once, whatever error they join
     per_chunk = [sum(1 for i in good if i // size == c) for c in range(-(-n // size))]
     counts: list[int] = []
-    for e in ledger.events():
+    for e in eventlog.events(ledger):
         counts.append(e["payload"]["count"])
     assert sum(counts) == len(good) and len(counts) == sum(len({i % 3 for i in good if i // size == c})
                                                             for c in range(len(per_chunk)))

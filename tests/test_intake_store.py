@@ -8,7 +8,7 @@ import sys
 
 from agent.intake.formats import Event, Frame, parse
 from agent.intake.store import ingest, list_errors
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, eventlog, ledger_path
 
 from conftest import ledger_bytes, on_postgres
 from intake_payloads import JAVA_LOG, NODE_LOG, PY_LOG, sentry_java_event, sentry_python_event
@@ -33,7 +33,7 @@ def test_dedupe_counts_first_last_and_latest_excerpt(tmp_path):
     assert row["first_seen"] == "2024-05-01T08:00:00.000000Z" and row["last_seen"] == "2024-05-01T11:00:00.000000Z"
     assert row["message"] == "Order 9 not found" and row["excerpt"] == "NotFound: Order 9 not found"
     assert len(row["id"]) == 16 and all(c in "0123456789abcdef" for c in row["id"])
-    kinds = [(e["kind"], e["payload"]["count"]) for e in ledger.events()]
+    kinds = [(e["kind"], e["payload"]["count"]) for e in eventlog.events(ledger)]
     assert kinds == [("error.ingested", 3), ("error.ingested", 1), ("error.seen", 1)]
 
 

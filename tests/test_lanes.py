@@ -13,7 +13,7 @@ import pytest
 from agent import AgentError
 from agent.lanes.lane import CAPABILITY_DRIFT, LaneRequest, run_lane
 from agent.lanes.vendors import VENDORS, CommandVendor, get_vendor
-from agent.ledger import Ledger
+from agent.ledger import Ledger, eventlog
 from lane_helpers import FakeAgent, make_config, make_repo, report_impl, report_review
 
 
@@ -72,9 +72,9 @@ def test_implementer_edits_file_in_git_repo_and_is_recorded(env):
     assert manifest["vendor"] == "fake" and manifest["role"] == "implementer"
     assert manifest["bin"] == str(Path(sys.executable).resolve()) or Path(manifest["bin"]).name.startswith("python")
     assert len(manifest["spec_sha256"]) == 64 and "{spec}" in manifest["argv"]
-    kinds = [ev["kind"] for ev in env.ledger.events()]
+    kinds = [ev["kind"] for ev in eventlog.events(env.ledger)]
     assert kinds == ["lane.started", "lane.finished"]
-    assert env.ledger.events()[-1]["payload"]["status"] == "complete"
+    assert eventlog.events(env.ledger)[-1]["payload"]["status"] == "complete"
     # logs on disk under $AGENT_HOME/lanes/<run-id>/
     assert res.log_dir == env.home / "lanes" / str(res.run_id)
     assert (res.log_dir / "01-turn.stdout").read_text().startswith("SESSION: ")   # stored redacted
@@ -186,7 +186,7 @@ def test_malformed_report_repairs_by_resuming_same_session(env):
     assert "could not be accepted" in calls[1]["note"] and "FINDINGS" in calls[1]["note"]
     row = env.ledger.one("SELECT repairs, status FROM lane_runs WHERE id = ?", (res.run_id,))
     assert json.loads(row["repairs"])[0]["label"] == "reviewer repair 1/1"
-    kinds = [ev["kind"] for ev in env.ledger.events()]
+    kinds = [ev["kind"] for ev in eventlog.events(env.ledger)]
     assert kinds == ["lane.started", "lane.repair", "lane.finished"]
 
 
@@ -306,7 +306,7 @@ def test_missing_binary_is_unavailable(env):
     assert res.exit_code is None and res.repairs == []
     row = env.ledger.one("SELECT status FROM lane_runs WHERE id = ?", (res.run_id,))
     assert row["status"] == "unavailable"
-    assert [e["kind"] for e in env.ledger.events()] == ["lane.started", "lane.finished"]
+    assert [e["kind"] for e in eventlog.events(env.ledger)] == ["lane.started", "lane.finished"]
 
 
 def test_exit_127_is_unavailable(env):
@@ -414,7 +414,7 @@ def test_lost_claim_refuses_to_start(env):
     assert env.agent.calls == []
     res = lane(env, "implementer", cfg(env), task_id=task_id, claim_token="tok-A", round=1)
     assert res.status == "complete"
-    assert [e["task_id"] for e in env.ledger.events() if e["kind"].startswith("lane.")] == [task_id, task_id]
+    assert [e["task_id"] for e in eventlog.events(env.ledger) if e["kind"].startswith("lane.")] == [task_id, task_id]
 
 
 def test_a_claim_lost_before_a_repair_turn_never_starts_it(env):
@@ -454,7 +454,7 @@ def test_a_claim_lost_before_a_repair_turn_never_starts_it(env):
     assert "repair-1 turn was not started" in str(lost.value)
     assert not (env.repo / ".git" / "hooks" / "post-checkout").exists()
     assert run["status"] == "running" and run["repairs"] in (None, "", "[]")   # nothing recorded after the loss
-    assert [e["kind"] for e in led.events() if e["kind"].startswith("lane.")] == ["lane.started"]
+    assert [e["kind"] for e in eventlog.events(led) if e["kind"].startswith("lane.")] == ["lane.started"]
     led.close()
 
 

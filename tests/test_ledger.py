@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError, ledger_path
+from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError, eventlog, ledger_path
 from agent.ledger.migrations import MIGRATIONS
 from conftest import db_errors, on_postgres
 
@@ -124,7 +124,7 @@ def test_events_are_append_only(ledger):
     with pytest.raises(db_errors(), match="append-only"):
         with ledger.tx() as c:
             c.execute("DELETE FROM events")
-    assert [e["kind"] for e in ledger.events()] == ["test.kind"]
+    assert [e["kind"] for e in eventlog.events(ledger)] == ["test.kind"]
 
 
 def test_change_and_event_commit_or_roll_back_together(ledger):
@@ -134,7 +134,7 @@ def test_change_and_event_commit_or_roll_back_together(ledger):
             ledger.event(c, "cursor.moved", "script", {"source": "s"})
             raise RuntimeError("crash between change and commit")
     assert ledger.scalar("SELECT count(*) FROM cursors") == 0
-    assert ledger.events() == []
+    assert eventlog.events(ledger) == []
 
 
 def test_event_outside_transaction_is_a_bug(ledger):

@@ -19,7 +19,7 @@ import pytest
 
 from agent.domain import chain
 from agent.coord.claims import claim
-from agent.ledger import Ledger, errors, lanes, ledger_path, lessons, prs, tasks
+from agent.ledger import Ledger, errors, eventlog, lanes, ledger_path, lessons, prs, tasks
 from agent.ledger.errors import ErrorStateRefused, transition_error
 from agent.ledger.tasks import ClaimLost
 
@@ -183,7 +183,7 @@ def test_a_lane_run_outcome_and_lane_finished_commit_together(led):
     lanes.finish_run(led, run, {"status": "complete", "summary": "s"}, {"run_id": run, "status": "complete"},
                      task_id=t, error_id=None, claim_token=tok)
     row = lanes.get_run(led, run)
-    finished = [ev for ev in led.events(task_id=t) if ev["kind"] == "lane.finished"]
+    finished = [ev for ev in eventlog.events(led, task_id=t) if ev["kind"] == "lane.finished"]
     assert row["status"] == "complete" and row["ended_at"] and len(finished) == 1
     assert finished[0]["payload"]["run_id"] == run
 
@@ -288,7 +288,7 @@ def test_error_transitions_follow_the_one_table(led, current, target):
             assert transition_error(led, c, eid, target, "human", reason="because") is True
         row = errors.get_error(led, eid)
         assert row["state"] == target and row["state_reason"] == "because"
-        ev = [e for e in led.events() if e["kind"] == "error.state"][-1]
+        ev = [e for e in eventlog.events(led) if e["kind"] == "error.state"][-1]
         assert ev["error_id"] == eid and ev["payload"]["from"] == current and ev["payload"]["to"] == target
         assert _events(led.location) == before + 1
     else:
@@ -306,7 +306,7 @@ def test_error_transition_table_and_refusals(led):
     eid = _error(led, "fixing")
     with led.tx() as c:   # already there: nothing written, no event
         assert transition_error(led, c, eid, "fixing", "script") is False
-    assert not [e for e in led.events() if e["kind"] == "error.state"]
+    assert not [e for e in eventlog.events(led) if e["kind"] == "error.state"]
     with pytest.raises(Exception, match="no error with id 'nope'"):
         with led.tx() as c:
             transition_error(led, c, "nope", "fixing", "script")
@@ -324,7 +324,7 @@ def test_a_pr_merged_after_its_error_was_resolved_keeps_the_state_and_says_so(le
     row = prs.get_pr(led, t)
     assert prs.record_pr_final(led, row, "closed", True) == "closed"
     assert errors.get_error(led, e)["state"] == "resolved"
-    kept = [ev for ev in led.events() if ev["kind"] == "error.state_kept"]
+    kept = [ev for ev in eventlog.events(led) if ev["kind"] == "error.state_kept"]
     assert kept and kept[0]["payload"]["wanted"] == "skipped"
     assert prs.get_pr(led, t)["state"] == "closed"
 
@@ -369,7 +369,7 @@ def test_fix_scan_prepares_a_worktree_only_under_the_tasks_claim(tmp_path, monke
         assert t["worktree"] and Path(t["worktree"]).is_dir() and t["branch"]
         assert t["claim_token"] is None                      # released after
         assert errors.get_error(led, eid)["state"] == "fixing"
-        ready = [e for e in led.events(task_id=1) if e["kind"] == "workspace.ready"]
+        ready = [e for e in eventlog.events(led, task_id=1) if e["kind"] == "workspace.ready"]
         assert len(ready) == 1
     finally:
         led.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError, backend, health, pg
+from agent.ledger import SCHEMA_VERSION, Ledger, LedgerError, backend, eventlog, health, pg
 from agent.ledger.migrations import expected_schema
 from agent.ledger.migrations import MIGRATIONS
 from conftest import agent_bin
@@ -184,7 +184,7 @@ def test_event_ids_stay_gapless_after_a_rolled_back_transaction(pg_url):
             raise RuntimeError("boom")
     with led.tx(exclusive=False) as c:
         led.event(c, "c", "script")
-    assert [(e["id"], e["kind"]) for e in led.events()] == [(1, "a"), (2, "c")]
+    assert [(e["id"], e["kind"]) for e in eventlog.events(led)] == [(1, "a"), (2, "c")]
     assert health.tamper(pg_url) == []
     led.close()
 
@@ -235,7 +235,7 @@ def test_a_lost_connection_is_replaced_and_an_unreachable_server_is_one_line(pg_
     pg_server.admin(f"SELECT pg_terminate_backend({led.scalar('SELECT pg_backend_pid()')})")
     with led.tx() as c:
         led.event(c, "task.created", "script", {})
-    assert [e["kind"] for e in led.events()] == ["task.created"]
+    assert [e["kind"] for e in eventlog.events(led)] == ["task.created"]
     led.close()
     # a server that stays unreachable past AGENT_LEDGER_OUTAGE_S: one line naming the database, no password
     monkeypatch.setenv("AGENT_LEDGER_OUTAGE_S", "0.5")
@@ -266,7 +266,7 @@ def test_events_update_delete_and_truncate_are_refused(pg_url):
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
             with led.tx() as c:
                 c.execute(sql)
-    assert [e["kind"] for e in led.events()] == ["task.created"]
+    assert [e["kind"] for e in eventlog.events(led)] == ["task.created"]
     led.close()
 
 

@@ -16,7 +16,7 @@ from agent.domain import chain
 from agent.app import demo
 from agent.config import parse_config
 from agent.coord.claims import claim
-from agent.ledger import Ledger, ledger_path, tasks
+from agent.ledger import Ledger, eventlog, ledger_path, tasks
 from agent.ledger import lessons as store
 from agent.flows.lessons import for_spec, propose, vet
 from agent.domain.spec import implementer_spec, reviewer_spec, without_section
@@ -231,7 +231,7 @@ def test_a_failed_task_discards_its_candidate_and_rounds_replace_it(led):
     tasks.transition(led, t, chain.FAILED, "script", "round cap", claim_token=tok)
     row = store.get_lesson(led, first)
     assert (row["state"], row["reason"]) == ("discarded", "task failed: round cap")
-    kinds = [e["kind"] for e in led.events(task_id=t) if e["kind"].startswith("lesson.")]
+    kinds = [e["kind"] for e in eventlog.events(led, task_id=t) if e["kind"].startswith("lesson.")]
     assert kinds == ["lesson.candidate", "lesson.refused", "lesson.candidate", "lesson.discarded"]
 
 

@@ -12,6 +12,7 @@ from agent.flows.pr_thread import publish_pr
 from agent.forge import ForgeError, PR, get_forge
 from agent.forge.local import LocalForge
 from agent.git.push import push_branch
+from agent.ledger import eventlog
 from agent.ledger.tasks import create_task
 from conftest import LANES_YAML, git, remote_with_branch
 
@@ -87,7 +88,7 @@ def test_mark_merged_and_closed_then_a_new_pr_for_the_branch(forge, ledger):
     assert forge.find_pr_by_head(BRANCH).state == "closed"
     assert forge.create_draft(BRANCH, "main", "t", "b").number == 2   # like GitHub: a closed PR is history
     assert forge.mark(2, "merged").state == "merged"
-    kinds = [e["kind"] for e in ledger.events()]
+    kinds = [e["kind"] for e in eventlog.events(ledger)]
     assert kinds.count("local_pr.opened") == 2 and "local_pr.closed" in kinds and "local_pr.merged" in kinds
 
 

@@ -20,7 +20,7 @@ from agent.domain import chain
 
 from agent.flows import notify
 from agent.config import ConfigError, parse_config
-from agent.ledger import ledger_path
+from agent.ledger import eventlog, ledger_path
 from agent.ledger.outbox import kinds_for
 from agent.ledger.tasks import create_task, transition
 from conftest import agent_bin, ledger_conn
@@ -119,7 +119,7 @@ def test_slack_and_signed_webhook_get_what_happened_and_the_reset_command(ledger
     assert hook["headers"]["X-Agent-Delivery"] == hook["headers"]["Idempotency-Key"] == doc["id"]
     assert {d["state"] for d in _deliveries(ledger)} == {"delivered"}
     assert notify.deliver(ledger, cfg, env) == [] and len(receiver.requests) == 2  # nothing sent twice
-    kinds = [e["kind"] for e in ledger.events(task_id=tid)]
+    kinds = [e["kind"] for e in eventlog.events(ledger, task_id=tid)]
     assert kinds.count("notify.delivered") == 2
 
 

@@ -28,7 +28,7 @@ import pytest
 from agent.app.doctor import run_doctor
 from agent.coord.claims import take
 from agent.coord.runners import beat, pid_scope, runner_id, runners
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, leases, ledger_path
 from agent.ledger.tasks import create_task
 
 from chaos_support import wait_for
@@ -49,7 +49,7 @@ import json, sys, time
 from pathlib import Path
 from agent.coord.claims import take
 from agent.coord.runners import beat
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, leases, ledger_path
 
 home, held, free = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 led = Ledger.open(ledger_path(home), create=False)
@@ -59,7 +59,7 @@ stolen = take(led, held, runner=rid)
 own = take(led, free, runner=rid)
 left = led.scalar("SELECT lease_until - EXTRACT(EPOCH FROM clock_timestamp())::float8 FROM tasks WHERE id = ?",
                   (free,)) if own else None
-named = led.take_lease("pr-open", f"skewed:1:1@{rid}", rid, 60.0)
+named = leases.take_lease(led, "pr-open", f"skewed:1:1@{rid}", rid, 60.0)
 print(json.dumps({"clock": time.time(), "rid": rid, "stolen": stolen.token if stolen else None,
                   "own": own.token if own else None, "lease_left": left, "named": named}), flush=True)
 sys.stdin.readline()                # hold the claim (a live process) until the test has judged it
@@ -82,7 +82,7 @@ def test_a_runner_with_a_skewed_clock_takes_no_live_claim_and_is_flagged(tmp_pat
         free, _ = create_task(led, "acme/widgets", "free")
         mine = take(led, held, runner=ra)                        # A's live claim: 120 s on the ledger's clock
         assert mine is not None
-        assert led.take_lease("pr-open", f"a:{os.getpid()}:1@{ra}", ra, 60.0) is not None
+        assert leases.take_lease(led, "pr-open", f"a:{os.getpid()}:1@{ra}", ra, 60.0) is not None
     finally:
         led.close()
     env = {**os.environ, "AGENT_HOME": str(b), "LD_PRELOAD": lib, "FAKETIME": f"{skew:+d}",
@@ -212,7 +212,7 @@ def test_a_claim_from_another_machine_with_this_hostname_is_judged_by_its_lease(
         c.execute("UPDATE tasks SET lease_until = ? WHERE id = ?", (time.time() - 1, tid))
     assert take(ledger, tid).fence == 4                # once its lease ended, it is taken over
     # a named lease the same way: held by a process of another machine with this hostname
-    assert ledger.take_lease("pr-open", f"{host}:999999999:1@{host}:0000abcd", f"{host}:0000abcd", 600.0,
+    assert leases.take_lease(ledger, "pr-open", f"{host}:999999999:1@{host}:0000abcd", f"{host}:0000abcd", 600.0,
                              scope="another-boot/pid:[4026531836]") is not None
     from agent.coord.claims import LeaseBusy, named_lease
 
@@ -369,7 +369,7 @@ def test_no_runner_takes_a_claim_while_its_holder_pushes_under_it(shared_homes):
         inside, got = threading.Event(), []
         grab = threading.Thread(target=lambda: (inside.wait(10), got.append(take(led_b, tid, runner="runner-b"))))
         grab.start()
-        with led_a.holding_claim(tid, mine.token):
+        with leases.holding_claim(led_a, tid, mine.token):
             inside.set()
             time.sleep(0.5)        # the push
         grab.join(30)

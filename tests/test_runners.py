@@ -21,7 +21,7 @@ import pytest
 
 from agent.coord.claims import Claim, LeaseBusy, claim, lease_keeper, named_lease, take
 from agent.coord.runners import beat, pid_scope, runner_id, runners
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, eventlog, leases, ledger_path
 from agent.ledger.tasks import ClaimLost, LeaseLost, create_task, note_wait, set_step, start_next_round, transition
 from agent.ledger.leases import claimed_tx
 
@@ -87,25 +87,26 @@ def test_every_scan_registers_then_beats_the_runner(agent, home):
         assert agent("watch", "errors").exit_code == 0
         assert led.scalar("SELECT heartbeat_at FROM runners") > beat1
         assert agent.json("runners")[0]["started_at"] == r["started_at"]   # registered once, beaten since
-        assert [e["kind"] for e in led.events()].count("runner.registered") == 1
+        assert [e["kind"] for e in eventlog.events(led)].count("runner.registered") == 1
     finally:
         led.close()
 
 
-def test_the_daemon_beats_once_per_pass(home, agent):
+def test_the_daemon_beats_once_per_pass(home, agent, monkeypatch):
     from agent.app.context import App
     from agent.app.daemon import run_daemon
 
     assert agent("init").exit_code == 0
     app = App(home=home)
     beats = []
-    real = app.ledger.beat_runner
+    real = leases.beat_runner
 
-    def counting(runner):
-        beats.append(runner["id"])
-        return real(runner)
+    def counting(ledger, runner):
+        if ledger is app.ledger:
+            beats.append(runner["id"])
+        return real(ledger, runner)
 
-    app.ledger.beat_runner = counting
+    monkeypatch.setattr(leases, "beat_runner", counting)
     try:
         assert run_daemon(app, interval=0, max_ticks=3, echo=lambda line: None) == 3
     finally:
@@ -176,7 +177,7 @@ def test_a_new_claim_increments_the_fencing_token_and_names_the_previous_holder(
         assert second.took_over and second.moved
         assert (second.previous_runner, second.previous_token) == ("runner-a", first.token)
         assert second.previous_owner.startswith(os.uname().nodename + ":")
-        ev = [e for e in led_a.events(task_id=tid) if e["kind"] == "task.claim_reclaimed"][-1]["payload"]
+        ev = [e for e in eventlog.events(led_a, task_id=tid) if e["kind"] == "task.claim_reclaimed"][-1]["payload"]
         assert ev["previous_runner"] == "runner-a" and ev["runner"] == "runner-b" and ev["token"] == second.token
         from agent.coord.claims import release
 
@@ -380,19 +381,19 @@ def test_a_named_lease_has_one_holder_across_runners_and_its_token_increases(sha
                 with named_lease(led_b, "pr-open", ttl=30, runner="runner-b"):
                     pass
             with led_a.tx() as c:
-                led_a.check_lease(c, "pr-open", tok1)
+                leases.check_lease(led_a, c, "pr-open", tok1)
         with named_lease(led_b, "pr-open", ttl=30, runner="runner-b") as tok2:
             assert tok2 > tok1
             with pytest.raises(LeaseLost):   # A's old token no longer guards a write
                 with led_a.tx() as c:
-                    led_a.check_lease(c, "pr-open", tok1)
+                    leases.check_lease(led_a, c, "pr-open", tok1)
         # an expired lease is taken by the next runner (expired here, not slept past: a 0.05 s ttl expired before
         # the second call on a loaded machine)
-        assert led_a.take_lease("x", "a", "runner-a", ttl=30) == 1
-        assert led_b.take_lease("x", "b", "runner-b", ttl=30) is None
+        assert leases.take_lease(led_a, "x", "a", "runner-a", ttl=30) == 1
+        assert leases.take_lease(led_b, "x", "b", "runner-b", ttl=30) is None
         with led_a.tx() as c:
             c.execute("UPDATE leases SET until = ? WHERE name = 'x'", (time.time() - 1,))
-        assert led_b.take_lease("x", "b", "runner-b", ttl=30) == 2
+        assert leases.take_lease(led_b, "x", "b", "runner-b", ttl=30) == 2
     finally:
         led_a.close()
         led_b.close()
@@ -429,9 +430,9 @@ def test_a_named_lease_whose_holder_was_killed_on_this_host_is_taken_at_once(sha
             with named_lease(led, "pr-open", ttl=60, runner="runner-b") as token:   # dead: taken, no waiting
                 assert token == first + 1
                 assert time.monotonic() - t0 < 30      # far below the ttl it would have waited (not a speed test)
-                assert led.lease_row("pr-open")["runner"] == "runner-b"
+                assert leases.lease_row(led, "pr-open")["runner"] == "runner-b"
             # a holder on another host: its pid means nothing here, so only its ttl frees it
-            assert led.take_lease("pr-open", "elsewhere:1:1@runner-c", "runner-c", ttl=60) == first + 2
+            assert leases.take_lease(led, "pr-open", "elsewhere:1:1@runner-c", "runner-c", ttl=60) == first + 2
             with pytest.raises(LeaseBusy, match="held by runner-c"):
                 with named_lease(led, "pr-open", ttl=60, runner="runner-b"):
                     pass
@@ -455,7 +456,7 @@ def test_a_cursor_write_from_a_pull_that_started_before_another_runners_page_is_
     ev = Event(message="KeyError: 'qty'", cls="KeyError", service="widgets-api")
     with pytest.raises(LeaseLost, match="cursor moved"):
         ingest(ledger, [ev], cursor=("file:x", "page-2"),
-               guard=lambda c: ledger.check_cursor(c, "file:x", read))
+               guard=lambda c: leases.check_cursor(ledger, c, "file:x", read))
     assert dump(home) == before
 
 

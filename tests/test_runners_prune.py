@@ -22,7 +22,7 @@ import pytest
 from agent.app.doctor import render_text, run_doctor
 from agent.coord.claims import take
 from agent.coord.runners import beat, runner_id, stale_after_s
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, eventlog, leases, ledger_path
 from agent.ledger.tasks import create_task
 from conftest import Agent, agent_bin, ledger_conn, on_postgres
 
@@ -31,8 +31,8 @@ HOUR = 3600.0
 
 def register(led: Ledger, rid: str, host: str = "old-box", age_s: float = 0.0, pid: int = 4242) -> str:
     """A runner row as `beat` writes it, its heartbeat ``age_s`` in the past."""
-    led.beat_runner({"id": rid, "host": host, "home": f"/srv/agent/{rid}", "pid": pid, "pid_start": None,
-                     "version": "0.test"})
+    leases.beat_runner(led, {"id": rid, "host": host, "home": f"/srv/agent/{rid}", "pid": pid, "pid_start": None,
+                             "version": "0.test"})
     if age_s:
         with led.tx() as c:
             c.execute("UPDATE runners SET heartbeat_at = ? WHERE id = ?", (time.time() - age_s, rid))
@@ -42,7 +42,7 @@ def register(led: Ledger, rid: str, host: str = "old-box", age_s: float = 0.0, p
 def runner_ids(home: Path) -> set[str]:
     led = Ledger.open(ledger_path(home), create=False)
     try:
-        return {r["id"] for r in led.runner_rows()}
+        return {r["id"] for r in leases.runner_rows(led)}
     finally:
         led.close()
 
@@ -74,7 +74,7 @@ def fleet(home, monkeypatch):
         assert take(led, t1, runner=live)
         assert take(led, t2, runner=expired, lease_s=0.05)
         assert take(led, t3, runner=stuck, lease_s=630)
-        assert led.take_lease("source:loki", "box-b:111:1", expired, ttl=-600) is not None
+        assert leases.take_lease(led, "source:loki", "box-b:111:1", expired, ttl=-600) is not None
         time.sleep(0.1)
         yield {"home": home, "live": live, "expired": expired, "stuck": stuck, "idle": idle,
                "tasks": (t1, t2, t3)}
@@ -128,7 +128,7 @@ def test_doctor_cli_keeps_exit_0_for_stale_runner_warnings(agent, home):
     try:
         register(led, "box-d:idle", host="box-d", age_s=3 * HOUR)
         register(led, "box-b:dead", host="box-b", age_s=2 * HOUR)
-        assert led.take_lease("pr-open", "box-b:111:1", "box-b:dead", ttl=-600) is not None
+        assert leases.take_lease(led, "pr-open", "box-b:111:1", "box-b:dead", ttl=-600) is not None
     finally:
         led.close()
     out = agent("doctor")
@@ -211,7 +211,7 @@ def test_prune_removes_only_stale_runners_that_hold_nothing_and_records_each(fle
 
     led = Ledger.open(ledger_path(home), create=False)
     try:
-        pruned = [e for e in led.events() if e["kind"] == "runner.pruned"]
+        pruned = [e for e in eventlog.events(led) if e["kind"] == "runner.pruned"]
         assert events_before == 0 and len(pruned) == 1 and pruned[0]["actor"] == "human"
         payload = pruned[0]["payload"]
         assert payload["id"] == fleet["idle"] and payload["host"] == "box-d" and payload["older_than_s"] == 360.0
@@ -219,12 +219,12 @@ def test_prune_removes_only_stale_runners_that_hold_nothing_and_records_each(fle
         # nothing more goes while they hold something; once released, the expired one goes
         assert agent.json("runners", "--prune") == []
         t1, t2, t3 = fleet["tasks"]
-        led.release_lease("source:loki", led.scalar("SELECT token FROM leases WHERE name = 'source:loki'"))
+        leases.release_lease(led, "source:loki", led.scalar("SELECT token FROM leases WHERE name = 'source:loki'"))
         assert agent.json("runners", "--prune") == []            # still holds task t2's (expired) claim
-        led.release_claim(t2, led.scalar("SELECT claim_token FROM tasks WHERE id = ?", (t2,)))
+        leases.release_claim(led, t2, led.scalar("SELECT claim_token FROM tasks WHERE id = ?", (t2,)))
         assert [r["id"] for r in agent.json("runners", "--prune")] == [fleet["expired"]]
         assert runner_ids(home) == {fleet["live"], fleet["stuck"]}
-        assert len([e for e in led.events() if e["kind"] == "runner.pruned"]) == 2
+        assert len([e for e in eventlog.events(led) if e["kind"] == "runner.pruned"]) == 2
     finally:
         led.close()
 

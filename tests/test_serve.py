@@ -20,6 +20,7 @@ import pytest
 from agent.domain import chain
 from agent.config import parse_config
 from agent.app.serve import HookApp, Server
+from agent.ledger import eventlog
 from agent.ledger.tasks import create_task, transition
 from conftest import agent_bin
 from intake_payloads import sentry_python_event
@@ -82,7 +83,7 @@ def test_events_signed_are_stored_then_a_replay_changes_nothing(srv, ledger):
     code, out, _ = post_events(srv.url, body)
     assert code == 200 and json.loads(out)["replay"] is True
     assert counts(ledger) == (1, 2, 1)
-    events = [e["kind"] for e in ledger.events()]
+    events = [e["kind"] for e in eventlog.events(ledger)]
     assert events == ["error.ingested"]
     code, _, _ = post_events(srv.url, (line(n=3) + "\n").encode())  # a new delivery of the same error counts up
     assert code == 202 and counts(ledger) == (1, 3, 2)
@@ -95,7 +96,7 @@ def test_bad_or_missing_signature_is_401_and_stores_nothing(srv, ledger):
     assert code == 401 and b"X-Agent-Signature" in out
     code, _, _ = call(srv.url, "/hooks/events", body, {"X-Agent-Signature": sig(EVENTS_KEY, body + b" ")})
     assert code == 401
-    assert counts(ledger) == (0, 0, 0) and ledger.events() == []
+    assert counts(ledger) == (0, 0, 0) and eventlog.events(ledger) == []
 
 
 def test_missing_secret_is_a_clear_refusal(ledger, home):

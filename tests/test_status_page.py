@@ -16,6 +16,7 @@ from agent.domain import chain
 
 from agent.coord import claims, runners
 from agent.config import parse_config
+from agent.ledger import leases
 from agent.ledger.tasks import note_wait
 from agent.app.serve import HookApp, Server
 from agent.app.status import gather, render_text, stuck_reason
@@ -45,8 +46,8 @@ def _working(ledger, title: str) -> int:
 def fleet(ledger, home):
     """A live runner (this home's), a dead one (heartbeat 2 h old), and tasks in every situation."""
     live = runners.beat(ledger, home)
-    ledger.beat_runner({"id": "db-host:dead", "host": "db-host", "home": "/srv/agent", "pid": 4242,
-                        "pid_start": 1, "version": "0.1.0"})
+    leases.beat_runner(ledger, {"id": "db-host:dead", "host": "db-host", "home": "/srv/agent", "pid": 4242,
+                                "pid_start": 1, "version": "0.1.0"})
     with ledger.tx() as c:
         c.execute("UPDATE runners SET heartbeat_at = ? WHERE id = 'db-host:dead'", (time.time() - 7200,))
     t = {"dead_holder": _working(ledger, "held by a dead runner"),

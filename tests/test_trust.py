@@ -18,7 +18,7 @@ import pytest
 
 from agent.lanes.lane import MIRROR_TAMPERED, LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path
-from agent.ledger import Ledger
+from agent.ledger import Ledger, eventlog
 from conftest import git, remote_with_branch
 from lane_helpers import make_config, report_impl, report_review
 
@@ -162,7 +162,7 @@ def test_case1_unsandboxed_tamper_rejects_the_round_restores_the_mirror_and_name
     assert res.verdict is None
     assert "hooks/pre-commit" in res.reason and "config" in res.reason
     assert _protected_digest(ws.mirror, ws.path) == before
-    ev = [e for e in led.events() if e["kind"] == "lane.git_tampered"]
+    ev = [e for e in eventlog.events(led) if e["kind"] == "lane.git_tampered"]
     assert ev and ev[0]["payload"]["run_id"] == res.run_id and ev[0]["payload"]["vendor"] == "evil"
     led.close()
     if role == "implementer":
@@ -240,7 +240,7 @@ print("STATUS: complete\nSUMMARY: fixed by rewriting the test\n")
         assert t["pushed_sha"] is None and led.scalar("SELECT count(*) FROM prs") == 0
         assert led.scalar("SELECT count(*) FROM commits") == 0
         assert led.scalar("SELECT count(*) FROM checks") == 0       # `check: true` never ran
-        feedback = [e["payload"].get("feedback", "") for e in led.events(task_id=t["id"])
+        feedback = [e["payload"].get("feedback", "") for e in eventlog.events(led, task_id=t["id"])
                     if e["kind"] == "round.started"]
         assert feedback and ".agent/config.yaml" in feedback[0], feedback
     finally:
@@ -265,7 +265,7 @@ print("STATUS: complete\nSUMMARY: added links\n")
         t = led.one("SELECT * FROM tasks")
         assert t["state"] == "failed" and t["pushed_sha"] is None, lines
         feedback = " ".join(str(e["payload"].get("reason") or "") + str(e["payload"].get("feedback") or "")
-                            for e in led.events(task_id=t["id"]))
+                            for e in eventlog.events(led, task_id=t["id"]))
         assert "passwd (symlink to /etc/passwd)" in feedback and "ledger (symlink to ../../ledger.db)" in feedback
         assert "inside-is-fine" not in feedback
     finally:

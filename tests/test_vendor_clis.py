@@ -28,6 +28,7 @@ lane_mod = pytest.importorskip(
 from agent.config import Config, LaneConfig, Limits, VendorConfig  # noqa: E402
 from agent.lanes.builtin import ADAPTERS  # noqa: E402
 from agent.lanes.protocol import LaneContext  # noqa: E402
+from agent.ledger import eventlog  # noqa: E402
 
 TOOL_CLIS = ("codex", "claude", "opencode", "grok", "gemini")          # CLIs that run a shell tool call
 ALL_CLIS = TOOL_CLIS + ("aider",)
@@ -467,7 +468,7 @@ def test_token_only_vendors_are_priced(cli, prices, lane, tmp_path):
         result.cost_usd > 0, why
     row = ledger.one("SELECT cost_usd FROM lane_runs WHERE id = ?", (result.run_id,))
     assert row["cost_usd"] == pytest.approx(result.cost_usd)
-    finished = [e for e in ledger.events() if e["kind"] == "lane.finished"][-1]["payload"]
+    finished = [e for e in eventlog.events(ledger) if e["kind"] == "lane.finished"][-1]["payload"]
     assert finished["cost_source"] == f"prices.{cli}: {inp} input + {out} output tokens"
 
 
@@ -485,7 +486,7 @@ def test_cli_reaches_the_model_only_when_its_config_names_it(cli, lane, repo, tm
     why = explain(result, server)
     assert server.requests == [], why
     assert result.status != "complete" and 'return "helo, world"' in (repo / "app.py").read_text(), why
-    refused = [e["payload"] for e in ledger.events() if e["kind"] == "lane.egress_refused"]
+    refused = [e["payload"] for e in eventlog.events(ledger) if e["kind"] == "lane.egress_refused"]
     assert refused and server.url.split("//", 1)[1] in refused[0]["hosts"], why
 
 

@@ -15,6 +15,7 @@ from agent.flows import notify
 from agent.notify import channels
 from agent.config import parse_config
 from agent.intake.store import ingest_text
+from agent.ledger import eventlog
 from agent.ledger.tasks import create_task, transition
 from notify_support import Receiver
 from test_notify import smtp_server  # noqa: F401 - the real SMTP server fixture
@@ -366,8 +367,8 @@ def test_bidi_controls_in_a_lanes_change_reject_the_round_unless_the_repository_
     led = ledger(world)
     try:
         t = led.one("SELECT state, head_sha FROM tasks")
-        reasons = [e["payload"].get("reason") or "" for e in led.events() if e["kind"] in ("round.rejected",
-                                                                                              "task.state")]
+        reasons = [e["payload"].get("reason") or "" for e in eventlog.events(led) if e["kind"] in ("round.rejected",
+                                                                                                   "task.state")]
         assert t["state"] == "failed" and t["head_sha"] is None, t
         assert any("bidirectional control characters (widgets/pricing.py (U+202E, U+2066))" in r for r in reasons), \
             reasons

@@ -411,11 +411,12 @@ class HookApp:
 
     def page_status(self, environ) -> tuple[int, str, bytes]:
         from agent.app.status import FINISHED_PAGE, render_html
+        from agent.ledger import status
 
         led = self._ledger(write=False)
         before = _query_int(environ, "before")
         data = self._gather(led)
-        finished = led.finished_tasks(FINISHED_PAGE + 1, before)
+        finished = status.finished_tasks(led, FINISHED_PAGE + 1, before)
         older = f"?before={finished[FINISHED_PAGE - 1]['id']}" if len(finished) > FINISHED_PAGE else None
         live = (f"<p id='live'>live: updates every {self.refresh_s:g} s without reloading · read-only · "
                 f"<span id='live-at'>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC</span></p>")

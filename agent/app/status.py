@@ -7,7 +7,7 @@ import shlex
 
 from agent.intake.formats import error_headline
 from agent.domain.wording import ago, reset_command
-from agent.ledger import Ledger
+from agent.ledger import Ledger, eventlog, status
 from agent.git.workspace import disk_use, human_bytes
 
 ERROR_STATES = ("open", "fixing", "resolved", "skipped")
@@ -16,7 +16,7 @@ PR_STATES = ("open", "merged", "closed")
 
 
 def _counts(ledger: Ledger, table: str, states: tuple[str, ...]) -> dict[str, int]:
-    found = ledger.state_counts(table)
+    found = status.state_counts(ledger, table)
     return {s: found.get(s, 0) for s in states} | {k: v for k, v in found.items() if k not in states}
 
 
@@ -119,17 +119,17 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
     from agent.coord.runners import runners as runner_list
 
     now = time.time() if now is None else now
-    blocked = ledger.blocked_tasks()
+    blocked = status.blocked_tasks(ledger)
     for t in blocked:
         t["reset_command"] = reset_command(t["id"], "gate-blocked")
-    failed = ledger.failed_tasks(limit=FAILED_SHOWN)
+    failed = status.failed_tasks(ledger, limit=FAILED_SHOWN)
     for t in failed:
         t["reset_command"] = reset_command(t["id"], "failed")
     runners = runner_list(ledger)   # judged on the ledger's clock
     by_id = {r["id"]: r for r in runners}
     any_live = any(runner_live(r) for r in runners)
     active, stuck = [], []
-    for t in ledger.active_tasks():
+    for t in status.active_tasks(ledger):
         row = _active_row(t, now)
         row["stuck"] = stuck_reason(t, by_id, any_live, now, _timeout_for(config, t["lane_role"]))
         active.append(row)
@@ -138,17 +138,17 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
     ages = {r["id"]: r for r in active}
     for t in blocked:
         t.update({k: ages[t["id"]][k] for k in ("age_s", "idle_s", "step") if t["id"] in ages})
-    prs = _with_proof(ledger, ledger.open_pr_rows())
+    prs = _with_proof(ledger, status.open_pr_rows(ledger))
     for p in prs:
         opened = _epoch(p["created_at"])
         p["age_s"] = round(now - opened, 1) if opened else None
-    undecided = ledger.undecided_errors(DECISIONS_SHOWN)
+    undecided = status.undecided_errors(ledger, DECISIONS_SHOWN)
     for e in undecided:
         seen = _epoch(e["last_seen"])
         e["last_seen_age_s"] = round(now - seen, 1) if seen else None
         e["decide_command"] = (f"agent error decide {e['id']} --fix --brief {shlex.quote('what to fix')}   # or "
                                f"--skip --reason {shlex.quote('why not')}")
-    finished = ledger.finished_tasks(FINISHED_PAGE)
+    finished = status.finished_tasks(ledger, FINISHED_PAGE)
     data = {
         "errors": _counts(ledger, "errors", ERROR_STATES),
         "tasks": _counts(ledger, "tasks", TASK_STATES),
@@ -160,10 +160,10 @@ def gather(ledger: Ledger, home=None, config=None, now: float | None = None) -> 
         "undecided": undecided,
         "runners": runners,
         "active": active,
-        "waiting": ledger.waiting_tasks(),
+        "waiting": status.waiting_tasks(ledger),
         "failed": failed,
         "finished": finished,
-        "cost_usd": round(ledger.lane_cost_total(), 4),
+        "cost_usd": round(status.lane_cost_total(ledger), 4),
         **({"disk": disk_use(home)} if home is not None else {}),
     }
     return data
@@ -499,12 +499,12 @@ def render_html(ledger: Ledger, data: dict, *, href=None, older: str | None = No
         shown = [t["id"] for t in data["active"]] + [t["id"] for t in rows]
         out.append("<h2>Timelines</h2>")
         for tid in shown:
-            t = ledger.task_row(tid)
+            t = status.task_row(ledger, tid)
             if t is None:
                 continue
             out.append(f"<details class='task' id='task-{tid}'><summary>task {tid} · {e(t['state'])} · "
                        f"{e(t['repo'])} · {e(one_line(t['title'], 200))}</summary>")
-            out.append(timeline_table(ledger.events(task_id=tid, limit=200, newest=True)) + "</details>")
+            out.append(timeline_table(eventlog.events(ledger, task_id=tid, limit=200, newest=True)) + "</details>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
@@ -539,7 +539,7 @@ def write_page(path, page: str) -> str:
 def render_task_page(ledger: Ledger, task_id: int, back: str = "/") -> str | None:
     """``/tasks/N``: the task and its whole timeline in words; None when there is no such task."""
     e = html.escape
-    t = ledger.task_row(task_id)
+    t = status.task_row(ledger, task_id)
     if t is None:
         return None
     why = t["blocked_reason"] or t["failed_reason"] or t["wait_reason"] or ""
@@ -550,7 +550,7 @@ def render_task_page(ledger: Ledger, task_id: int, back: str = "/") -> str | Non
     pr += f"<p class='proof'>proof: {e(proof_word(verdict))}</p>" if verdict else ""
     then = (f"<p>then run: <code>{e(reset_command(task_id, t['state']))}</code></p>"
             if t["state"] in ("gate-blocked", "failed") else "")
-    events = ledger.events(task_id=task_id, limit=2000, newest=True)
+    events = eventlog.events(ledger, task_id=task_id, limit=2000, newest=True)
     return "\n".join([
         "<!doctype html>", f"<html lang='en'><head><meta charset='utf-8'><title>task {task_id}</title>",
         f"<style>{CSS}</style></head><body>", f"<p><a href='{e(back)}'>← status</a></p>",

@@ -197,6 +197,7 @@ def events(task_id, follow, since, limit, as_json):
       agent events --task 12
       agent events --follow
     """
+    from agent.ledger import eventlog
     from agent.ledger.listing import iter_events
 
     app = get_app()
@@ -220,5 +221,5 @@ def events(task_id, follow, since, limit, as_json):
     emit_rows(rows, False, line, "" if follow else "no events", "events")
     while follow:
         time.sleep(0.5)
-        for e in app.ledger.events(task_id=task_id, after_id=last):
+        for e in eventlog.events(app.ledger, task_id=task_id, after_id=last):
             line(e)

@@ -8,7 +8,7 @@
   when its lease expired on the ledger's clock, or (in this pid scope only: this boot of this machine, this pid
   namespace) its pid is dead. ``take`` returns who held it before: the takeover hook.
 - **Named lease**: ``named_lease(ledger, name)`` (``source:<key>`` around a source's pull, ``pr-open`` around the
-  PR limits and the PR create) with a token checked by the write it guards (``ledger.check_lease``). Stale, like
+  PR limits and the PR create) with a token checked by the write it guards (``leases.check_lease``). Stale, like
   a claim, when it expired or (in this pid scope only) its holder's pid is dead: a scan killed while holding it does
   not stall the next one for the lease's ttl.
 """
@@ -26,7 +26,7 @@ from typing import Iterator
 from agent.coord import runners as _runners
 from agent.coord.locks import SCAN_LEASE_S
 from agent.coord.runners import owner_id, pid_alive, pid_scope, reopen, runner_id, _default_runner
-from agent.ledger import Ledger
+from agent.ledger import Ledger, leases
 from agent.ledger.clock import CLAIM_LEASE_S, claim_lease_s
 
 
@@ -75,13 +75,13 @@ def take(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: str
     runner = runner or _default_runner(ledger)
     lease_s = lease_s or claim_lease_s()
     with ledger.tx() as c:
-        row = ledger.claim_row(c, task_id)
+        row = leases.claim_row(ledger, c, task_id)
         if row is None:
             return None
         if not _stale(row):
             return None
         fence = int(row["fence"] or 0) + 1
-        token = ledger.take_claim(c, task_id, fence, owner_id(), os.getpid(), runner, lease_s, pid_scope())
+        token = leases.take_claim(ledger, c, task_id, fence, owner_id(), os.getpid(), runner, lease_s, pid_scope())
         if token is None:
             return None
         if row["claim_token"]:
@@ -103,11 +103,11 @@ def claim(ledger: Ledger, task_id: int, lease_s: float | None = None, runner: st
 
 def renew(ledger: Ledger, task_id: int, token: str, lease_s: float | None = None,
           runner: str | None = None) -> bool:
-    return ledger.renew_claim(task_id, token, lease_s or claim_lease_s(), runner)
+    return leases.renew_claim(ledger, task_id, token, lease_s or claim_lease_s(), runner)
 
 
 def release(ledger: Ledger, task_id: int, token: str) -> None:
-    ledger.release_claim(task_id, token)
+    leases.release_claim(ledger, task_id, token)
 
 
 def release_quietly(ledger: Ledger, task_id: int, token: str | None) -> None:
@@ -205,29 +205,30 @@ def named_lease(ledger: Ledger, name: str, ttl: float = SCAN_LEASE_S, runner: st
                 wait: float = 0.0) -> Iterator[int]:
     """Hold the named lease ``name`` (e.g. ``source:<key>``, ``pr-open``) across runners for the body, renewed
     every ttl/3 from a background thread. Yields its fencing token (a write the lease guards checks it in its
-    own transaction: ``ledger.check_lease``). Raises LeaseBusy when another holder keeps it past ``wait`` s."""
+    own transaction: ``leases.check_lease``). Raises LeaseBusy when another holder keeps it past ``wait`` s."""
     runner = runner or _default_runner(ledger)
     holder = f"{owner_id()}@{runner}"
     deadline = time.monotonic() + wait
     while True:
-        token = ledger.take_lease(name, holder, runner, ttl, scope=pid_scope())
+        token = leases.take_lease(ledger, name, holder, runner, ttl, scope=pid_scope())
         if token is None:
             # held by a process of this pid scope that is gone (killed mid-body): as with a task claim, its lease is
             # stale now, not at its expiry; taken only under the token we saw, so a live newcomer is never robbed
-            row = ledger.lease_row(name)
+            row = leases.lease_row(ledger, name)
             if row is not None and row["holder"] and holder_gone(row["holder"], row["scope"]):
-                token = ledger.take_lease(name, holder, runner, ttl, stale_token=row["token"], scope=pid_scope())
+                token = leases.take_lease(ledger, name, holder, runner, ttl, stale_token=row["token"],
+                                          scope=pid_scope())
         if token is not None:
             break
         if time.monotonic() >= deadline:
-            raise LeaseBusy(name, ledger.lease_row(name))
+            raise LeaseBusy(name, leases.lease_row(ledger, name))
         time.sleep(0.05)
     try:
-        with _renewing(lambda: reopen(ledger), ttl / 3, lambda led: led.renew_lease(name, token, ttl),
+        with _renewing(lambda: reopen(ledger), ttl / 3, lambda led: leases.renew_lease(led, name, token, ttl),
                        lambda: None, f"lease-{name}"):
             yield token
     finally:
         try:
-            ledger.release_lease(name, token)
+            leases.release_lease(ledger, name, token)
         except Exception:
             pass  # a lease we could not release expires with its ttl

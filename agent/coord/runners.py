@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from agent.ledger import Ledger
+from agent.ledger import Ledger, leases
 from agent.ledger.clock import claim_lease_s
 
 
@@ -190,9 +190,9 @@ def beat(ledger: Ledger, home: Path | str, echo=None) -> str:
     global _PROCESS_RUNNER, _SKEW_LOGGED
     rid = runner_id(home)
     _PROCESS_RUNNER = rid
-    got = ledger.beat_runner({"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
-                              "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__,
-                              "machine": machine_id() or None, "scope": pid_scope()})
+    got = leases.beat_runner(ledger, {"id": rid, "host": HOST, "home": str(Path(home).expanduser().resolve()),
+                                      "pid": os.getpid(), "pid_start": start_time(os.getpid()), "version": __version__,
+                                      "machine": machine_id() or None, "scope": pid_scope()})
     line = skew_line(rid, got.get("clock_offset_s") if isinstance(got, dict) else None)
     if line and not _SKEW_LOGGED:
         _SKEW_LOGGED = True
@@ -209,7 +209,7 @@ def stop(ledger: Ledger, home: Path | str) -> bool:
     """A clean stop (the daemon's end, a watch run's end): mark this runner stopped, unless another process of
     it beat since. Never raises (a ledger that is gone: the runner shows as dead or silent instead)."""
     try:
-        return ledger.stop_runner(runner_id(home), os.getpid())
+        return leases.stop_runner(ledger, runner_id(home), os.getpid())
     except Exception:   # noqa: BLE001 - stopping must not fail on the ledger
         return False
 
@@ -232,7 +232,8 @@ def stale_after_s() -> float:
 
 def runners(ledger: Ledger) -> list[dict]:
     """Every runner sharing the ledger, as ``runner_view`` shows it (judged on the ledger's clock)."""
-    return runner_view(ledger.runner_rows(), ledger.held_claims(), ledger.held_leases(), ledger.clock_now())
+    return runner_view(leases.runner_rows(ledger), leases.held_claims(ledger), leases.held_leases(ledger),
+                       leases.clock_now(ledger))
 
 
 def _ago(seconds: float) -> str:
@@ -331,5 +332,5 @@ def prune(ledger: Ledger, older_than: float | None = None, now: float | None = N
     in one transaction. Returns the removed runners as ``runners`` shows them. A pruned runner that comes back
     registers again at its next pass."""
     limit = stale_after_s() if older_than is None else older_than
-    removed = ledger.prune_runners(limit, why={"older_than_s": round(limit, 1)})
-    return runner_view(removed, [], [], ledger.clock_now() if now is None else now)
+    removed = leases.prune_runners(ledger, limit, why={"older_than_s": round(limit, 1)})
+    return runner_view(removed, [], [], leases.clock_now(ledger) if now is None else now)

@@ -28,7 +28,7 @@ from agent import AgentError
 
 from agent.domain import chain
 from agent.infra.faults import crashpoint
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, feedback, ledger_path
 from agent.infra.text import one_line
 
 STOP_COMMAND = "/agent stop"
@@ -134,7 +134,7 @@ def finding_text(row: dict) -> str:
 
 def spec_findings(ledger: Ledger, task_id: int) -> list[str]:
     """Every finding taken from the PR so far (newest round last), for the implementer spec."""
-    rows = ledger.feedback_items(task_id, decision="taken")
+    rows = feedback.feedback_items(ledger, task_id, decision="taken")
     return [f"[round {r['round']}] {finding_text(r)}" for r in rows[-SPEC_ITEMS_MAX:]]
 
 
@@ -149,28 +149,28 @@ def _start_or_cap(ledger: Ledger, c, task: dict, number: int, trigger: str, keys
     from agent.ledger.tasks import start_feedback_round, transition_in
 
     task_id = task["id"]
-    used = ledger.feedback_rounds_since_reset(c, task_id)
+    used = feedback.feedback_rounds_since_reset(ledger, c, task_id)
     why = chain.feedback_round_refusal(task["round"], task["round_cap"], used, config.limits.feedback_rounds)
     if why:
         reason = f"{why}; a human must take over PR #{number}"
         transition_in(ledger, c, task_id, task["state"], chain.BLOCKED, "script", reason)
-        resets = ledger.resets(task_id, c)
-        ledger.owe_reply(c, task_id, f"task-{task_id}-cap-{resets}", "cap", task["round"], reason)
+        resets = feedback.resets(ledger, task_id, c)
+        feedback.owe_reply(ledger, c, task_id, f"task-{task_id}-cap-{resets}", "cap", task["round"], reason)
         return "capped", f"gate-blocked: {reason}"
     what = "CI failed" if trigger == "ci" else f"PR feedback ({len(keys)} item{'s' if len(keys) != 1 else ''})"
     new_round = start_feedback_round(ledger, c, task_id, keys, f"{what} on PR #{number}: {', '.join(keys)[:300]}",
                                      trigger)
-    ledger.set_feedback_round(c, task_id, keys, new_round)
-    ledger.add_feedback_round(c, task_id, new_round, trigger, keys, head)
-    ledger.owe_reply(c, task_id, f"task-{task_id}-round-{new_round}", "round", new_round)
+    feedback.set_feedback_round(ledger, c, task_id, keys, new_round)
+    feedback.add_feedback_round(ledger, c, task_id, new_round, trigger, keys, head)
+    feedback.owe_reply(ledger, c, task_id, f"task-{task_id}-round-{new_round}", "round", new_round)
     return "started", f"round {new_round} started by {what}"
 
 
 def _record_items(ledger: Ledger, c, task_id: int, number: int, rows: list[dict]) -> None:
-    known = ledger.feedback_keys(task_id, c)
+    known = feedback.feedback_keys(ledger, task_id, c)
     for row in rows:
         if row["key"] not in known:
-            ledger.add_feedback(c, {"task_id": task_id, "number": number, **row})
+            feedback.add_feedback(ledger, c, {"task_id": task_id, "number": number, **row})
             known.add(row["key"])
 
 
@@ -182,23 +182,24 @@ def _item_row(item, decision: str, reason: str | None, round_no: int) -> dict:
 
 def read_feedback(ledger: Ledger, forge, config, task_id: int, token: str | None) -> list[str]:
     """Read new PR feedback for one task and act on it (see the module docstring). Returns lines."""
+    from agent.ledger.prs import get_pr
     from agent.ledger.tasks import get_task, transition_in
     from agent.ledger.leases import claimed_tx
 
     task = get_task(ledger, task_id)
-    pr = ledger.pr_row(task_id)
+    pr = get_pr(ledger, task_id)
     number = int(pr["number"])
-    watch = ledger.pr_watch(task_id)
+    watch = feedback.pr_watch(ledger, task_id)
     page = forge.feedback(number, watch["cursor"])
     crashpoint("feedback.read")  # fault injection (tests): read from the forge, nothing recorded yet
-    known = ledger.feedback_keys(task_id)
+    known = feedback.feedback_keys(ledger, task_id)
     may_steer = allowed_checker(forge, config.review.allowed_users)
     own = _own_for(ledger, forge)
     decided = [(item, *decide(item, may_steer, own)) for item in page.items if item.key not in known]
     if not decided:
         if page.cursor != watch["cursor"]:
             with claimed_tx(ledger, task_id, token) as c:
-                ledger.set_pr_watch(c, task_id, cursor=page.cursor)
+                feedback.set_pr_watch(ledger, c, task_id, cursor=page.cursor)
         return []
     lines: list[str] = []
     stops = [(item, dec) for item, dec, _ in decided if dec == "stop"]
@@ -213,7 +214,7 @@ def read_feedback(ledger: Ledger, forge, config, task_id: int, token: str | None
                 dec, reason = "ignored", "arrived with /agent stop"
             rows.append(_item_row(item, dec, reason, task["round"]))
         _record_items(ledger, c, task_id, number, rows)
-        ledger.set_pr_watch(c, task_id, cursor=page.cursor)
+        feedback.set_pr_watch(ledger, c, task_id, cursor=page.cursor)
         for r in rows:
             if r["decision"] == "ignored" and r["reason"] and "write access" in r["reason"]:
                 lines.append(f"task {task_id}: PR #{number} {r['key']} by {r['author']} ignored: {r['reason']}")
@@ -242,11 +243,13 @@ def _no_ci(ledger: Ledger, task_id: int, token: str | None, sha: str, watch: dic
     import time
     from datetime import datetime, timezone
 
+    from agent.ledger import eventlog
     from agent.ledger.leases import claimed_tx
+    from agent.ledger.prs import get_pr
 
     if watch["ci_sha"] == sha and watch["ci_state"] == "missing":
         return []
-    pushed = [e for e in ledger.events(task_id=task_id) if e["kind"] == "branch.pushed"
+    pushed = [e for e in eventlog.events(ledger, task_id=task_id) if e["kind"] == "branch.pushed"
               and e["payload"].get("sha") == sha]
     if not pushed:
         return []
@@ -255,9 +258,9 @@ def _no_ci(ledger: Ledger, task_id: int, token: str | None, sha: str, watch: dic
     if waited < wait_s:
         return []
     with claimed_tx(ledger, task_id, token) as c:
-        ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state="missing", ci_results="[]")
+        feedback.set_pr_watch(ledger, c, task_id, ci_sha=sha, ci_state="missing", ci_results="[]")
         ledger.event(c, "pr.ci_missing", "script", {"head": sha, "waited_s": int(waited)}, task_id=task_id)
-    number = int(ledger.pr_row(task_id)["number"])
+    number = int(get_pr(ledger, task_id)["number"])
     return [f"task {task_id}: PR #{number} has no CI result for {sha[:12]} {int(waited)}s after the push "
             f"(feedback.ci_wait={wait_s}s): its CI did not run (a skip directive? no CI for the repository?); "
             "a result that comes later is still read"]
@@ -267,6 +270,7 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
     """The PR's CI for the task's pushed head. Returns (lines, refresh_pr_body)."""
     import json
 
+    from agent.ledger.prs import get_pr
     from agent.ledger.tasks import get_task
     from agent.ledger.leases import claimed_tx
 
@@ -274,7 +278,7 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
     sha = task["pushed_sha"]
     if task["state"] != chain.DONE or not sha or sha != task["head_sha"]:
         return [], False
-    watch = ledger.pr_watch(task_id)
+    watch = feedback.pr_watch(ledger, task_id)
     if watch["ci_sha"] == sha and watch["ci_state"] in ("success", "failure", "neutral"):
         return [], False  # acted on already
     apps = set(config.feedback.ci_apps)   # a check run counts only from a configured CI app (anyone may add one)
@@ -284,7 +288,7 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
     states = {r.state for r in results}
     state = "pending" if "pending" in states else "failure" if "failure" in states else \
         "success" if "success" in states else "neutral"
-    number = int(ledger.pr_row(task_id)["number"])
+    number = int(get_pr(ledger, task_id)["number"])
     lines: list[str] = []
     with claimed_tx(ledger, task_id, token) as c:
         task = get_task(ledger, task_id, c)
@@ -296,14 +300,16 @@ def read_ci(ledger: Ledger, forge, config, task_id: int, token: str | None) -> t
                      "body": _redact(r.summary)[:CI_TEXT_MAX], "decision": "taken", "reason": None,
                      "round": task["round"]} for r in results if r.state == "failure"]
             _record_items(ledger, c, task_id, number, rows)
-            ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state=state, ci_results=json.dumps(_ci_rows(results)))
+            feedback.set_pr_watch(ledger, c, task_id, ci_sha=sha, ci_state=state,
+                                  ci_results=json.dumps(_ci_rows(results)))
             names = ", ".join(r["author"] for r in rows)
             _, line = _start_or_cap(ledger, c, task, number, "ci", [r["key"] for r in rows], config, sha)
             lines.append(f"task {task_id}: PR #{number} CI failed at {sha[:12]} ({names}); {line}")
         else:
             if watch["ci_sha"] == sha and watch["ci_state"] == state:
                 return [], False
-            ledger.set_pr_watch(c, task_id, ci_sha=sha, ci_state=state, ci_results=json.dumps(_ci_rows(results)))
+            feedback.set_pr_watch(ledger, c, task_id, ci_sha=sha, ci_state=state,
+                                  ci_results=json.dumps(_ci_rows(results)))
             ledger.event(c, "pr.ci", "script", {"head": sha, "state": state, "results": _ci_rows(results)},
                          task_id=task_id)
             if state != "pending":
@@ -324,7 +330,7 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
     if reply["kind"] == "cap":
         return (f"agent stops here: {reply['text']}.\n\nA human must take over this PR: push to the branch, or "
                 f"close it. `agent task reset {task['id']} --reason TEXT --rounds N` lets agent go on.")
-    items = ledger.feedback_items(task["id"], decision="taken", round=rnd)
+    items = feedback.feedback_items(ledger, task["id"], decision="taken", round=rnd)
     lines = [f"Round {rnd} addressed this feedback:"]
     for r in items:
         if r["kind"] == "ci":
@@ -342,7 +348,7 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
         lines += ["", "What changed, as the implementer lane reported it:", "",
                   fence("\n".join(f"round {s['round']}: {_one_line(_redact(s['summary'] or ''), 400)}"
                                    for s in summaries))]
-    fr = next((r for r in ledger.feedback_rounds(task["id"]) if r["round"] == rnd), None)
+    fr = next((r for r in feedback.feedback_rounds(ledger, task["id"]) if r["round"] == rnd), None)
     if fr and fr["base_head"] and repo_path is not None and task["head_sha"]:
         try:
             from agent.git.workspace import TaskGit     # hardened: never GitPython on a worktree a lane wrote
@@ -363,13 +369,14 @@ def reply_text(ledger: Ledger, task: dict, reply: dict, repo_path: Path | None) 
 
 def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
     """Post every reply the task owes that is due now, at most once each (see the module docstring)."""
+    from agent.ledger.prs import get_pr
     from agent.ledger.tasks import get_task
 
     task = get_task(ledger, task_id)
-    pr = ledger.pr_row(task_id)
+    pr = get_pr(ledger, task_id)
     if pr is None or pr["state"] != "open":
         return []
-    due = [r for r in ledger.owed_replies(task_id)
+    due = [r for r in feedback.owed_replies(ledger, task_id)
            if r["kind"] != "round" or (task["state"] == chain.DONE and task["round"] >= r["round"]
                                        and task["pushed_sha"] == task["head_sha"])]
     if not due:
@@ -394,7 +401,7 @@ def post_owed_replies(ledger: Ledger, forge, task_id: int) -> list[str]:
             text = reply_text(ledger, task, r, Path(task["worktree"]) if task["worktree"] else None)
             reply_id = forge.reply(number, text, signed_key(r["key"], secret))
             crashpoint("feedback.replied")  # fault injection (tests): posted, not recorded yet
-        if ledger.record_reply(task_id, r["key"], reply_id, task["head_sha"], found):
+        if feedback.record_reply(ledger, task_id, r["key"], reply_id, task["head_sha"], found):
             what = f"round {r['round']}" if r["kind"] == "round" else "a human must take over"
             lines.append(f"task {task_id}: replied on PR #{number} ({what})"
                          + (" (found on the PR after a crash, not posted again)" if found else ""))
@@ -408,12 +415,12 @@ def refresh_pr_text(ledger: Ledger, forge, task_id: int) -> bool:
     """Re-render the PR text (e.g. to show CI) and update the PR when it changed. Returns True if updated."""
     from agent.flows.pr_thread import publish_pr
     from agent.domain.pr_text import render_pr
-    from agent.ledger.prs import pr_data_from_ledger
+    from agent.ledger.prs import get_pr, pr_data_from_ledger
     from agent.ledger.tasks import get_task
 
     task = get_task(ledger, task_id)
     title, body = render_pr(pr_data_from_ledger(ledger, task_id))
-    pr = ledger.pr_row(task_id)
+    pr = get_pr(ledger, task_id)
     if pr and pr["title"] == title and pr["body"] == body:
         return False
     publish_pr(ledger, forge, task_id, task["branch"], task["base"], title, body, task["head_sha"])
@@ -462,8 +469,8 @@ def watch_task(home: Path, config, task_id: int, forge_factory: Callable | None 
 
 def scan_pr_feedback(app, jobs: int = 1, forge_factory: Callable | None = None) -> list[dict]:
     """`agent watch pr-feedback`: every open agent PR, one task at a time (one task's trouble stops no other)."""
-    ids = [r["task_id"] for r in app.ledger.feedback_tasks()]
-    ids += [i for i in app.ledger.tasks_with_owed_replies() if i not in ids]
+    ids = [r["task_id"] for r in feedback.feedback_tasks(app.ledger)]
+    ids += [i for i in feedback.tasks_with_owed_replies(app.ledger) if i not in ids]
     if not ids:
         return []
     config = app.config

@@ -21,9 +21,9 @@ from agent import AgentError
 from agent.domain import chain
 from agent.forge import PR, ForgeAuthError, ForgeError, get_forge
 from agent.git.push import PushError
-from agent.ledger import Ledger
+from agent.ledger import Ledger, pending
 from agent.ledger.prs import get_pr, prs_to_follow, record_pr_final
-from agent.ledger.tasks import find_task, record_workspace_removed, task_state
+from agent.ledger.tasks import find_task, finished_worktrees, record_workspace_removed, task_state
 
 
 def _apply(ledger: Ledger, row: dict, pr: PR) -> str | None:
@@ -80,7 +80,7 @@ def owe_pr_text(ledger: Ledger, task_id: int, reason: str, claim_token: str | No
     from agent.ledger.leases import claimed_tx
 
     with claimed_tx(ledger, task_id, claim_token) as c:
-        ledger.set_pending(c, f"pr_text:{task_id}", "pr_text", reason[:500], task_id=task_id)
+        pending.set_pending(ledger, c, f"pr_text:{task_id}", "pr_text", reason[:500], task_id=task_id)
         ledger.event(c, "pr.text_pending", "script", {"reason": reason[:500]}, task_id=task_id)
 
 
@@ -95,14 +95,14 @@ def retry_pr_texts(ledger: Ledger, config, home: Path, forge_factory: Callable =
     from agent.ledger.prs import pr_data_from_ledger
 
     items = []
-    for owed in ledger.pending_of("pr_text"):
+    for owed in pending.pending_of(ledger, "pr_text"):
         task_id = owed["task_id"]
         row = get_pr(ledger, task_id)
         task = find_task(ledger, task_id)
         repo_cfg = config.repos.get(row["repo"]) if row else None
         if row is None or task is None or row["state"] != "open":
             with ledger.tx() as c:
-                ledger.clear_pending(c, owed["key"])
+                pending.clear_pending(ledger, c, owed["key"])
             continue
         item = {"task_id": task_id, "repo": row["repo"], "number": row["number"], "url": row["url"],
                 "pr_text": "owed"}
@@ -117,12 +117,12 @@ def retry_pr_texts(ledger: Ledger, config, home: Path, forge_factory: Callable =
                                      task["base"] or repo_cfg.base, title, body, task["head_sha"])
         except (ForgeError, AgentError) as exc:
             with ledger.tx() as c:
-                ledger.set_pending(c, owed["key"], "pr_text", str(exc)[:500], task_id=task_id)
+                pending.set_pending(ledger, c, owed["key"], "pr_text", str(exc)[:500], task_id=task_id)
             items.append({**item, "error": str(exc), "quiet": str(exc)[:500] == owed["reason"],
                           "line": f"task {task_id}: PR text still not updated ({exc}); later scans retry it"})
             continue
         with ledger.tx() as c:
-            ledger.clear_pending(c, owed["key"])
+            pending.clear_pending(ledger, c, owed["key"])
         items.append({**item, "pr_text": action, "changed": True,
                       "line": f"task {task_id}: {row['repo']}#{row['number']} text {action} (owed since "
                               f"{owed['attempts']} failed attempt(s))"})
@@ -187,7 +187,7 @@ def remove_finished_worktrees(ledger: Ledger, home: Path, grace_s: int) -> list[
     items = []
     from agent.git.workspace import own_worktree
 
-    for t in ledger.finished_worktrees(cutoff):
+    for t in finished_worktrees(ledger, cutoff):
         if os.path.realpath(t["worktree"]) != os.path.realpath(own_worktree(home, t["id"])):
             continue  # another runner's home holds it: that runner removes it (a folder here is never theirs)
         token = claim(ledger, t["id"])

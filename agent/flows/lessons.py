@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from agent import AgentError
-from agent.ledger import Ledger
+from agent.ledger import Ledger, eventlog, status
 from agent.ledger import lessons as store
 
 # Refused outright: a lesson is a note about the code, never a way to make a later lane fetch or run something.
@@ -94,7 +94,7 @@ def show_lesson(ledger: Ledger, lesson_id: int) -> dict:
     row = store.get_lesson(ledger, lesson_id)
     if row is None:
         raise AgentError(f"no lesson {lesson_id}; see `agent lesson list`")
-    return {**_shown(row), "events": [e for e in ledger.events(task_id=row["task_id"])
+    return {**_shown(row), "events": [e for e in eventlog.events(ledger, task_id=row["task_id"])
                                       if e["kind"].startswith("lesson.")
                                       and e["payload"].get("lesson_id") == lesson_id]
             if row["task_id"] is not None else []}
@@ -121,5 +121,5 @@ def accept(ledger: Ledger, lesson_id: int, reason: str | None = None) -> dict:
 
 def counts(ledger: Ledger) -> dict[str, int]:
     """Lessons by state, every state named (for `agent status` and the page)."""
-    found = ledger.state_counts("lessons")
+    found = status.state_counts(ledger, "lessons")
     return {s: found.get(s, 0) for s in store.STATES}

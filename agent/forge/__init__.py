@@ -66,7 +66,9 @@ class RateLimitHold:
     def check(self, what: str) -> None:
         import time
 
-        hold = self.ledger.pending(self.key)
+        from agent.ledger import pending
+
+        hold = pending.pending(self.ledger, self.key)
         if hold and hold["until"] and hold["until"] > self.clock():
             at = time.strftime("%H:%M:%S UTC", time.gmtime(hold["until"]))
             raise ForgeRateLimited(f"{self.forge} {self.api_url}: rate limited until {at} (remembered from an "
@@ -74,8 +76,10 @@ class RateLimitHold:
                                    until=hold["until"], remembered=True)
 
     def remember(self, until: float, what: str) -> None:
+        from agent.ledger import pending
+
         reason = f"rate limited on {what}"
         with self.ledger.tx() as c:
-            self.ledger.set_pending(c, self.key, "rate_limit", reason, until=until)
+            pending.set_pending(self.ledger, c, self.key, "rate_limit", reason, until=until)
             self.ledger.event(c, "forge.rate_limited", "script", {"forge": self.forge, "api_url": self.api_url,
                                                                   "until": until, "reason": reason})

@@ -29,7 +29,7 @@ from agent.config import SourceConfig
 from agent.intake.formats import Event, ParseResult, Rejected, event_from_sentry, parse, parse_log_text
 from agent.infra.redact import redact
 from agent.intake.store import IngestResult, get_cursor, ingest
-from agent.ledger import Ledger
+from agent.ledger import Ledger, leases
 from agent.infra.textio import sniff_bom, without_escapes
 
 LOKI_LOOKBACK_S = 3600
@@ -305,8 +305,8 @@ def pull_source(ledger: Ledger, src: SourceConfig, env: Mapping[str, str] | None
             result.add_rejected(pulled.rejected)
 
             def guard(conn) -> None:
-                ledger.check_lease(conn, f"source:{key}", token)
-                ledger.check_cursor(conn, key, cursor)
+                leases.check_lease(ledger, conn, f"source:{key}", token)
+                leases.check_cursor(ledger, conn, key, cursor)
 
             ingest(ledger, pulled.events, source=f"{src.kind}", cursor=(key, pulled.cursor or ""), result=result,
                    guard=guard)

@@ -1,6 +1,10 @@
 """The ledger: every error, task, step, lane run and event, in one SQLite file (the embedded default) or one
 PostgreSQL database (``ledger.url`` / ``AGENT_LEDGER_URL``; agent/ledger/backend.py).
 
+``Ledger`` is the connection and its transactions (open, migrate, ``tx``, ``event``, ``insert``/``update``/``delete``,
+``one``/``all``/``scalar``); every record operation is a function in one module of this package that takes the ledger
+first, e.g. ``tasks.get_task(ledger, task_id)``.
+
 Rules (see DESIGN.md "Ledger"):
 - SQLite: WAL journal, a busy timeout, foreign keys on. PostgreSQL: autocommit outside ``tx()``.
 - Every write goes through ``Ledger.tx()``, which opens ``BEGIN IMMEDIATE`` (PostgreSQL: a transaction holding
@@ -26,9 +30,6 @@ from agent import AgentError
 from agent.ledger import backend, outbox
 from agent.ledger.backend import POSTGRES, SQLITE, LedgerError
 from agent.ledger.clock import now
-from agent.ledger.feedback import FeedbackQueries
-from agent.ledger.leases import LeaseQueries
-from agent.ledger.status import StatusQueries
 
 APP_ID = 0x41474E54  # "AGNT" in PRAGMA application_id marks a ledger
 ACTORS = ("script", "lane", "human")
@@ -131,7 +132,7 @@ def _known_migrations() -> list[str]:
 SCHEMA_VERSION = 15
 
 
-class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):
+class Ledger:
     def __init__(self, path: Path | str, conn, dialect: backend.Dialect = SQLITE, location: Path | str | None = None):
         self.path = path                      # SQLite: the file; PostgreSQL: the URL without its password (shown)
         self.location = location or path      # what Ledger.open() takes again (another thread's connection)
@@ -394,14 +395,6 @@ class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):
         outbox.on_event(conn, event_id, ts, kind, payload or {}, task_id, error_id)
         return event_id
 
-    def event_streak(self, conn: sqlite3.Connection, task_id: int, kind: str, reset_kinds: tuple[str, ...]) -> int:
-        """How many ``kind`` events the task has had since its last event of one of ``reset_kinds``."""
-        marks = ", ".join("?" for _ in reset_kinds)
-        last = conn.execute(f"SELECT coalesce(max(id), 0) FROM events WHERE task_id = ? AND kind IN ({marks})",
-                            (task_id, *reset_kinds)).fetchone()[0]
-        return conn.execute("SELECT count(*) FROM events WHERE task_id = ? AND kind = ? AND id > ?",
-                            (task_id, kind, last)).fetchone()[0]
-
     def insert(self, conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> int | None:
         """Insert one row; returns its ``id`` (SQLite: its rowid; PostgreSQL: None for a table without ``id``)."""
         cols = ", ".join(f'"{k}"' for k in row)
@@ -461,57 +454,6 @@ class Ledger(FeedbackQueries, LeaseQueries, StatusQueries):
     def scalar(self, sql: str, params: tuple = ()) -> Any:
         rows = self._read(sql, params, first=True)
         return rows[0][0] if rows else None
-
-    def events(self, task_id: int | None = None, after_id: int = 0, limit: int | None = None,
-               newest: bool = False) -> list[dict]:
-        """Events in id order; ``limit`` keeps the first N, or with ``newest`` the last N (still oldest first)."""
-        sql = "SELECT * FROM events WHERE id > ?"
-        params: list[Any] = [after_id]
-        if task_id is not None:
-            sql += " AND task_id = ?"
-            params.append(task_id)
-        sql += " ORDER BY id DESC" if limit and newest else " ORDER BY id"
-        if limit:
-            sql += f" LIMIT {int(limit)}"
-        rows = self.all(sql, tuple(params))
-        if limit and newest:
-            rows.reverse()
-        for r in rows:
-            r["payload"] = json.loads(r["payload"] or "{}")
-        return rows
-
-    def finished_worktrees(self, finished_before: str) -> list[dict]:
-        """Tasks that still have a worktree though they are over: failed, or their PR merged or closed, and that
-        since before ``finished_before`` (a ``now()`` timestamp)."""
-        d, pr_updated = self.dialect, "coalesce(p.updated_at, '')"
-        return self.all(
-            "SELECT t.id, t.repo, t.state, t.worktree, t.branch, t.head_sha, p.state AS pr_state "
-            f"FROM tasks t {d.indexed_by('idx_tasks_with_worktree')} LEFT JOIN prs p ON p.task_id = t.id "
-            "WHERE t.worktree IS NOT NULL "
-            "AND (t.state = 'failed' OR (t.state IN ('done', 'gate-blocked') AND p.state IN ('merged', 'closed'))) "
-            f"AND {d.greatest('t.updated_at', pr_updated)} < ? ORDER BY t.id",
-            (finished_before,))
-
-    # ------------------------------------------------------------------ forge calls owed (forge_pending)
-
-    def pending(self, key: str) -> dict | None:
-        """The ``forge_pending`` row for ``key`` (``pr_text:<task>`` | ``rate_limit:<forge>``), or None."""
-        return self.one("SELECT * FROM forge_pending WHERE key = ?", (key,))
-
-    def pending_of(self, kind: str) -> list[dict]:
-        return self.all("SELECT * FROM forge_pending WHERE kind = ? ORDER BY key", (kind,))
-
-    def set_pending(self, conn: sqlite3.Connection, key: str, kind: str, reason: str, task_id: int | None = None,
-                    until: float | None = None) -> None:
-        """Record (or count again) a forge call owed; call inside ``tx()`` with its event."""
-        conn.execute("INSERT INTO forge_pending (key, kind, task_id, until, reason, attempts, updated_at) "
-                     "VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT(key) DO UPDATE SET until = excluded.until, "
-                     "reason = excluded.reason, attempts = forge_pending.attempts + 1, "
-                     "updated_at = excluded.updated_at",
-                     (key, kind, task_id, until, reason, now()))
-
-    def clear_pending(self, conn: sqlite3.Connection, key: str) -> bool:
-        return conn.execute("DELETE FROM forge_pending WHERE key = ?", (key,)).rowcount > 0
 
     def integrity(self) -> str:
         """``ok`` or SQLite's first finding; PostgreSQL checks its pages itself (``ok`` once it answers)."""

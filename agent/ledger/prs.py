@@ -158,6 +158,7 @@ def pr_data_from_ledger(ledger, task_id: int):
     import json
 
     from agent.domain.pr_text import pr_data_from_rows
+    from agent.ledger import feedback
 
     inputs = pr_inputs(ledger, task_id)
     if inputs is None:
@@ -165,9 +166,9 @@ def pr_data_from_ledger(ledger, task_id: int):
 
         raise AgentError(f"no task {task_id}; see `agent task list`")
     t = inputs["task"]
-    watch = ledger.pr_watch(task_id)
+    watch = feedback.pr_watch(ledger, task_id)
     ci_head = watch["ci_sha"] if watch["ci_sha"] and watch["ci_sha"] == t["head_sha"] else None
     return pr_data_from_rows({**inputs,
                               "ci": json.loads(watch["ci_results"] or "[]") if ci_head else [],
                               "ci_head": ci_head, "ci_state": watch["ci_state"] if ci_head else None,
-                              "feedback_rounds": ledger.feedback_rounds(task_id)})
+                              "feedback_rounds": feedback.feedback_rounds(ledger, task_id)})

@@ -356,6 +356,8 @@ def list_tasks(ledger: Ledger, state: str | None = None) -> list[dict]:
 
 
 def task_detail(ledger: Ledger, task_id: int) -> dict:
+    from agent.ledger.feedback import feedback_items
+
     t = get_task(ledger, task_id)
     order = {k: i for i, k in enumerate(chain.STEP_KEYS)}
     steps = sorted(ledger.all("SELECT key, kind, status, source, evidence, head_sha AS head, round, closed_at "
@@ -377,7 +379,7 @@ def task_detail(ledger: Ledger, task_id: int) -> dict:
         "verdict": p["verdict"], "proven": p["verdict"] == "proven", "summary": summary(p),
         "reproduces": p["reproduces"], "flipped": p["flipped"], "command": p["command"], "head_sha": p["head_sha"]}
     t["pr_feedback"] = [{k: r[k] for k in ("key", "kind", "author", "path", "line", "state", "decision", "reason",
-                                            "round")} for r in ledger.feedback_items(task_id)]
+                                           "round")} for r in feedback_items(ledger, task_id)]
     return t
 
 
@@ -544,6 +546,19 @@ def record_workspace(ledger: Ledger, task_id: int, *, path: str, branch: str, ba
             ledger.event(c, "workspace.base_replaced", "script", {"old": old_base_sha, "new": base_sha},
                          task_id=task_id)
     return interrupted
+
+
+def finished_worktrees(ledger: Ledger, finished_before: str) -> list[dict]:
+    """Tasks that still have a worktree though they are over: failed, or their PR merged or closed, and that
+    since before ``finished_before`` (a ``now()`` timestamp)."""
+    d, pr_updated = ledger.dialect, "coalesce(p.updated_at, '')"
+    return ledger.all(
+        "SELECT t.id, t.repo, t.state, t.worktree, t.branch, t.head_sha, p.state AS pr_state "
+        f"FROM tasks t {d.indexed_by('idx_tasks_with_worktree')} LEFT JOIN prs p ON p.task_id = t.id "
+        "WHERE t.worktree IS NOT NULL "
+        "AND (t.state = 'failed' OR (t.state IN ('done', 'gate-blocked') AND p.state IN ('merged', 'closed'))) "
+        f"AND {d.greatest('t.updated_at', pr_updated)} < ? ORDER BY t.id",
+        (finished_before,))
 
 
 def record_workspace_removed(ledger: Ledger, task_id: int, *, path: str, branch: str | None, why: str,

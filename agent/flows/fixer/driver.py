@@ -168,11 +168,14 @@ def _reconcile_lost_work(ctx: Ctx, ws) -> None:
 
 def _workspace_failed(ctx: Ctx, error: str) -> None:
     """One workspace failure: an event; the Nth in a row (limits.workspace_failures) gate-blocks the task."""
+    from agent.ledger import eventlog
+
     limit = ctx.config.limits.workspace_failures
     error = redact_text(error)[:600]
     with claimed_tx(ctx.ledger, ctx.task_id, ctx.token) as c:
         ctx.ledger.event(c, "workspace.failed", "script", {"error": error}, task_id=ctx.task_id)
-        streak = ctx.ledger.event_streak(c, ctx.task_id, "workspace.failed", ("workspace.ready", "task.reset"))
+        streak = eventlog.event_streak(ctx.ledger, c, ctx.task_id, "workspace.failed",
+                                       ("workspace.ready", "task.reset"))
         state = get_task(ctx.ledger, ctx.task_id, c)["state"]
         blocked = streak >= limit and state in (chain.OPEN, chain.WORKING)
         if blocked:
@@ -211,9 +214,11 @@ MAX_UNEXPECTED = 3
 
 def _record_unexpected(ledger: Ledger, task_id: int, token: str | None, error: str) -> None:
     """Record an unexpected error; the third in a row without progress gate-blocks the task for a human."""
+    from agent.ledger import eventlog
+
     with claimed_tx(ledger, task_id, token) as c:
         ledger.event(c, "task.error", "script", {"error": redact_text(error)[:1000]}, task_id=task_id)
-        streak = ledger.event_streak(c, task_id, "task.error", ("step.closed", "round.started", "task.reset"))
+        streak = eventlog.event_streak(ledger, c, task_id, "task.error", ("step.closed", "round.started", "task.reset"))
         state = get_task(ledger, task_id, c)["state"]
         if streak >= MAX_UNEXPECTED and state in (chain.OPEN, chain.WORKING):
             transition_in(ledger, c, task_id, state, chain.BLOCKED, "script",

@@ -18,7 +18,7 @@ from agent.flows.fixer.outcomes import (Ctx, Stop, block, close_step, fail, reda
                                         repo_settings, task_git, wait)
 from agent.flows.fixer.limits import (PR_OPEN_LEASE, PR_OPEN_LEASE_S, PR_OPEN_WAIT_S, budget_refused, check_budgets,
                                       lane_budget, pr_limits_reached)
-from agent.ledger import Ledger, ledger_path
+from agent.ledger import Ledger, eventlog, feedback, leases, ledger_path
 from agent.ledger.errors import conclusion_brief, get_error
 from agent.ledger.lanes import BudgetRefused, inflight_run, interrupt_run
 from agent.domain.pr_text import commit_message
@@ -48,7 +48,7 @@ def _brief(ctx: Ctx) -> str:
 
 
 def _feedback(ctx: Ctx) -> list[str]:
-    return [e["payload"].get("feedback", "") for e in ctx.ledger.events(task_id=ctx.task_id)
+    return [e["payload"].get("feedback", "") for e in eventlog.events(ctx.ledger, task_id=ctx.task_id)
             if e["kind"] == "round.started" and e["payload"].get("feedback")]
 
 
@@ -270,7 +270,7 @@ def _push_task_ref(ctx: Ctx, sha: str) -> None:
     t = ctx.load_task()
     repo_cfg = repo_config(ctx)
     try:   # the claim is checked, and held still, in the step that pushes (ClaimLost: not ours, nothing pushed)
-        with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
+        with leases.holding_claim(ctx.ledger, ctx.task_id, ctx.token):
             push_task_ref(mirror_path(ctx.home, t["repo"]), repo_cfg.url, ctx.task_id, sha, expected=t["head_sha"])
     except PushError as exc:
         if "refusing" in str(exc):
@@ -529,7 +529,7 @@ def step_pushed(ctx: Ctx) -> None:
     t = ctx.load_task()
     repo_cfg = repo_config(ctx)
     try:   # only under the current claim, checked and held still in the same step (ClaimLost: nothing pushed)
-        with ctx.ledger.holding_claim(ctx.task_id, ctx.token):
+        with leases.holding_claim(ctx.ledger, ctx.task_id, ctx.token):
             res = push_branch(Path(t["worktree"]), repo_cfg.url, t["branch"], t["base"], repo_cfg.branch_prefix,
                               expected_remote_sha=t["pushed_sha"])
     except PushError as exc:
@@ -675,7 +675,7 @@ def _reply_on_pr(ctx: Ctx) -> None:
     from agent.flows.feedback import post_owed_replies
     from agent.forge import ForgeError, get_forge
 
-    if not ctx.ledger.owed_replies(ctx.task_id):
+    if not feedback.owed_replies(ctx.ledger, ctx.task_id):
         return
     try:
         forge = get_forge(repo_config(ctx), ctx.config, ctx.home, ledger=ctx.ledger)
