@@ -78,6 +78,14 @@ def test_opencode_permissions_by_role(tmp_path):
     assert "rm*" not in rp["bash"]
 
 
+def test_opencode_snapshots_off(tmp_path):
+    """Issue 34: opencode's own snapshot repo (git init + add in its data dir) is not made: the runner keeps the
+    worktree's picture, and a run's fresh private state would pay for it every run."""
+    for writable in (True, False):
+        assert json.loads(ADAPTERS["opencode"].build(ctx(tmp_path, writable)).env["OPENCODE_CONFIG_CONTENT"])[
+            "snapshot"] is False
+
+
 @pytest.mark.parametrize("name", ["codex", "claude", "opencode", "gemini"])
 def test_spec_goes_on_stdin_not_argv(name, tmp_path):
     c = ctx(tmp_path, True)

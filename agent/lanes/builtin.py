@@ -275,7 +275,9 @@ class OpenCode(_Base):
 
     The spec goes on stdin (opencode appends stdin to the message).  Permissions are set per lane
     with ``OPENCODE_CONFIG_CONTENT`` (merged over the user's config, which keeps the provider):
-    read-only lanes get ``edit: deny`` and bash limited to git read commands.  Resume:
+    read-only lanes get ``edit: deny`` and bash limited to git read commands; its own file snapshots (a git repo it
+    makes and fills in its data dir, for /undo) are off: the runner keeps the worktree's picture itself, and in a
+    run's fresh private state they cost every run ~0.3-0.5 s of git work (issue 34).  Resume:
     ``--session <id>``.  Cost: sum of ``step_finish.part.cost``.
     """
 
@@ -302,7 +304,7 @@ class OpenCode(_Base):
     def _inv(self, ctx: LaneContext, prompt: str, stdin: Path, extra: list[str]) -> Invocation:
         argv = [ctx.bin, "run", "--format", "json", "--dir", str(ctx.cwd), *extra, *_model("-m", ctx),
                 *ctx.extra_args, prompt]
-        env = {"OPENCODE_CONFIG_CONTENT": json.dumps(self.permissions(ctx.writable))}
+        env = {"OPENCODE_CONFIG_CONTENT": json.dumps({**self.permissions(ctx.writable), "snapshot": False})}
         return Invocation(argv=argv, stdin_path=Path(stdin), env=env)
 
     def build(self, ctx: LaneContext) -> Invocation:
