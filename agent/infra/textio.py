@@ -16,7 +16,6 @@ A leaf module: it imports nothing of agent but :class:`agent.AgentError`.
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
 import os
 import re
@@ -131,6 +130,8 @@ def load_yaml_cached(text: str, name: str, cache: Path | None, error: type[Agent
     missing, a link, unreadable or another text's is a miss; one that cannot be written only costs the parse."""
     if cache is None:
         return load_yaml(text, name, error)
+    import hashlib   # here: a tick that reads no config does not load OpenSSL for it
+
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     try:
         fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
