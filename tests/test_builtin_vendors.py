@@ -78,6 +78,22 @@ def test_opencode_permissions_by_role(tmp_path):
     assert "rm*" not in rp["bash"]
 
 
+def test_codex_bundled_skills_off(tmp_path):
+    """Issue 34: codex lanes run without its bundled skills (it wrote them into a run's fresh state each run)."""
+    c = ctx(tmp_path, True)
+    for inv in (ADAPTERS["codex"].build(c), ADAPTERS["codex"].build_resume(c, "sess-1", c.spec_path)):
+        i = inv.argv.index("skills.bundled.enabled=false")
+        assert inv.argv[i - 1] == "-c" and inv.argv.index("-") > i
+
+
+def test_opencode_snapshots_off(tmp_path):
+    """Issue 34: opencode's own snapshot repo (git init + add in its data dir) is not made: the runner keeps the
+    worktree's picture, and a run's fresh private state would pay for it every run."""
+    for writable in (True, False):
+        assert json.loads(ADAPTERS["opencode"].build(ctx(tmp_path, writable)).env["OPENCODE_CONFIG_CONTENT"])[
+            "snapshot"] is False
+
+
 @pytest.mark.parametrize("name", ["codex", "claude", "opencode", "gemini"])
 def test_spec_goes_on_stdin_not_argv(name, tmp_path):
     c = ctx(tmp_path, True)

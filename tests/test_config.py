@@ -127,6 +127,64 @@ def test_bad_yaml_and_missing_required_file(tmp_path):
     assert load_config(tmp_path / "missing.yaml").repos == {}
 
 
+def test_parsed_config_is_cached_by_its_text(tmp_path, monkeypatch):
+    """Issue 34: the home keeps the config's parsed YAML as JSON under its text's hash; a later process that reads
+    the same text skips the YAML parser, an edited file (whatever its mtime) is parsed again, and a document JSON
+    would change (a date, a number as a key) or a cache that is a link is never used."""
+    import os
+
+    from agent.infra import textio
+
+    path, cache = tmp_path / "config.yaml", tmp_path / "config.yaml.json"
+    path.write_text(EXAMPLE)
+    first = load_config(path, cache=cache)
+    assert cache.is_file() and oct(cache.stat().st_mode & 0o777) == "0o600"
+    parsed = []
+    real = textio.load_yaml
+    monkeypatch.setattr(textio, "load_yaml", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    again = load_config(path, cache=cache)
+    assert parsed == [] and again.lanes == first.lanes and again.vendors == first.vendors
+
+    stat = path.stat()
+    path.write_text(EXAMPLE.replace("round_cap: 5", "round_cap: 7"))     # the same size, the same mtime
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert load_config(path, cache=cache).limits.round_cap == 7 and parsed == [1]
+    assert load_config(path, cache=cache).limits.round_cap == 7 and parsed == [1]
+
+    for text in ("decide: {auto: false}\nwhen: 2026-12-04\n", "limits: {round_cap: 5}\n9: nine\n"):
+        weird = tmp_path / "weird.yaml"
+        weird.write_text(text)
+        before = cache.read_text()
+        assert textio.load_yaml_cached(text, "weird.yaml", cache) == yaml.safe_load(text)
+        assert cache.read_text() == before                       # not kept: JSON would change it
+
+    target = tmp_path / "elsewhere.json"
+    target.write_text(cache.read_text())
+    kept = target.read_text()
+    cache.unlink()
+    cache.symlink_to(target)
+    parsed.clear()
+    assert load_config(path, cache=cache).limits.round_cap == 7 and parsed == [1]    # a link is not read
+    assert not cache.is_symlink() and target.read_text() == kept                     # nor written through
+
+
+def test_the_home_keeps_its_config_parsed(tmp_path):
+    """An App's config is read through the home's cache (``agent.config.CONFIG_CACHE``)."""
+    from agent.app.context import App
+    from agent.config import CONFIG_CACHE
+
+    (tmp_path / "config.yaml").write_text(EXAMPLE)
+    assert App(home=tmp_path).config.limits.round_cap == 5
+    assert (tmp_path / CONFIG_CACHE).is_file()
+    assert App(home=tmp_path).config.limits.round_cap == 5
+    (tmp_path / CONFIG_CACHE).unlink()
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "agent.yaml").write_text(EXAMPLE)        # a --config file's text is not copied into the home
+    assert App(home=tmp_path, config_file=other / "agent.yaml").config.limits.round_cap == 5
+    assert not (tmp_path / CONFIG_CACHE).exists()
+
+
 def _commit_all(repo: Path) -> str:
     import subprocess
 

@@ -70,10 +70,13 @@ class App:
     def config(self) -> Config:
         if self._config is None:
             self.require_home()
-            from agent.config import load_config
+            from agent.config import CONFIG_CACHE, load_config
             from agent.config.repo import check_open_tasks
 
-            config = load_config(self.config_path, required=self.config_file is not None)
+            # the home's own config.yaml is kept parsed in the home (never a --config file's text: it may live
+            # somewhere more private than the home)
+            config = load_config(self.config_path, required=self.config_file is not None,
+                                 cache=self.home / CONFIG_CACHE if self.config_file is None else None)
             where = self.ledger_location
             if isinstance(where, str) or where.is_file():  # a config must still serve the tasks that are open
                 from agent.ledger.tasks import open_task_needs

@@ -797,19 +797,23 @@ def _proof(v: Validator, value: Any) -> ProofSettings:
     return ProofSettings(mode=mode, tests=v.strings(top.get("tests"), "proof.tests"))
 
 
-def _read_yaml(path: Path) -> Any:
-    from agent.infra.textio import load_yaml, read_text
-
-    return load_yaml(read_text(path, error=ConfigError).text, str(path), error=ConfigError)
+CONFIG_CACHE = "config.yaml.json"      # in the home: the config file's YAML document, by its text's hash
 
 
-def load_config(path: Path, required: bool = False) -> Config:
-    """Load the home config; a missing file is an empty config unless ``required``."""
+def _read_yaml(path: Path, cache: Path | None = None) -> Any:
+    from agent.infra.textio import load_yaml_cached, read_text
+
+    return load_yaml_cached(read_text(path, error=ConfigError).text, str(path), cache, error=ConfigError)
+
+
+def load_config(path: Path, required: bool = False, cache: Path | None = None) -> Config:
+    """Load the home config; a missing file is an empty config unless ``required``.  ``cache``: where the parsed
+    YAML is kept for the next process (``agent.infra.textio.load_yaml_cached``; the home's ``CONFIG_CACHE``)."""
     if not path.exists():
         if required:
             raise ConfigError(f"{path}: no such config file; run `agent init` or pass an existing --config")
         return Config(path=None)
-    return parse_config(_read_yaml(path), filename=str(path), path=path)
+    return parse_config(_read_yaml(path, cache), filename=str(path), path=path)
 
 
 DEFAULT_CONFIG = """\

@@ -134,11 +134,14 @@ class Codex(_Base):
     0.171.0 a resumed turn reports the thread's cumulative tokens).  No dollar cost.
     Resume: ``codex exec resume <id>``; it does not remember the sandbox, so the write sandbox is
     passed again with ``-c sandbox_mode=...`` (without it a resumed implementer turns read-only).
+    Its bundled skills (image generation, a skill installer that fetches from GitHub, ...) are off: a lane needs
+    none, and in a run's fresh private state codex wrote them out every run (~80 of its ~110 files; issue 34).
     """
 
     name = "codex"
     default_bin = "codex"
     login_files = ("auth.json", "config.toml")
+    NO_SKILLS = ("-c", "skills.bundled.enabled=false")
     usage_cumulative = True       # run_lane replaces a resumed turn's usage instead of adding it
 
     @staticmethod
@@ -154,7 +157,7 @@ class Codex(_Base):
     def build(self, ctx: LaneContext) -> Invocation:
         last = self._last_file(ctx)
         last.unlink(missing_ok=True)
-        argv = [ctx.bin, "exec", "--json", "-s", self._sandbox(ctx), "-C", str(ctx.cwd),
+        argv = [ctx.bin, "exec", "--json", "-s", self._sandbox(ctx), "-C", str(ctx.cwd), *self.NO_SKILLS,
                 "-o", str(last), *_model("-m", ctx), *ctx.extra_args, "-"]
         return Invocation(argv=argv, stdin_path=Path(ctx.spec_path))
 
@@ -163,7 +166,7 @@ class Codex(_Base):
             return self._no_session()
         last = self._last_file(ctx)
         last.unlink(missing_ok=True)
-        argv = [ctx.bin, "exec", "resume", "--json", "-c", f'sandbox_mode="{self._sandbox(ctx)}"',
+        argv = [ctx.bin, "exec", "resume", "--json", "-c", f'sandbox_mode="{self._sandbox(ctx)}"', *self.NO_SKILLS,
                 "-o", str(last), *_model("-m", ctx), *ctx.extra_args, session_id, "-"]
         return Invocation(argv=argv, stdin_path=Path(note_path))
 
@@ -275,7 +278,9 @@ class OpenCode(_Base):
 
     The spec goes on stdin (opencode appends stdin to the message).  Permissions are set per lane
     with ``OPENCODE_CONFIG_CONTENT`` (merged over the user's config, which keeps the provider):
-    read-only lanes get ``edit: deny`` and bash limited to git read commands.  Resume:
+    read-only lanes get ``edit: deny`` and bash limited to git read commands; its own file snapshots (a git repo it
+    makes and fills in its data dir, for /undo) are off: the runner keeps the worktree's picture itself, and in a
+    run's fresh private state they cost every run ~0.3-0.5 s of git work (issue 34).  Resume:
     ``--session <id>``.  Cost: sum of ``step_finish.part.cost``.
     """
 
@@ -302,7 +307,7 @@ class OpenCode(_Base):
     def _inv(self, ctx: LaneContext, prompt: str, stdin: Path, extra: list[str]) -> Invocation:
         argv = [ctx.bin, "run", "--format", "json", "--dir", str(ctx.cwd), *extra, *_model("-m", ctx),
                 *ctx.extra_args, prompt]
-        env = {"OPENCODE_CONFIG_CONTENT": json.dumps(self.permissions(ctx.writable))}
+        env = {"OPENCODE_CONFIG_CONTENT": json.dumps({**self.permissions(ctx.writable), "snapshot": False})}
         return Invocation(argv=argv, stdin_path=Path(stdin), env=env)
 
     def build(self, ctx: LaneContext) -> Invocation:
