@@ -313,3 +313,44 @@ def test_the_claims_hook_makes_a_home_rebuild_when_another_runner_held_the_task_
     feedback = " ".join(payload(e).get("feedback", "") for e in events(a) if e["kind"] == "round.started")
     assert "changed no file" not in feedback and "workspace was lost" in feedback
     check_invariants(a, p["remote"], tasks=1, homes=[a, b])
+
+
+def test_a_taken_over_lane_that_outlived_its_killed_runner_is_ended(tmp_path):
+    """A lane that outlives its SIGKILLed runner (here unsandboxed, so deterministic: its own process group; under
+    bwrap a kill that lands before bwrap arms its parent-death signal does the same) is ended by the runner that
+    takes the task over: its pid and start time pinned, its whole group, and B says so."""
+    import yaml
+
+    from agent.infra.proc import same_process
+
+    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60"))
+    p["playbook"].write_text(json.dumps(ONE_ROUND))
+    share_ledger(p)
+    a, b = p["home"], add_home(p, "home-b")
+    for home in (a, b):
+        cfg = yaml.safe_load((home / "config.yaml").read_text())
+        cfg["sandbox"] = "none"
+        if home == b:                                # B's lanes do not sleep
+            for vendor in cfg["vendors"].values():
+                argv = vendor["command"]
+                i = argv.index("--sleep")
+                vendor["command"] = argv[:i] + argv[i + 2:]
+        (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    w = watcher(a, log=tmp_path / "a.log")
+
+    def lane_running():
+        con = db(a)
+        try:
+            return con.execute("SELECT id, pid, pid_start FROM lane_runs WHERE status = 'running' "
+                               "AND pid IS NOT NULL").fetchone()
+        finally:
+            con.close()
+
+    assert wait_for(lane_running, 60), (tmp_path / "a.log").read_text()
+    run_id, pid, pid_start = lane_running()
+    kill_group(w)                                   # SIGKILL the runner; its lane runs on
+    assert same_process(pid, pid_start)
+    run_to_end(b, log=tmp_path / "b.log")
+    check_invariants(b, p["remote"], tasks=1)
+    assert not same_process(pid, pid_start), "the orphan lane outlived the takeover"
+    assert f"(pid {pid}) still ran; ended" in (tmp_path / "b.log").read_text()

@@ -80,18 +80,40 @@ def ensure_workspace(ctx: Ctx) -> None:
 
     # the ledger never keeps a commit the repository lacks: a base that a re-cloned mirror no longer has is replaced
     base_sha = t["base_sha"] if has_commit(ws.mirror, t["base_sha"]) else ws.base_sha
-    record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
+    interrupted = record_workspace(ctx.ledger, ctx.task_id, path=str(ws.path), branch=ws.branch, base_sha=base_sha,
                      old_base_sha=t["base_sha"], created=ws.created, replaced_lost=lost and ws.created,
                      claim_token=ctx.token, start_at=start_at, taken_over_from=t["worktree"] if foreign else None,
                      head=t["head_sha"],
                      # another runner held it last: every run still `running` is that runner's (its home may have
                      # the same path as this one on another machine); else only runs outside this home's lanes/
                      own_lanes=None if moved else str(Path(ctx.home).resolve() / "lanes") + "/")
+    if interrupted:
+        _end_interrupted_lanes(ctx, interrupted)
     if foreign:
         ctx.say(f"taken over from {Path(t['worktree']).parent.parent}: worktree rebuilt at "
                 f"{(start_at or 'the pushed branch or base')[:12]}")
     if (lost or t["head_sha"]) and ws.created:
         _reconcile_lost_work(ctx, ws)
+
+
+def _end_interrupted_lanes(ctx: Ctx, run_ids: list[int]) -> None:
+    """A taken-over task's interrupted lanes whose processes still run in this pid scope (their runner died on this
+    host; a SIGKILL that lands before bwrap arms its parent-death signal leaves the sandbox running): end their
+    process groups, each pinned by its recorded pid and start time. Nothing reads their output any more, and a
+    lane must not outlive its runner. Processes of another host or container are never touched."""
+    from agent.coord.runners import pid_scope
+    from agent.infra.proc import kill_group_if_same
+    from agent.ledger.lanes import get_run
+    from agent.ledger.leases import runner_rows
+
+    previous = getattr(getattr(ctx, "claim", None), "previous_runner", None)
+    scopes = {r["id"]: r.get("scope") for r in runner_rows(ctx.ledger)}
+    if previous is not None and scopes.get(previous) != pid_scope():
+        return
+    for run_id in run_ids:
+        run = get_run(ctx.ledger, run_id) or {}
+        if kill_group_if_same(run.get("pid"), run.get("pid_start"), grace=1.0):
+            ctx.say(f"{run.get('role')} lane of the runner it was taken from (pid {run.get('pid')}) still ran; ended")
 
 
 def _holds_head(worktree: Path, mirror: Path, head: str | None) -> bool:
