@@ -234,3 +234,47 @@ def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
     out = subprocess.run(argv, capture_output=True, text=True)
     assert out.returncode == 126 and not marker.exists(), out
     assert "agent-lane: seccomp: prctl failed" in out.stderr and sandbox_exec_failure(out.stderr), out
+
+
+@needs_sandbox
+@pytest.mark.parametrize("network", ["proxy", "none"])
+def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_path, network):
+    """A runner SIGKILLed in the first moments of a lane's start dies before bwrap arms its parent-death signal,
+    and the sandbox would run on unsupervised (with the egress bridge's socat keeping its init alive for good).
+    The applier checks its lifeline (agent.infra.proc.LIFELINE_ENV) right before the lane: with the agent gone
+    (the pipe's only write end closed) the lane never starts and the whole sandbox ends, socat included; with the
+    agent there, the same argv runs the lane. Real bwrap, socat and the egress proxy."""
+    from agent.config import parse_config
+    from agent.infra.env import lane_env
+    from agent.infra.proc import LIFELINE_ENV
+    from agent.lanes.sandbox import lane_plan, wrap
+
+    repo = make_repo(tmp_path / "repo")
+    home, scratch = tmp_path / "home", tmp_path / "scratch"
+    home.mkdir()
+    scratch.mkdir()
+    config = parse_config({"sandbox": {"network": network}})
+    plan = lane_plan(cwd=repo, writable=True, agent_home=home, run_dir=scratch, spec_paths=[], state_paths=[],
+                     extra_writable=[])
+    mark = repo / "lane-started"
+    with egress.lane_network(config, None) as net:
+        argv, env = wrap(bwrap_path(), ["sh", "-c", f"touch {mark}; echo started"], plan, lane_env(()),
+                         net if network == "proxy" else None)
+        assert LIFELINE_ENV in env
+        for agent_alive in (False, True):
+            r, w = os.pipe()
+            if not agent_alive:
+                os.close(w)                          # what the kernel does when the agent is SIGKILLed
+            p = subprocess.Popen(argv, env={**env, LIFELINE_ENV: str(r)}, pass_fds=(r,), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            os.close(r)
+            try:
+                out, err = p.communicate(timeout=30)  # returns only once bwrap's init ended: socat is gone too
+            finally:
+                if agent_alive:
+                    os.close(w)
+            if agent_alive:
+                assert p.returncode == 0 and "started" in out and mark.exists(), (p.returncode, err)
+            else:
+                assert p.returncode != 0 and not mark.exists(), (p.returncode, out, err)
+                assert "the agent process that started this sandbox is gone" in err, err

@@ -30,6 +30,11 @@ DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_TAIL_BYTES = 256 * 1024
 DEFAULT_HARD_CAP = 1 << 30        # an output file past 1 GiB while the child runs: the child is killed
 TRUNCATION_MARKER = "\n[agent: output truncated, {dropped} bytes dropped]\n"
+# A child whose environment names this variable gets a lifeline: the read end of a pipe whose only write end this
+# process holds, its number put in the variable. The write end closes when this process ends, however it ends
+# (SIGKILL included), so the child can tell, at any moment, whether the process that started it is still there.
+# The sandbox's seccomp applier checks it right before the lane starts (agent/lanes/seccomp.py).
+LIFELINE_ENV = "AGENT_LIFELINE_FD"
 
 
 @dataclass
@@ -338,7 +343,12 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     require_room(stdout_path.parent)
     out_fh = open_new(stdout_path)
     err_fh = open_new(stderr_path)
-    stdin = None
+    stdin = proc = None
+    lifeline = None
+    if env is not None and LIFELINE_ENV in env:
+        lifeline = os.pipe()             # both ends non-inheritable: only this child gets the read end
+        env = {**env, LIFELINE_ENV: str(lifeline[0])}
+        pass_fds = (*pass_fds, lifeline[0])
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
         proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=out_fh,
@@ -352,6 +362,10 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     except OSError as exc:
         return not_started(f"{argv[0]}: cannot start ({exc.strerror or exc})")
     finally:
+        if lifeline is not None:
+            os.close(lifeline[0])
+            if proc is None:             # not started: nobody to hold the line for
+                os.close(lifeline[1])
         if stdin is not None and stdin is not subprocess.DEVNULL:
             stdin.close()
         for fh in (out_fh, err_fh):
@@ -366,6 +380,8 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
                           max_bytes, tail_bytes, on_line, on_start, hard_cap)
     finally:
+        if lifeline is not None:
+            os.close(lifeline[1])
         with _RUNNING_LOCK:
             _RUNNING.pop(pgid, None)
             _STARTED_BY.pop(pgid, None)

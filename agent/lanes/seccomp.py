@@ -88,9 +88,22 @@ def program(machine: str | None = None) -> bytes:
 
 
 # Runs as `python -I -S -c APPLY PROGRAM_HEX LC_CTYPE_OR_- argv...`: stdlib only, no site, no agent import.
+# First it checks its lifeline (agent.infra.proc.LIFELINE_ENV): when the agent process that started the sandbox
+# is already gone (SIGKILLed before bwrap armed its parent-death signal, which then never comes), it ends its own
+# process group (the egress bridge's socat with it, which would keep the sandbox's init waiting) instead of
+# starting a lane nobody supervises.
 # The command gets what it was given: Python's locale coercion may have set LC_CTYPE in its environment, and Python
 # ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored across exec): both back to the default.
 APPLY = r"""import _signal, ctypes, os, sys
+line = os.environ.pop("AGENT_LIFELINE_FD", "")
+if line.isdigit():
+    import select
+    poll = select.poll()
+    poll.register(int(line), select.POLLIN)
+    if poll.poll(0):
+        sys.stderr.write("agent-lane: the agent process that started this sandbox is gone; the lane does not start\n")
+        os.killpg(0, 9)
+    os.close(int(line))
 _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
 _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 prog = bytes.fromhex(sys.argv[1])
@@ -136,9 +149,14 @@ _warned: set[str] = set()
 
 def filtered_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     """``argv`` under the filter; on an architecture without one, ``argv`` as it is and a warning (once per
-    process) that lanes run without it."""
+    process) that lanes run without it. The applier asks for a lifeline in ``env`` (``agent.infra.proc.run``
+    fills in its number)."""
+    from agent.infra.proc import LIFELINE_ENV
+
     try:
-        return applier_argv(argv, env)
+        wrapped = applier_argv(argv, env)
+        env[LIFELINE_ENV] = ""
+        return wrapped
     except Unsupported as exc:
         if str(exc) not in _warned:
             _warned.add(str(exc))
