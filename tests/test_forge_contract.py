@@ -395,8 +395,8 @@ def test_a_dropped_answer_after_the_create_is_adopted_never_duplicated(hub):
 
 
 def test_timeouts_are_retried_only_for_idempotent_calls(hub):
+    pr = hub.make().create_draft("agent/fix-slow01", "main", "t", "b")   # set up with the default timeouts
     forge = hub.make(timeout=(2.0, 1.0))
-    pr = forge.create_draft("agent/fix-slow01", "main", "t", "b")
     hub.inject_kind("GET", hub.pr_path, "delay", delay=2.0)          # past the read timeout of 1 s
     assert forge.state(pr.number).number == pr.number and hub.clock.sleeps == [1.0]
     mark = hub.mark()
