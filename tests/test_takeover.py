@@ -85,31 +85,43 @@ def test_a_second_home_takes_over_mid_round_from_the_remotes_hidden_ref(tmp_path
     assert git(p["remote"], "rev-parse", "refs/agent/task-1") == done["head_sha"]
 
 
-def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more(tmp_path):
+def _lane_running_in_a(tmp_path, lane_args: tuple[str, ...], sandbox: str | None = None):
+    """One task, two homes on one ledger: A's watcher started and its first lane running (sleeping), B configured
+    with lanes that do not sleep (a fresh run, nothing is resumed). Returns p, A, B, A's watcher and the running
+    lane's (id, pid, pid_start)."""
     import yaml
 
-    lanes_log = tmp_path / "lanes.log"
-    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "30", "--log", str(lanes_log)))
+    p = build(tmp_path / "w", tasks=1, lane_args=lane_args)
     p["playbook"].write_text(json.dumps(ONE_ROUND))
     share_ledger(p)
     a, b = p["home"], add_home(p, "home-b")
-    cfg = yaml.safe_load((b / "config.yaml").read_text())
-    for vendor in cfg["vendors"].values():         # B's lanes do not sleep (a fresh run, nothing is resumed)
-        argv = vendor["command"]
-        i = argv.index("--sleep")
-        vendor["command"] = argv[:i] + argv[i + 2:]
-    (b / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    for home in (a, b):
+        cfg = yaml.safe_load((home / "config.yaml").read_text())
+        if sandbox is not None:
+            cfg["sandbox"] = sandbox
+        if home == b:
+            for vendor in cfg["vendors"].values():
+                argv = vendor["command"]
+                i = argv.index("--sleep")
+                vendor["command"] = argv[:i] + argv[i + 2:]
+        (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     w = watcher(a, log=tmp_path / "a.log")
 
     def lane_running():
         con = db(a)
         try:
-            return con.execute("SELECT id FROM lane_runs WHERE status = 'running' AND pid IS NOT NULL").fetchone()
+            return con.execute("SELECT id, pid, pid_start FROM lane_runs WHERE status = 'running' "
+                               "AND pid IS NOT NULL").fetchone()
         finally:
             con.close()
 
     assert wait_for(lane_running, 60), (tmp_path / "a.log").read_text()
-    (run_id,) = lane_running()
+    return p, a, b, w, tuple(lane_running())
+
+
+def test_a_lane_left_running_by_a_killed_runner_is_interrupted_and_run_once_more(tmp_path):
+    lanes_log = tmp_path / "lanes.log"
+    p, a, b, w, (run_id, _, _) = _lane_running_in_a(tmp_path, ("--sleep", "30", "--log", str(lanes_log)))
     kill_group(w)                                   # SIGKILL mid-lane
     run_to_end(b, log=tmp_path / "b.log")
     check_invariants(b, p["remote"], tasks=1)
@@ -319,35 +331,9 @@ def test_a_taken_over_lane_that_outlived_its_killed_runner_is_ended(tmp_path):
     """A lane that outlives its SIGKILLed runner (here unsandboxed, so deterministic: its own process group; under
     bwrap a kill that lands before bwrap arms its parent-death signal does the same) is ended by the runner that
     takes the task over: its pid and start time pinned, its whole group, and B says so."""
-    import yaml
-
     from agent.infra.proc import same_process
 
-    p = build(tmp_path / "w", tasks=1, lane_args=("--sleep", "60"))
-    p["playbook"].write_text(json.dumps(ONE_ROUND))
-    share_ledger(p)
-    a, b = p["home"], add_home(p, "home-b")
-    for home in (a, b):
-        cfg = yaml.safe_load((home / "config.yaml").read_text())
-        cfg["sandbox"] = "none"
-        if home == b:                                # B's lanes do not sleep
-            for vendor in cfg["vendors"].values():
-                argv = vendor["command"]
-                i = argv.index("--sleep")
-                vendor["command"] = argv[:i] + argv[i + 2:]
-        (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    w = watcher(a, log=tmp_path / "a.log")
-
-    def lane_running():
-        con = db(a)
-        try:
-            return con.execute("SELECT id, pid, pid_start FROM lane_runs WHERE status = 'running' "
-                               "AND pid IS NOT NULL").fetchone()
-        finally:
-            con.close()
-
-    assert wait_for(lane_running, 60), (tmp_path / "a.log").read_text()
-    run_id, pid, pid_start = lane_running()
+    p, a, b, w, (_, pid, pid_start) = _lane_running_in_a(tmp_path, ("--sleep", "60"), sandbox="none")
     kill_group(w)                                   # SIGKILL the runner; its lane runs on
     assert same_process(pid, pid_start)
     run_to_end(b, log=tmp_path / "b.log")
