@@ -1,4 +1,4 @@
-"""The application context: where the home is, and lazily opened config and ledger.
+"""The application context: the home (found by agent.app.homedir), and lazily opened config and ledger.
 
 Commands receive an ``App``; library functions receive the pieces they need (a Ledger, a
 Config, a Path), so they can be tested without the CLI.
@@ -7,7 +7,6 @@ Config, a Path), so they can be tested without the CLI.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,25 +15,6 @@ from agent.ledger import Ledger, ledger_path, use_config_file
 
 if TYPE_CHECKING:  # agent.config costs ~8 ms of import: only a tick that reads the config pays it
     from agent.config import Config
-
-
-def default_home() -> Path:
-    """The platform's user data directory for agent."""
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = str(Path.home() / "Library" / "Application Support")
-    else:
-        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "agent"
-
-
-def resolve_home(home: str | os.PathLike | None) -> Path:
-    if home:
-        return Path(home).expanduser().resolve()
-    if os.environ.get("AGENT_HOME"):
-        return Path(os.environ["AGENT_HOME"]).expanduser().resolve()
-    return default_home()
 
 
 def ensure_home(home: Path) -> Path:

@@ -95,7 +95,8 @@ def cli(ctx, home, config_file):
     """
     from pathlib import Path
 
-    from agent.app.context import App, resolve_home
+    from agent.app.context import App
+    from agent.app.homedir import resolve_home
 
     app = App(home=resolve_home(home), config_file=Path(config_file).resolve() if config_file else None)
     ctx.obj = app
