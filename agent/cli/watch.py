@@ -90,17 +90,25 @@ def watch_all(jobs, as_json):
               help="With --serve: TCP port.")
 @click.option("--public", is_flag=True, help="With --serve: allow a non-loopback --host without "
                                              "serve.read_token_env (prints a warning).")
-def daemon(interval, jobs, max_ticks, with_serve, host, port, public):
+@click.option("--no-forkserver", is_flag=True, help="Do not start the fork server, which runs `agent lane run` "
+                                                    "for this home without Python's start and imports.")
+def daemon(interval, jobs, max_ticks, with_serve, host, port, public, no_forkserver):
     """Loop `agent watch all` until SIGTERM/SIGINT.
 
     The first signal stops new work and lets the running step finish; a second one kills running lanes.
     With --serve the webhook/status/metrics server runs in the same process and stops with it.
+    While it runs, its fork server (HOME/run/forkserver.sock) starts `agent lane run` for this home in a
+    process that has already imported what a lane run needs.
 
     \b
     Example:
       agent daemon --interval 60 --jobs 4 --serve --port 8080
     """
     from agent.app.daemon import run_daemon
+    from agent.cli.forkserver import running
 
-    run_daemon(get_app(), interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo,
-               serve=(host, port) if with_serve else None, public=public)
+    app = get_app()
+    app.require_home()
+    with running(app.home, click.echo, enabled=not no_forkserver):
+        run_daemon(app, interval=interval, jobs=jobs, max_ticks=max_ticks, echo=click.echo,
+                   serve=(host, port) if with_serve else None, public=public)

@@ -479,6 +479,32 @@ def capture(argv: Sequence[str], *, cwd: Path | str | None, env: dict[str, str],
                     err.decode("utf-8", "replace"), timed_out, out)
 
 
+class Helper:
+    """A long-lived trusted helper the agent starts and stops (the daemon's fork server): its own session (a Ctrl-C
+    at the agent's terminal is the agent's to pass on), stdin a pipe whose only write end the agent holds (the
+    helper ends when it reads EOF there: the agent stopped or died), stdout discarded, stderr the agent's."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None):
+        self.proc = subprocess.Popen([str(a) for a in argv], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """Close its lifeline, wait up to ``grace`` seconds, then SIGKILL it (only it: what it started for others
+        runs on); its exit status."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
 # ---------------------------------------------------------------------------- process identity
 
 
