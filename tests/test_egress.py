@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,8 @@ from agent.ledger import eventlog
 from conftest import git
 from lane_helpers import make_config
 
-needs_sandbox = pytest.mark.skipif(bwrap_path() is None or egress.socat_path() is None,
-                                   reason="bubblewrap or socat is not installed; scripts/ci-bwrap installs both "
-                                          "(apt-get install bubblewrap socat as root)")
+needs_sandbox = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed; scripts/ci-bwrap "
+                                   "installs it (apt-get install bubblewrap as root)")
 
 # Every way out the old main left open; each attempt prints "NAME: done ..." or "NAME: <error>".
 EVIL_NET = r'''
@@ -264,7 +264,7 @@ def test_a_lane_reaches_no_host_socket_loopback_or_lan_service(world, tmp_path, 
     assert "403" in got["serve_via_proxy"] and "403" in got["connect_loopback"], got
     assert "403" in got["connect_elsewhere"], got
     assert got["allowed"] == "done allowed-model-server", got
-    assert got["ls_run"] == "done ['agent-egress']", got           # /run is an empty tmpfs but for the proxy
+    assert got["ls_run"] == "done []", got           # /run is an empty tmpfs (no proxy socket in it either)
     refused = {h for ev in got["_refused"] for h in ev["hosts"]}
     assert {"example.com:443", f"127.0.0.1:{targets['tcp_port']}"} <= refused, got["_refused"]
 
@@ -361,10 +361,8 @@ def test_a_repository_check_has_no_network_and_no_host_sockets(tmp_path, home):
         srv.server_close()
 
 
-def _ask(sock_path: Path, raw: bytes) -> bytes:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(str(sock_path))
+def _ask(port: int, raw: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(raw)
         out = b""
         while True:
@@ -374,11 +372,36 @@ def _ask(sock_path: Path, raw: bytes) -> bytes:
             out += chunk
 
 
+def _listening(port: int = 0) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", port))
+    s.listen(128)
+    return s
+
+
+def _hand_over(proxy, socks: list[socket.socket], ports: list[int]) -> None:
+    """What the sandbox's launcher does (agent.lanes.seccomp.APPLY): one message on the pair, then its copies go."""
+    with socket.socket(fileno=os.dup(proxy.lane_fd())) as chan:
+        socket.send_fds(chan, [",".join(map(str, ports)).encode()], [s.fileno() for s in socks])
+    for s in socks:
+        s.close()
+
+
+def _served(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+            return s.recv(100).startswith(b"HTTP/1.1 403")
+    except OSError:
+        return False
+
+
 def test_the_proxy_itself(tmp_path):
-    """The egress proxy on its unix socket, spoken to as the lane's bridge does: plain HTTP to an allowed host is
-    forwarded in origin form without the Proxy-* headers; CONNECT to an allowed host is a tunnel; an unlisted host,
-    or the allowed host on another port, is 403 and recorded; a request that is not a proxy request is 400; more
-    connections at once than MAX_CONNECTIONS get 503 (the agent's threads stay bounded)."""
+    """The egress proxy on the listening socket the lane's launcher hands it (played here on the host's loopback):
+    plain HTTP to an allowed host is forwarded in origin form without the Proxy-* headers; CONNECT to an allowed
+    host is a tunnel; an unlisted host, or the allowed host on another port, is 403 and recorded; a request that is
+    not a proxy request is 400; more connections at once than MAX_CONNECTIONS get 503 (the agent's threads stay
+    bounded)."""
     seen = []
 
     class Echo(_Hello):
@@ -389,16 +412,17 @@ def test_the_proxy_itself(tmp_path):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     port = srv.server_address[1]
-    proxy = egress.EgressProxy(egress.Allowlist([egress.HostRule.parse(f"127.0.0.1:{port}")]), tmp_path / "p.sock")
+    lst = _listening()
+    pport = lst.getsockname()[1]
+    proxy = egress.EgressProxy(egress.Allowlist([egress.HostRule.parse(f"127.0.0.1:{port}")]), port=pport)
+    _hand_over(proxy, [lst], [pport])
     held = []
     try:
-        got = _ask(proxy.path, f"GET http://127.0.0.1:{port}/x?y=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        got = _ask(pport, f"GET http://127.0.0.1:{port}/x?y=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                    "Proxy-Authorization: Basic eDp5\r\n\r\n".encode())
         assert got.startswith(b"HTTP/1.0 200") and got.endswith(b"allowed-model-server"), got
         assert seen == [("/x?y=1", None)]
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(str(proxy.path))
+        with socket.create_connection(("127.0.0.1", pport), timeout=10) as s:
             s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
             assert s.recv(4096).startswith(b"HTTP/1.1 200 Connection established")
             s.sendall(b"GET /tunnel HTTP/1.0\r\n\r\n")
@@ -409,21 +433,60 @@ def test_the_proxy_itself(tmp_path):
         assert seen[-1][0] == "/tunnel"
         for raw in (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", f"CONNECT 127.0.0.1:{port + 1} HTTP/1.1\r\n\r\n"
                     .encode(), b"GET http://10.0.0.1/ HTTP/1.1\r\n\r\n"):
-            assert _ask(proxy.path, raw).startswith(b"HTTP/1.1 403"), raw
+            assert _ask(pport, raw).startswith(b"HTTP/1.1 403"), raw
         assert proxy.refused == ["example.com:443", f"127.0.0.1:{port + 1}", "10.0.0.1:80"]
-        assert _ask(proxy.path, b"GET /relative HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")
+        assert _ask(pport, b"GET /relative HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")
         for _ in range(egress.MAX_CONNECTIONS):
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(str(proxy.path))
-            held.append(s)
-        assert _ask(proxy.path, b"").startswith(b"HTTP/1.1 503")
+            held.append(socket.create_connection(("127.0.0.1", pport), timeout=10))
+        assert _ask(pport, b"").startswith(b"HTTP/1.1 503")
     finally:
         for s in held:
             s.close()
         proxy.close()
         srv.shutdown()
         srv.server_close()
-    assert not proxy.path.exists()
+    assert not _served(pport)                      # closed with the turn
+
+
+def test_the_proxy_serves_only_what_it_asked_for(tmp_path):
+    """Whatever comes over the pair is checked before anything is accepted on it: the ports it asked for, in
+    order, each a listening TCP socket on 127.0.0.1 at that port. Anything else is closed unserved, and only the
+    first message counts."""
+    allow = egress.Allowlist([])
+    cases = []
+    a = _listening()
+    cases.append(("another port than asked", [a], [a.getsockname()[1]], a.getsockname()[1] + 1))
+    b = _listening()
+    cases.append(("a socket missing", [b], [b.getsockname()[1], b.getsockname()[1] + 1], b.getsockname()[1]))
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.bind(("127.0.0.1", 0))                         # bound, not listening
+    cases.append(("not listening", [c], [c.getsockname()[1]], c.getsockname()[1]))
+    for why, socks, ports, asked in cases:
+        proxy = egress.EgressProxy(allow, port=asked)
+        real = socks[0].getsockname()[1]
+        keep = socket.socket(fileno=os.dup(socks[0].fileno()))
+        _hand_over(proxy, socks, ports)
+        try:
+            time.sleep(0.2)
+            assert not proxy._listeners, why
+            keep.close()                              # the test's last copy: now nobody holds it
+            assert not _served(real), why
+        finally:
+            proxy.close()
+    good = _listening()
+    port = good.getsockname()[1]
+    proxy = egress.EgressProxy(allow, port=port)
+    _hand_over(proxy, [good], [port])
+    try:
+        assert _served(port)
+        late = _listening()                          # a second message on the pair is never read
+        with socket.socket(fileno=os.dup(proxy.lane_fd())) as chan:
+            socket.send_fds(chan, [str(late.getsockname()[1]).encode()], [late.fileno()])
+        time.sleep(0.2)
+        assert len(proxy._listeners) == 1
+        late.close()
+    finally:
+        proxy.close()
 
 
 def test_the_socket_dirs_a_lane_never_sees(tmp_path):
@@ -446,10 +509,9 @@ def test_the_socket_dirs_a_lane_never_sees(tmp_path):
 
 
 @needs_sandbox
-def test_the_bridge_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
-    """The bridge's socat logs a few lines per connection and nobody reads them after it is up: 150 connections
-    through it (past a pipe's 64 KiB of notices, ~800 bytes each) all get their answer, and the lane runs with
-    SIGPIPE at its default (socat alone ignores it)."""
+def test_the_proxy_port_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
+    """The lane's proxy port in a real sandbox: 150 connections through it all get their answer, and the lane runs
+    with SIGPIPE at its default (the launcher is Python, which ignores it)."""
     from agent.config import Config, VendorConfig
     from agent.lanes.sandbox import lane_plan, require, wrap
 
@@ -475,7 +537,7 @@ def test_the_bridge_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
             argv, env = wrap(require(config), ["/bin/sh", "-c", f"grep SigIgn /proc/self/status; "
                                                f"exec {sys.executable} -c \"$0\"", probe], plan,
                              {"PATH": "/usr/bin:/bin"}, net)
-            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, pass_fds=net.pass_fds())
     finally:
         srv.shutdown()
         srv.server_close()

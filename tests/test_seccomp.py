@@ -1,8 +1,9 @@
 """Issue 23: no unix socket in a lane.  A path socket the mounts leave in view (here: one in a dir bound into the
 lane read-write) was connectable from a lane; now ``socket(AF_UNIX)`` fails with EPERM inside the sandbox
-(agent.lanes.seccomp), while ``socketpair()``, child processes with pipes and the egress bridge (whose socat
-connects to the proxy's unix socket) still work.  ``sandbox: {unix_sockets: allow}`` is the control: the same lane
-connects.  Real bubblewrap, socat, a real listening socket and the real lane runner."""
+(agent.lanes.seccomp), while ``socketpair()``, child processes with pipes and the egress proxy (on the lane's
+loopback, its listening socket made by the launcher and served by the agent) still work.  ``sandbox:
+{unix_sockets: allow}`` is the control: the same lane connects.  Real bubblewrap, a real listening socket and the
+real lane runner."""
 
 from __future__ import annotations
 
@@ -27,9 +28,8 @@ from agent.lanes.lane import LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path, check_argv
 from lane_helpers import make_config, make_repo
 
-needs_sandbox = pytest.mark.skipif(bwrap_path() is None or egress.socat_path() is None,
-                                   reason="bubblewrap or socat is not installed; scripts/ci-bwrap installs both "
-                                          "(apt-get install bubblewrap socat as root)")
+needs_sandbox = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed; scripts/ci-bwrap "
+                                   "installs it (apt-get install bubblewrap as root)")
 
 PROBE = r'''
 import json, os, socket, subprocess, sys
@@ -56,7 +56,7 @@ if shutil.which("node"):
                            "process.stdout.write(c.stdout.toString())"], capture_output=True, text=True)
     res["node_child"] = node.stdout or node.stderr[-300:]
 proxy = os.environ.get("HTTP_PROXY")
-if proxy:   # the bridge: socat on the lane's loopback, connecting to the proxy's unix socket for this request
+if proxy:   # the proxy's port on the lane's loopback (the launcher's listening socket, served by the agent)
     c = socket.create_connection(("127.0.0.1", int(proxy.rsplit(":", 1)[1])), timeout=10)
     c.sendall(b"CONNECT 127.0.0.2:9 HTTP/1.1\r\nHost: 127.0.0.2:9\r\n\r\n")
     res["proxy"] = c.recv(200).decode(errors="replace").split("\r\n")[0]
@@ -116,7 +116,7 @@ def _lane(tmp_path, ledger, listener, sandbox: dict) -> dict:
 
 
 @needs_sandbox
-def test_a_lane_cannot_create_a_unix_socket_but_pipes_socketpair_and_the_bridge_work(tmp_path, ledger, listener):
+def test_a_lane_cannot_create_a_unix_socket_but_pipes_socketpair_and_the_proxy_work(tmp_path, ledger, listener):
     res = _lane(tmp_path, ledger, listener, {"mode": "bwrap"})
     assert res["socket"] == 1, res                              # EPERM at socket(), before any connect
     assert listener.accepted == 0
@@ -124,7 +124,7 @@ def test_a_lane_cannot_create_a_unix_socket_but_pipes_socketpair_and_the_bridge_
     assert res["python_child"] == "PIPED"
     if shutil.which("node"):
         assert res["node_child"] == "nodepipe", res
-    # the egress bridge still reaches the proxy (it refuses this host: an answer from the proxy itself)
+    # the egress proxy still answers (it refuses this host: an answer from the proxy itself)
     assert res["proxy"].startswith("HTTP/1.1 403"), res
 
 
@@ -193,7 +193,8 @@ def test_the_program_per_architecture_and_a_refusal_elsewhere(caplog):
     seccomp.platform.machine, real = (lambda: "riscv64"), seccomp.platform.machine
     try:
         with caplog.at_level(logging.WARNING):
-            assert seccomp.filtered_argv(argv, {}) == argv
+            unfiltered = seccomp.filtered_argv(argv, {})      # the launcher still runs (egress, lifeline): no filter
+            assert unfiltered[-2:] == argv and unfiltered[-4] == "-"
     finally:
         seccomp.platform.machine = real
     assert "lanes run without it" in caplog.text
@@ -240,10 +241,9 @@ def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
 @pytest.mark.parametrize("network", ["proxy", "none"])
 def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_path, network):
     """A runner SIGKILLed in the first moments of a lane's start dies before bwrap arms its parent-death signal,
-    and the sandbox would run on unsupervised (with the egress bridge's socat keeping its init alive for good).
-    The applier checks its lifeline (agent.infra.proc.LIFELINE_ENV) right before the lane: with the agent gone
-    (the pipe's only write end closed) the lane never starts and the whole sandbox ends, socat included; with the
-    agent there, the same argv runs the lane. Real bwrap, socat and the egress proxy."""
+    and the sandbox would run on unsupervised.  The launcher checks its lifeline (agent.infra.proc.LIFELINE_ENV)
+    right before the lane: with the agent gone (the pipe's only write end closed) the lane never starts and the
+    whole sandbox ends; with the agent there, the same argv runs the lane. Real bwrap and the egress proxy."""
     from agent.config import parse_config
     from agent.infra.env import lane_env
     from agent.infra.proc import LIFELINE_ENV
@@ -265,11 +265,11 @@ def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_p
             r, w = os.pipe()
             if not agent_alive:
                 os.close(w)                          # what the kernel does when the agent is SIGKILLed
-            p = subprocess.Popen(argv, env={**env, LIFELINE_ENV: str(r)}, pass_fds=(r,), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            p = subprocess.Popen(argv, env={**env, LIFELINE_ENV: str(r)}, pass_fds=(r, *net.pass_fds()),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             os.close(r)
             try:
-                out, err = p.communicate(timeout=30)  # returns only once bwrap's init ended: socat is gone too
+                out, err = p.communicate(timeout=30)  # returns only once bwrap's init ended
             finally:
                 if agent_alive:
                     os.close(w)

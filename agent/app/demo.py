@@ -179,12 +179,6 @@ def write_config(home: Path, remote: Path, playbook: Path, implementer_status: s
         # the demo's lanes are its own scripted stand-ins (trusted code, no model): on a machine without
         # bubblewrap they run unsandboxed so the demo still works; run_demo says so.  Real lanes never do this.
         config["sandbox"] = "none"
-    else:
-        from agent.lanes.egress import socat_path
-
-        if socat_path() is None:
-            # the scripted lanes need no network: without socat (the egress proxy's bridge) they get none at all
-            config["sandbox"] = {"network": "none"}
     if "--log" in lane_args:       # the lanes append to that log from inside their sandbox
         folder = str(Path(lane_args[lane_args.index("--log") + 1]).resolve().parent)
         for vendor in config["vendors"].values():

@@ -236,9 +236,9 @@ def check_config(config_path: Path, required: bool):
 
 
 def check_network(config, environ=None) -> Check:
-    """`sandbox.network: proxy` (default) needs socat, and a base URL a vendor is given must be on its allowlist;
-    `host` is allowed but warned; `none` says what it means."""
-    from agent.lanes.egress import INSTALL_FIX, mode, socat_path, unlisted_base_urls
+    """`sandbox.network: proxy` (default): a base URL a vendor is given must be on its allowlist; `host` is allowed
+    but warned; `none` says what it means."""
+    from agent.lanes.egress import mode, unlisted_base_urls
     from agent.lanes.sandbox import mode as sandbox_mode
 
     net = mode(config)
@@ -252,10 +252,6 @@ def check_network(config, environ=None) -> Check:
     if net == "none":
         return Check("network", True, "sandbox.network: none: lanes have no network (a vendor CLI cannot reach its "
                      "model)")
-    found = socat_path()
-    if found is None:
-        return Check("network", False, "sandbox.network: proxy, but socat is not installed: every lane refuses to "
-                     "start", INSTALL_FIX)
     unlisted = unlisted_base_urls(config, lane_vendors(config), os.environ if environ is None else environ)
     if unlisted:
         vendor, var, hostport = unlisted[0]

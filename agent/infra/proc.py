@@ -74,7 +74,7 @@ class ProcResult:
 
 
 def system_binary(name: str) -> str | None:
-    """A system tool on PATH or in /usr/bin (bwrap, socat), or None."""
+    """A system tool on PATH or in /usr/bin (bwrap), or None."""
     import shutil
 
     for cand in (shutil.which(name), f"/usr/bin/{name}"):

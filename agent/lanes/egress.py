@@ -2,16 +2,17 @@
 
 ``sandbox.network`` (config.yaml):
 - ``proxy`` (default): the lane runs with ``--unshare-net`` (only its own loopback; the host's loopback services,
-  LAN and abstract unix sockets are not there).  The agent serves an HTTP proxy (``CONNECT`` and plain HTTP) on a
-  unix socket in a runner-only dir; the socket is bound into the sandbox and ``socat`` bridges it to
-  ``127.0.0.1:PROXY_PORT`` inside the lane's namespace, and ``HTTP(S)_PROXY`` point there (the shape of
-  Anthropic's sandbox-runtime on Linux).  The proxy lets through only ``HOST[:PORT]``s on the lane's allowlist:
+  LAN and abstract unix sockets are not there).  Right before the lane's command starts, the sandbox's launcher
+  (agent.lanes.seccomp) listens on ``127.0.0.1:PROXY_PORT`` in the lane's namespace and hands that listening socket
+  to the agent over an inherited socket pair (``SCM_RIGHTS``); the agent's allowlisting HTTP proxy (``CONNECT`` and
+  plain HTTP) accepts on it from outside, and ``HTTP(S)_PROXY`` point there.  No unix socket is bound into the lane
+  and no bridge process runs in it.  The proxy lets through only ``HOST[:PORT]``s on the lane's allowlist:
   its built-in vendor's model API hosts (``VENDOR_HOSTS``), ``vendors.X.hosts`` and ``sandbox.allow_hosts``.
   A built-in host that resolves to a loopback, private or link-local address is refused (a poisoned resolver
   cannot turn it into a way to the LAN); an address, ``localhost`` or a name the config lists is the operator's
   word (that is how the scripted model server on 127.0.0.1 is reached in tests).  A loopback ``HOST:PORT`` the
-  config names is also forwarded from the lane's own 127.0.0.1:PORT through the proxy (``bridge_script``), for
-  CLIs that ignore the proxy variables (grok).
+  config names is also listened on at the lane's own 127.0.0.1:PORT and forwarded there, still through the
+  allowlist, for CLIs that ignore the proxy variables (grok).
 - ``none``: its own network namespace and no proxy (no network at all).
 - ``host``: the host's network (explicitly only; doctor warns).
 
@@ -27,9 +28,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import selectors
-import shutil
 import socket
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +37,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from agent import AgentError
 from agent.domain.hosts import HostRule
 
-PROXY_PORT = 3128                      # the bridge's port on the lane's own loopback
-SOCKET_IN_LANE = "/run/agent-egress/proxy.sock"
-INSTALL_FIX = ("install socat (`apt-get install socat`, or scripts/ci-bwrap), or set `sandbox: {network: none}` "
-               "in config.yaml")
+PROXY_PORT = 3128                      # the proxy's port on the lane's own loopback
+EGRESS_FD_ENV = "AGENT_EGRESS_FD"      # the launcher's end of the socket pair (agent.lanes.seccomp.APPLY)
+EGRESS_PORTS_ENV = "AGENT_EGRESS_PORTS"   # the ports it listens on: PROXY_PORT first, then the forwarded ones
 
 # The model API (and login refresh) hosts each built-in vendor needs; everything else is refused.
 VENDOR_HOSTS: dict[str, tuple[str, ...]] = {
@@ -55,10 +53,6 @@ VENDOR_HOSTS: dict[str, tuple[str, ...]] = {
 HEAD_MAX = 65536
 IO_TIMEOUT = 30.0
 MAX_CONNECTIONS = 64                   # open at once per lane: more are refused (503), the agent keeps its threads
-
-
-class EgressUnavailable(AgentError):
-    pass
 
 
 def mode(config) -> str:
@@ -205,78 +199,143 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
 
 
 class EgressProxy:
-    """An allowlisting HTTP proxy on a unix socket (one per lane turn); ``refused`` lists what it turned away."""
+    """An allowlisting HTTP proxy for one lane turn, serving the listening sockets the sandbox's launcher makes in
+    the lane's network namespace and hands over on ``lane_fd()``'s socket pair (one message: the ports, comma
+    separated, and one listening socket each, checked to be exactly that before anything is accepted on them).
+    A forwarded port's connections go to its configured loopback ``(host, port)``.  ``refused`` lists what it
+    turned away."""
 
-    def __init__(self, allow: Allowlist, path: Path):
+    def __init__(self, allow: Allowlist, forwards: list[tuple[str, int]] = (), port: int = PROXY_PORT):
         self.allow = allow
-        self.path = Path(path)
+        self.ports = [port] + list(dict.fromkeys(p for _, p in forwards if p != port))
+        self.targets = {p: h for h, p in forwards if p != port}
         self.refused: list[str] = []
         self._conns: set[socket.socket] = set()
+        self._listeners: list[socket.socket] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(self.path))
-        os.chmod(self.path, 0o600)               # only the agent's user (which the lane's uid maps to)
-        self._sock.listen(64)
+        self._chan, self._lane_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._serve, name="egress-proxy", daemon=True)
         self._thread.start()
 
-    def _serve(self) -> None:
-        while True:
+    def lane_fd(self) -> int:
+        """The launcher's end of the socket pair (inherited by the sandbox; the agent's copy closes with the turn)."""
+        return self._lane_end.fileno()
+
+    def _receive(self) -> list[socket.socket]:
+        """The launcher's one message: its listening sockets, if they are what was asked for; else none."""
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(self._chan, 256, len(self.ports) + 1)
+        except OSError:
+            return []
+        got = [socket.socket(fileno=fd) for fd in fds]
+        try:
+            ports = [int(x) for x in msg.decode("ascii").split(",")] if msg else []
+        except (UnicodeError, ValueError):
+            ports = []
+        ok = ports == self.ports and len(got) == len(ports)
+        for sock, port in zip(got, ports) if ok else ():
             try:
-                conn, _ = self._sock.accept()
+                ok = ok and sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM \
+                    and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1 \
+                    and sock.getsockname() == ("127.0.0.1", port)
             except OSError:
-                return
-            if not self._slots.acquire(blocking=False):
-                _reply(conn, 503, "Service Unavailable", "agent egress proxy: too many connections")
-                try:
-                    conn.shutdown(socket.SHUT_WR)
-                    conn.setblocking(False)
-                    conn.recv(HEAD_MAX)           # what already came: closing on unread data would reset the reply
-                except OSError:
-                    pass
-                conn.close()
-                continue
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+                ok = False
+        if not ok:
+            for sock in got:
+                sock.close()
+            return []
+        return got
+
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._chan, selectors.EVENT_READ, "chan")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while True:
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        return
+                    if key.data == "chan":           # one message only: nothing later on the pair is read
+                        sel.unregister(self._chan)
+                        with self._lock:
+                            self._listeners = self._receive()
+                        for sock in self._listeners:
+                            sock.setblocking(False)
+                            sel.register(sock, selectors.EVENT_READ, sock.getsockname()[1])
+                        continue
+                    try:
+                        conn, _ = key.fileobj.accept()
+                    except OSError:
+                        continue
+                    conn.setblocking(True)
+                    self._dispatch(conn, key.data)
+        finally:
+            sel.close()
+
+    def _dispatch(self, conn: socket.socket, port: int) -> None:
+        if not self._slots.acquire(blocking=False):
+            _reply(conn, 503, "Service Unavailable", "agent egress proxy: too many connections")
+            try:
+                conn.shutdown(socket.SHUT_WR)
+                conn.setblocking(False)
+                conn.recv(HEAD_MAX)           # what already came: closing on unread data would reset the reply
+            except OSError:
+                pass
+            conn.close()
+            return
+        target = (self.targets[port], port) if port in self.targets else None
+        threading.Thread(target=self._handle, args=(conn, target), daemon=True).start()
 
     def _track(self, s: socket.socket, add: bool) -> None:
         with self._lock:
             (self._conns.add if add else self._conns.discard)(s)
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket, target: tuple[str, int] | None = None) -> None:
+        """A proxy request on PROXY_PORT, or (``target``) a forwarded port's connection to its loopback host."""
         self._track(conn, True)
         up = None
         try:
             conn.settimeout(IO_TIMEOUT)
-            head = _read_head(conn)
-            if head is None:
-                return _reply(conn, 400, "Bad Request", "agent egress proxy: no request head")
-            line, _, rest = head.partition(b"\r\n")
-            parts = line.decode("latin-1").split()
-            tgt = _target(parts[0].upper(), parts[1]) if len(parts) == 3 else None
-            if tgt is None:
-                return _reply(conn, 400, "Bad Request",
-                              "agent egress proxy: expected CONNECT host:port or an absolute http:// URL")
-            host, port, path = tgt
+            if target is not None:
+                method, (host, port), path, rest, version = "FORWARD", target, "", b"", ""
+            else:
+                head = _read_head(conn)
+                if head is None:
+                    return _reply(conn, 400, "Bad Request", "agent egress proxy: no request head")
+                line, _, rest = head.partition(b"\r\n")
+                parts = line.decode("latin-1").split()
+                tgt = _target(parts[0].upper(), parts[1]) if len(parts) == 3 else None
+                if tgt is None:
+                    return _reply(conn, 400, "Bad Request",
+                                  "agent egress proxy: expected CONNECT host:port or an absolute http:// URL")
+                method, version = parts[0].upper(), parts[2]
+                host, port, path = tgt
             why, addrs = self.allow.check(host, port)
             if why is not None:
                 with self._lock:
                     self.refused.append(f"{host}:{port}")
+                if target is not None:
+                    return None
                 return _reply(conn, 403, "Forbidden", f"agent egress proxy: refused: {why} (add it to "
                               "vendors.NAME.hosts or sandbox.allow_hosts in config.yaml)")
             up = self._connect(addrs)
             if up is None:
+                if target is not None:
+                    return None
                 return _reply(conn, 502, "Bad Gateway", f"agent egress proxy: cannot connect to {host}:{port}")
             self._track(up, True)
-            body = rest.partition(b"\r\n\r\n")
-            if parts[0].upper() == "CONNECT":
+            if method == "CONNECT":
+                body = rest.partition(b"\r\n\r\n")
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if body[2]:
                     up.sendall(body[2])
-            else:
+            elif method != "FORWARD":
+                body = rest.partition(b"\r\n\r\n")
                 headers = [h for h in body[0].split(b"\r\n") if h and not h.lower().startswith(
                     (b"proxy-", b"connection:", b"keep-alive:"))]
-                up.sendall(b"\r\n".join([f"{parts[0]} {path} {parts[2]}".encode("latin-1"), *headers,
+                up.sendall(b"\r\n".join([f"{method} {path} {version}".encode("latin-1"), *headers,
                                          b"Connection: close", b"", b""]) + body[2])
             conn.settimeout(None)
             up.settimeout(None)
@@ -307,32 +366,23 @@ class EgressProxy:
         return None
 
     def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        os.write(self._wake_w, b"x")
+        self._thread.join(2)
         with self._lock:
             conns = list(self._conns)
+            listeners, self._listeners = self._listeners, []
+        for s in listeners + [self._chan, self._lane_end]:
+            s.close()
         for s in conns:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._thread.join(2)
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 # --------------------------------------------------------------------------- what the sandbox gets
-
-
-def socat_path() -> str | None:
-    from agent.infra.proc import system_binary
-
-    return system_binary("socat")
 
 
 def _pg_socket_dir(url: str | None) -> Path | None:
@@ -408,43 +458,37 @@ def host_sockets(hidden: list[Path], scan=SOCKET_SCAN) -> list[Path]:
 @dataclass
 class Net:
     """What ``sandbox.wrap`` adds for the network: ``--unshare-net``, the hidden socket dirs and, in proxy mode,
-    the proxy's socket and the bridge in front of the lane's argv."""
+    the proxy (whose listening sockets the sandbox's launcher makes: ``env`` names its socket pair's end and the
+    ports, ``pass_fds`` hands the end to the child)."""
     mode: str
     hide: list[Path] = field(default_factory=list)
     blank: list[Path] = field(default_factory=list)        # host socket files: /dev/null bound over each
-    socket: Path | None = None
-    socat: str | None = None
     proxy: EgressProxy | None = None
-    forwards: list[tuple[str, int]] = field(default_factory=list)    # loopback (host, port) named in config
-    _dir: Path | None = None
 
     def bwrap_args(self) -> list[str]:
         return ["--unshare-net"] if self.mode in ("proxy", "none") else []
 
     def mounts(self) -> list[tuple[Path, list[str]]]:
         """(destination, bwrap option) pairs, sorted with the plan's mounts by depth: an empty tmpfs over each
-        hidden socket dir, then the proxy's socket bound in."""
+        hidden socket dir, /dev/null over each host socket file."""
         out = [(p, ["--tmpfs", str(p)]) for p in self.hide]
         out += [(p, ["--ro-bind", "/dev/null", str(p)]) for p in self.blank]
-        if self.socket is not None:
-            out.append((Path(SOCKET_IN_LANE), ["--ro-bind", str(self.socket), SOCKET_IN_LANE]))
-            out.append((Path(READY_FIFO), ["--ro-bind", str(self.socket.parent / "ready"), READY_FIFO]))
         return out
 
-    def argv(self, argv: list[str]) -> list[str]:
-        if self.socket is None:
-            return list(argv)
-        return ["/bin/sh", "-c", bridge_script(self.socat, self.forwards), "agent-lane", *argv]
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self.proxy.lane_fd(),) if self.proxy is not None else ()
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         env = dict(env)
-        if self.socket is not None:
+        if self.proxy is not None:
             # everything goes to the proxy: an exception list would only lead to connections that fail
             env = {k: v for k, v in env.items() if k.lower() not in ("no_proxy", "all_proxy")}
             url = f"http://127.0.0.1:{PROXY_PORT}"
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env[k] = url
             env["NODE_USE_ENV_PROXY"] = "1"          # node >= 24 honours the variables above with it
+            env[EGRESS_FD_ENV] = str(self.proxy.lane_fd())
+            env[EGRESS_PORTS_ENV] = ",".join(str(p) for p in self.proxy.ports)
         return env
 
     def refused(self) -> list[str]:
@@ -455,9 +499,6 @@ class Net:
         if self.proxy is not None:
             self.proxy.close()
             self.proxy = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
 
     def __enter__(self) -> "Net":
         return self
@@ -466,67 +507,16 @@ class Net:
         self.close()
 
 
-READY_FIFO = "/run/agent-egress/ready"      # a fifo the agent makes per turn (no mkfifo process in the lane)
-
-
-def bridge_script(socat: str, forwards: list[tuple[str, int]] = ()) -> str:
-    """sh: start socat on the lane's 127.0.0.1:PROXY_PORT (to the bound proxy socket) and, for each loopback
-    ``(host, port)`` the config names, on the lane's own 127.0.0.1:port through the proxy to that host's port (a
-    CLI that ignores the proxy variables reaches a local model server that way, still only through the
-    allowlist); block until each has logged "listening on" to the ready fifo, then exec the lane's argv.  socat
-    starts with SIGPIPE ignored, so once the fifo has no reader its later notices just fail (EPIPE); the lane gets
-    the default disposition back.  A socat that fails ends its log, so the lane starts anyway and finds no proxy."""
-    lines = ["trap '' PIPE",
-             f"{socat} -d -d TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{SOCKET_IN_LANE} "
-             f"</dev/null >/dev/null 2>{READY_FIFO} &"]
-    ports = [PROXY_PORT]
-    for host, port in forwards:
-        if port in ports:
-            continue
-        ports.append(port)
-        lines.append(f"{socat} -d -d TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr "
-                     f"PROXY:127.0.0.1:{host}:{port},proxyport={PROXY_PORT} </dev/null >/dev/null 2>{READY_FIFO} &")
-    return "\n".join(lines + [
-        f"exec 3<{READY_FIFO}",
-        "n=0",
-        f'while [ $n -lt {len(ports)} ] && read -r line <&3; do case "$line" in *" listening on "*) n=$((n+1));; '
-        "esac; done",
-        "exec 3<&-",
-        "trap - PIPE",
-        'exec "$@"', ""])
-
-
-def require(config) -> str | None:
-    """socat for ``sandbox.network: proxy`` (None for the other modes); raises EgressUnavailable (one line with
-    the fix)."""
-    if mode(config) != "proxy":
-        return None
-    found = socat_path()
-    if found is None:
-        raise EgressUnavailable(f"sandbox.network: proxy needs socat, which is not installed; {INSTALL_FIX}")
-    return found
-
-
 def lane_network(config, vendor: str | None, *, environ=None) -> Net:
     """Start what one sandboxed lane turn's network needs (close it when the turn ends)."""
     m = mode(config)
     net = _hiding(m, config, environ)
-    socat = require(config)
-    if socat is None:
+    if m != "proxy":
         return net
-    # a short path (a unix socket's is at most 107 bytes; a long TMPDIR would not do), private to the agent's user
-    net._dir = Path(tempfile.mkdtemp(prefix="agent-egress-", dir="/tmp" if os.access("/tmp", os.W_OK) else None))
-    net.socket = net._dir / "proxy.sock"
-    net.socat = socat
     allow = allowlist(config, vendor)
-    net.forwards = [(r.host, r.port) for r in allow.rules       # IPv4 loopback only: socat's PROXY syntax
-                    if r.named and r.port and (r.host == "localhost" or r.host.startswith("127.") and _ip(r.host))]
-    try:
-        os.mkfifo(net._dir / "ready", 0o600)
-        net.proxy = EgressProxy(allow, net.socket)
-    except OSError:
-        net.close()
-        raise
+    forwards = [(r.host, r.port) for r in allow.rules       # IPv4 loopback only
+                if r.named and r.port and (r.host == "localhost" or r.host.startswith("127.") and _ip(r.host))]
+    net.proxy = EgressProxy(allow, forwards)
     return net
 
 

@@ -536,12 +536,8 @@ class LaneRun:
         except SandboxUnavailable as exc:
             raise _Ended("unavailable", str(exc)) from None
         if self.bwrap is not None:
-            from agent.lanes.egress import EgressUnavailable, lane_network, require as require_egress
+            from agent.lanes.egress import lane_network
 
-            try:
-                require_egress(config)
-            except EgressUnavailable as exc:
-                raise _Ended("unavailable", str(exc)) from None
             self.network = lambda: lane_network(config, self.vendor_name)
 
     def _binary(self) -> str:
@@ -764,7 +760,8 @@ class LaneRun:
         try:
             return proc.run(argv, cwd=self.ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
                             stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
-                            on_line=self.req.on_progress, on_start=started)
+                            on_line=self.req.on_progress, on_start=started,
+                            pass_fds=net.pass_fds() if net is not None else ())
         finally:
             if watch is not None:
                 watch.stop()

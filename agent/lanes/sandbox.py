@@ -459,7 +459,7 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     /tmp).  Mounts are ordered by depth, so a deeper path (the worktree's ``.git``) overrides a shallower one (the
     worktree), and a hidden tree (a user's home, the agent home inside it) is emptied before what the lane may see
     is bound back into it.  ``net`` (``agent.lanes.egress.Net``): the network namespace, the hidden socket dirs
-    and the egress proxy's bridge; None shares the host's network."""
+    and the egress proxy (``net.pass_fds()`` go to the child); None shares the host's network."""
     args = [bwrap, "--die-with-parent", "--unshare-user", *_uid_args(), "--unshare-pid", "--unshare-ipc",
             "--unshare-uts", *(net.bwrap_args() if net is not None else []), "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
@@ -506,8 +506,8 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
         args += op
     args += ["--chdir", str(plan.cwd), "--"]
-    if plan.unix_sockets != "allow":     # applied after the egress bridge started: its socat needs a unix socket
-        from agent.lanes.seccomp import filtered_argv
+    if plan.unix_sockets != "allow" or (net is not None and net.proxy is not None):
+        from agent.lanes.seccomp import filtered_argv    # the launcher: egress listeners, lifeline, filter
 
-        argv = filtered_argv(argv, env)
-    return args + (list(argv) if net is None else net.argv(argv)), env
+        argv = filtered_argv(argv, env, filtered=plan.unix_sockets != "allow")
+    return args + list(argv), env

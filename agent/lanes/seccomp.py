@@ -13,12 +13,13 @@ kills the process, since its socket call has another number the filter would not
 ``domain`` are compared: the kernel reads the argument as an ``int``, so ``1 | 1 << 32`` is ``AF_UNIX`` too.  On
 any other architecture ``program()`` refuses (``Unsupported``) and the sandbox says it runs without the filter.
 
-It is applied inside the sandbox, after the egress bridge started (its socat connects to the proxy's unix socket
-for every connection the lane opens), right before the lane's command: ``applier_argv`` is an ``exec`` through the
-agent's own interpreter, which sets the filter (``prctl(PR_SET_SECCOMP)``; bwrap already set no-new-privs) and
-``exec``s the command.  bwrap's own ``--seccomp FD`` would filter the bridge too.  No library: libseccomp's Python
-binding is a Debian package outside the agent's venv (and the PyPI ones are unmaintained ctypes copies of it); the
-program below is checked by the kernel when it loads and by the tests in tests/test_seccomp.py on real bwrap.
+It is applied inside the sandbox by the lane's launcher, right before the lane's command: ``applier_argv`` is an
+``exec`` through the agent's own interpreter, which first makes the lane's egress listeners (agent.lanes.egress: an
+``AF_INET`` socket on the lane's loopback, handed to the agent over an inherited socket pair, so the filter need not
+spare any bridge), checks its lifeline, sets the filter (``prctl(PR_SET_SECCOMP)``; bwrap already set no-new-privs)
+and ``exec``s the command.  No library: libseccomp's Python binding is a Debian package outside the agent's venv (and
+the PyPI ones are unmaintained ctypes copies of it); the program below is checked by the kernel when it loads and by
+the tests in tests/test_seccomp.py on real bwrap.
 """
 
 from __future__ import annotations
@@ -87,14 +88,37 @@ def program(machine: str | None = None) -> bytes:
     return b"".join(out)
 
 
-# Runs as `python -I -S -c APPLY PROGRAM_HEX LC_CTYPE_OR_- argv...`: stdlib only, no site, no agent import.
-# First it checks its lifeline (agent.infra.proc.LIFELINE_ENV): when the agent process that started the sandbox
-# is already gone (SIGKILLed before bwrap armed its parent-death signal, which then never comes), it ends its own
-# process group (the egress bridge's socat with it, which would keep the sandbox's init waiting) instead of
-# starting a lane nobody supervises.
+# Runs as `python -I -S -c APPLY PROGRAM_HEX_OR_- LC_CTYPE_OR_- argv...`: stdlib only, no site, no agent import.
+# First the lane's egress (agent.lanes.egress, proxy mode): it listens on 127.0.0.1 at each port AGENT_EGRESS_PORTS
+# names, in the lane's own network namespace, and sends those listening sockets with the port list as one message
+# on the socket pair end AGENT_EGRESS_FD names (then closes its copies: the lane holds neither them nor the pair).
+# Then it checks its lifeline (agent.infra.proc.LIFELINE_ENV): when the agent process that started the sandbox is
+# already gone (SIGKILLed before bwrap armed its parent-death signal, which then never comes), it ends its own
+# process group instead of starting a lane nobody supervises.  Then the filter ("-": none, sandbox.unix_sockets:
+# allow), then the command.
 # The command gets what it was given: Python's locale coercion may have set LC_CTYPE in its environment, and Python
 # ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored across exec): both back to the default.
-APPLY = r"""import _signal, ctypes, os, sys
+APPLY = r"""import _signal, os, sys
+eg = os.environ.pop("AGENT_EGRESS_FD", "")
+ports = os.environ.pop("AGENT_EGRESS_PORTS", "")
+if eg.isdigit():
+    import _socket, array
+    socks = []
+    ch = None
+    try:
+        ch = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, int(eg))
+        for port in ports.split(","):
+            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            socks.append(s)
+            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", int(port)))
+            s.listen(128)
+        ch.sendmsg([ports.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                       array.array("i", [s.fileno() for s in socks]))])
+    except (OSError, ValueError) as e:
+        sys.stderr.write("agent-lane: egress: " + str(e) + "; the lane starts without its proxy\n")
+    for s in socks + ([ch] if ch is not None else []):
+        s.close()
 line = os.environ.pop("AGENT_LIFELINE_FD", "")
 if line.isdigit():
     import select
@@ -106,21 +130,23 @@ if line.isdigit():
     os.close(int(line))
 _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
 _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
-prog = bytes.fromhex(sys.argv[1])
 if sys.argv[2] == "-":
     os.environ.pop("LC_CTYPE", None)
 else:
     os.environ["LC_CTYPE"] = sys.argv[2]
 argv = sys.argv[3:]
-class Fprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-fprog = Fprog(len(prog) // 8, prog)
-libc = ctypes.CDLL(None, use_errno=True)
-u = ctypes.c_ulong
-if libc.prctl(38, u(1), u(0), u(0), u(0)) or libc.prctl(22, u(2), ctypes.byref(fprog), u(0), u(0)):
-    sys.stderr.write("agent-lane: seccomp: prctl failed (" + os.strerror(ctypes.get_errno()) + "), so no exec: "
-                     "sandbox.unix_sockets: allow runs lanes without the filter\n")
-    os._exit(126)
+if sys.argv[1] != "-":
+    import ctypes
+    prog = bytes.fromhex(sys.argv[1])
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    fprog = Fprog(len(prog) // 8, prog)
+    libc = ctypes.CDLL(None, use_errno=True)
+    u = ctypes.c_ulong
+    if libc.prctl(38, u(1), u(0), u(0), u(0)) or libc.prctl(22, u(2), ctypes.byref(fprog), u(0), u(0)):
+        sys.stderr.write("agent-lane: seccomp: prctl failed (" + os.strerror(ctypes.get_errno()) + "), so no exec: "
+                         "sandbox.unix_sockets: allow runs lanes without the filter\n")
+        os._exit(126)
 try:
     os.execvp(argv[0], argv)
 except OSError as e:
@@ -138,25 +164,24 @@ def interpreter() -> str:
     return found
 
 
-def applier_argv(argv: list[str], env: dict[str, str], machine: str | None = None) -> list[str]:
-    """``argv`` run under the filter (raises Unsupported on an unknown architecture)."""
-    prog = program(machine).hex()
+def applier_argv(argv: list[str], env: dict[str, str], machine: str | None = None, filtered: bool = True) -> list[str]:
+    """``argv`` run through the launcher, under the filter when ``filtered`` (raises Unsupported on an unknown
+    architecture)."""
+    prog = program(machine).hex() if filtered else "-"
     return [interpreter(), "-I", "-S", "-c", APPLY, prog, env.get("LC_CTYPE", "-"), *argv]
 
 
 _warned: set[str] = set()
 
 
-def filtered_argv(argv: list[str], env: dict[str, str]) -> list[str]:
-    """``argv`` under the filter; on an architecture without one, ``argv`` as it is and a warning (once per
-    process) that lanes run without it. The applier asks for a lifeline in ``env`` (``agent.infra.proc.run``
-    fills in its number)."""
+def filtered_argv(argv: list[str], env: dict[str, str], filtered: bool = True) -> list[str]:
+    """``argv`` through the launcher: the egress listeners ``env`` asks for, the lifeline and (``filtered``) the
+    filter; on an architecture without one, without it and a warning (once per process) that lanes run without it.
+    The launcher asks for a lifeline in ``env`` (``agent.infra.proc.run`` fills in its number)."""
     from agent.infra.proc import LIFELINE_ENV
 
     try:
-        wrapped = applier_argv(argv, env)
-        env[LIFELINE_ENV] = ""
-        return wrapped
+        wrapped = applier_argv(argv, env, filtered=filtered)
     except Unsupported as exc:
         if str(exc) not in _warned:
             _warned.add(str(exc))
@@ -164,4 +189,6 @@ def filtered_argv(argv: list[str], env: dict[str, str]) -> list[str]:
 
             logging.getLogger(__name__).warning("%s: lanes run without it and may connect to the host's unix "
                                                 "sockets (sandbox.unix_sockets: deny)", exc)
-        return list(argv)
+        wrapped = applier_argv(argv, env, filtered=False)
+    env[LIFELINE_ENV] = ""
+    return wrapped
