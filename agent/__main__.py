@@ -28,7 +28,11 @@ def main() -> None:
         sys.exit(serve(Path(args[1]), run=cli_main, preload=PRELOAD))
     from agent.app.forkclient import run_in_server
 
-    code = run_in_server(args)
+    try:
+        code = run_in_server(args)
+    except KeyboardInterrupt:       # before the server's child took the run (it ends with the connection)
+        sys.stderr.write("Aborted.\n")
+        sys.exit(1)
     if code is not None:
         sys.exit(code)
     from agent.cli import main as cli_main
