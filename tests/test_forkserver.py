@@ -89,7 +89,16 @@ class Server:
         return self.log.read_text()
 
     def pid(self) -> int:
-        return int(re.search(r"ready on .* \(pid (\d+)\)", self.text).group(1))
+        """The fork server's pid: the process running `python -P -m agent --forkserver HOME`."""
+        want = ["--forkserver", str(self.sock.parent.parent)]
+        for d in Path("/proc").iterdir():
+            try:
+                argv = (d / "cmdline").read_bytes().decode().split("\0")
+            except (OSError, ValueError):
+                continue
+            if argv[-3:-1] == want:
+                return int(d.name)
+        raise AssertionError("no fork server process")
 
 
 def _start(argv: list[str], home: Path, log: Path, env: dict[str, str]) -> Server:
@@ -97,8 +106,8 @@ def _start(argv: list[str], home: Path, log: Path, env: dict[str, str]) -> Serve
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=fh, stderr=fh, env=env)
     fh.close()
     server = Server(proc, log, home / "run" / "forkserver.sock")
-    _wait(lambda: "ready on" in server.text or proc.poll() is not None, what="the fork server")
-    assert "ready on" in server.text, server.text
+    _wait(lambda: server.sock.exists() or proc.poll() is not None, what="the fork server")
+    assert server.sock.exists(), server.text
     return server
 
 

@@ -232,7 +232,6 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
     if stat.S_ISFIFO(os.fstat(0).st_mode):
         sel.register(0, selectors.EVENT_READ, "parent")      # stdin: a pipe from the daemon; EOF = it is gone
     children: dict[int, socket.socket] = {}
-    log(f"ready on {rundir / SOCKET_NAME} (pid {os.getpid()})")
     served = 0
     try:
         while not stop:
@@ -271,7 +270,8 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
         signal.set_wakeup_fd(-1)
         for conn in children.values():
             conn.close()
-    log(f"stopped after {served} command(s)")
+    if served:                        # quiet otherwise: a daemon that refuses its own start says only why
+        log(f"stopped after {served} command(s)")
     return 0
 
 
