@@ -6,6 +6,7 @@ import click first); everything else, and a lane run no server takes, runs here.
 module, which knows both, gives it the command line to run and what to import first.
 """
 
+import os
 import sys
 
 # what a lane run imports, loaded once by the fork server (a child imports anything else itself, from disk)
@@ -34,7 +35,11 @@ def main() -> None:
         sys.stderr.write("Aborted.\n")
         sys.exit(1)
     if code is not None:
-        sys.exit(code)
+        # the server's child ran the command (and wrote its output itself): nothing here to finalize; an
+        # interpreter's orderly exit costs ~2 ms
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     from agent.cli import main as cli_main
 
     cli_main()

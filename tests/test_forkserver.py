@@ -273,3 +273,21 @@ def test_a_request_of_the_wrong_shape_is_refused_and_the_server_goes_on(lanes, d
 ])
 def test_only_a_lane_run_command_line_goes_to_the_server(argv, home):
     assert _command_home(argv) == home
+
+
+def test_the_request_round_trips_what_the_os_gave_and_refuses_any_other_shape():
+    from agent.app.forkclient import MAGIC, decode_request, encode_request
+
+    env = {b"PATH": b"/bin", b"ODD": b"caf\xe9=x", b"EMPTY": b""}          # not UTF-8, an '=' in a value
+    argv = ["lane", "run", "", "--spec-file", os.fsdecode(b"/tmp/\xff.md")]
+    req = decode_request(encode_request(argv, env, 0o027, "/usr/bin/python3", "/src/agent"))
+    assert req == {"argv": argv, "umask": 0o027, "exe": "/usr/bin/python3", "agent": "/src/agent",
+                   "env": {"PATH": "/bin", "ODD": os.fsdecode(b"caf\xe9=x"), "EMPTY": ""}}
+    assert os.fsencode(req["env"]["ODD"]) == b"caf\xe9=x"
+    good = encode_request(["a"], {b"X": b"1"}, 18, "/py", "/agent")
+    assert decode_request(good)["argv"] == ["a"]
+    for bad in (b"hello", good.replace(MAGIC, b"agent-fork 9"), good.replace(b"\x0018\x00", b"\x00-1\x00"),
+                good.replace(b"\x0018\x00", b"\x00999\x00"), good.replace(b"\x001\x00a", b"\x007\x00a"),
+                good + b"\x00NOEQUALS", good + b"\x00=value"):
+        with pytest.raises(ValueError):
+            decode_request(bad)

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from agent.app.forkclient import N_FDS, SOCKET_NAME, _exe, _package_dir
+from agent.app.forkclient import N_FDS, SOCKET_NAME, _exe, _package_dir, decode_request
 
 MAX_REQUEST = 4 << 20               # argv + environment
 
@@ -64,8 +64,6 @@ def _stale(before: dict[str, tuple[int, int]]) -> str | None:
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
-    import json
-
     fds: list[int] = []
     data, anc, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(N_FDS * 4))
     for level, kind, raw in anc:
@@ -83,15 +81,7 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
             if not chunk:
                 raise ValueError("request cut short")
             body += chunk
-        req = json.loads(body[:n])
-        ok = (isinstance(req, dict) and isinstance(req.get("argv"), list)
-              and all(isinstance(a, str) for a in req["argv"]) and isinstance(req.get("env"), dict)
-              and all(isinstance(k, str) and isinstance(v, str) for k, v in req["env"].items())
-              and isinstance(req.get("umask"), int) and isinstance(req.get("exe"), str)
-              and isinstance(req.get("agent"), str))
-        if not ok:
-            raise ValueError("request of the wrong shape")
-        return req, fds
+        return decode_request(body[:n]), fds
     except (ValueError, UnicodeError):
         for fd in fds:
             os.close(fd)
