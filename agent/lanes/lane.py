@@ -40,7 +40,8 @@ from agent.infra.env import lane_env, secret_env_names
 from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
-from agent.lanes.sandbox import SandboxUnavailable, lane_plan, sandbox_exec_failure, require as require_sandbox, with_argv_files, wrap
+from agent.lanes.sandbox import (SETUP_RETRIES, SandboxUnavailable, lane_plan, require as require_sandbox,
+                                 sandbox_exec_failure, vanished_mount, with_argv_files, wrap)
 from agent.lanes.protocol import Invocation, LaneContext, TurnOutput
 from agent.lanes.vendors import CommandVendor, get_vendor
 
@@ -453,6 +454,7 @@ class LaneRun:
         self.carried: dict[str, str] = {}                  # what the next turn needs of the last one's lane dir
         self.bwrap = self.plan = self.ctx = self.mhash = self.before = self.guard = None
         self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
+        self.launched: list[str] = []                     # the last turn's argv, as started
 
     def run(self) -> LaneResult:
         from agent.ledger.leases import LeaseLost
@@ -697,12 +699,23 @@ class LaneRun:
             self.tally.add(res, out)
             self._keep_lane_dir(base.name)
             return res, out
-        try:
-            res = self._launch(inv, base, env, net, remaining)
-        finally:
-            refused = net.refused() if net is not None else []
-            if net is not None:
-                net.close()
+        for attempt in range(SETUP_RETRIES + 1):
+            try:
+                res = self._launch(inv, base, env, net, remaining)
+            finally:
+                refused = net.refused() if net is not None else []
+                if net is not None:
+                    net.close()
+            gone = vanished_mount(self.launched, res.stderr_text(4096)) if self.bwrap is not None else None
+            if gone is None or attempt == SETUP_RETRIES:
+                break
+            # a host socket (or its dir) went away after the plan blanked it: nothing ran; plan and start again
+            self.event("lane.sandbox_restarted", {"run_id": self.run_id, "turn": self.turn_index, "gone": gone})
+            remaining = self.end - time.time()
+            try:
+                net = self.network()
+            except OSError:
+                break
         if refused:
             self.event("lane.egress_refused", {"run_id": self.run_id, "turn": self.turn_index, "hosts": refused})
         out = self._read_turn(res)
@@ -750,6 +763,7 @@ class LaneRun:
             plan = with_argv_files(self.plan, argv, env, untrusted=[self.tally.session_id or ""],
                                    files=[f for f in self.runner_files if str(f) in " ".join(argv)])
             argv, env = wrap(self.bwrap, argv, plan, env, net)
+        self.launched = argv
         watch = _SizeWatch(self.cwd, self.req.config.limits.worktree_max_mb) if self.writable else None
 
         def started(pid: int) -> None:
@@ -785,6 +799,10 @@ class LaneRun:
             return "unavailable", res.error or "binary not found", None
         if res.exit_code in (1, 126, 127) and self.bwrap is not None and not res.timed_out:
             cause = sandbox_exec_failure(res.stderr_text())
+            gone = vanished_mount(self.launched, res.stderr_text(4096)) if cause else None
+            if gone:
+                return "unavailable", (f"the sandbox could not start: {gone}, a host socket it hides, kept vanishing "
+                                       f"while it started ({SETUP_RETRIES + 1} tries); run the lane again"), None
             if cause:
                 return "unavailable", (f"the sandbox could not start the vendor CLI ({cause}); install it where "
                                        f"its files are readable, or set vendors.{self.vendor_name}.bin to an "

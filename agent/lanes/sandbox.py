@@ -430,6 +430,48 @@ def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], s
     return wrap(bwrap, list(argv), with_argv_files(plan, list(argv), env), env, None)
 
 
+def sandboxed_check(config, agent_home: Path, worktree: Path, command: str, scratch: Path):
+    """A repository check ready to run: ``check(**proc_run_options) -> ProcResult`` (``check_argv`` + ``proc.run``,
+    started again when a mount point vanished before the sandbox came up: ``vanished_mount``).  The first plan is
+    made here, so a check that cannot be planned raises AgentError before anything runs."""
+    from agent.infra.proc import run
+
+    first = [check_argv(config, agent_home, worktree, command, scratch)]
+
+    def check(**options):
+        for attempt in range(SETUP_RETRIES + 1):
+            argv, env = first.pop() if first else check_argv(config, agent_home, worktree, command, scratch)
+            res = run(argv, cwd=worktree, env=env, **options)
+            if attempt == SETUP_RETRIES or vanished_mount(argv, res.stderr_text(4096)) is None:
+                return res
+        raise AssertionError("unreachable")
+    return check
+
+
+# A sandbox whose mount point vanished between the plan and bwrap's start is planned and started again, this many
+# times at most (each time with a new scan of the host's sockets).
+SETUP_RETRIES = 2
+
+
+def vanished_mount(argv: list[str], stderr: str) -> str | None:
+    """The mount point bwrap could not make because it was gone by the time the sandbox came up, or None.
+
+    The plan blanks each host socket it finds (``--ro-bind /dev/null SOCKET``) and hides socket dirs (``--tmpfs``);
+    a service that removes its socket, or its directory, between that scan and bwrap's start leaves a mount point
+    that cannot be made in the read-only root (``bwrap: Can't mkdir parents for P`` or ``Can't create file at P``).
+    Nothing of the command ran, and there is nothing left to hide there, so starting again with a new plan is safe;
+    a lane or check is never judged on it."""
+    line = next((x for x in (stderr or "").splitlines()[:5] if x.startswith("bwrap: Can't ")), None)
+    if line is None:
+        return None
+    dests = {argv[i + 2] for i in range(len(argv) - 2) if argv[i] == "--ro-bind" and argv[i + 1] == "/dev/null"}
+    dests |= {argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--tmpfs"}
+    for dest in sorted(dests, key=len, reverse=True):
+        if (f" {dest}:" in line or line.endswith(f" {dest}")) and not os.path.lexists(dest):
+            return dest
+    return None
+
+
 LANE_UID = 1000
 
 

@@ -292,8 +292,7 @@ def _verify(case: Case, folder: Path, remote: Path, outcome: dict, base_sha: str
     """The hidden patch on the agent's branch, then setup + verify.command in the check sandbox."""
     import shutil
 
-    from agent.infra import proc
-    from agent.lanes.sandbox import check_argv
+    from agent.lanes.sandbox import sandboxed_check
     from agent.git.workspace import GitError
 
     pr = outcome.get("pr")
@@ -318,9 +317,9 @@ def _verify(case: Case, folder: Path, remote: Path, outcome: dict, base_sha: str
     finally:
         patch.unlink()
     command = case.verify_command if not case.setup else f"{case.setup} && {case.verify_command}"
-    argv, env = check_argv(config, folder / "home", work, command, folder / "verify-scratch")
-    res = proc.run(argv, cwd=work, env=env, timeout=config.limits.check_timeout,
-                   stdout_path=folder / "verify.log", stderr_path=folder / "verify.err")
+    check = sandboxed_check(config, folder / "home", work, command, folder / "verify-scratch")
+    res = check(timeout=config.limits.check_timeout, stdout_path=folder / "verify.log",
+                stderr_path=folder / "verify.err")
     from agent.infra.redact import redact
 
     return {**result, "passed": res.status == "ok", "exit_code": res.exit_code,

@@ -72,7 +72,7 @@ def capture_error(instance: dict, url: str, test_command: str, setup: str | None
                   echo: Callable[[str], None] = print) -> str:
     """The FAIL_TO_PASS tests' output at the base commit with the test patch applied (in the check sandbox)."""
     from agent.infra import proc
-    from agent.lanes.sandbox import check_argv
+    from agent.lanes.sandbox import sandboxed_check
     from agent.git.workspace import GitError, git
 
     tmp = Path(tempfile.mkdtemp(prefix="agent-swebench-"))
@@ -93,9 +93,8 @@ def capture_error(instance: dict, url: str, test_command: str, setup: str | None
             command = f"{setup} && {command}"
         home = tmp / "home"
         home.mkdir(mode=0o700)
-        argv, env = check_argv(config, home, work, command, tmp / "scratch")
-        res = proc.run(argv, cwd=work, env=env, timeout=config.limits.check_timeout,
-                       stdout_path=tmp / "out.log", stderr_path=tmp / "err.log")
+        check = sandboxed_check(config, home, work, command, tmp / "scratch")
+        res = check(timeout=config.limits.check_timeout, stdout_path=tmp / "out.log", stderr_path=tmp / "err.log")
         text = proc.read_text(tmp / "out.log") + "\n" + proc.read_text(tmp / "err.log")
         if res.status == "ok":
             raise AgentError(f"{instance['instance_id']}: FAIL_TO_PASS passes at the base commit with the test patch "

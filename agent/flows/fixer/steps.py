@@ -370,8 +370,7 @@ def _bidi_in_change(g) -> list[tuple[str, list[str]]]:
 
 def step_local_check_pass(ctx: Ctx) -> None:
     from agent.coord.claims import lease_keeper
-    from agent.lanes.sandbox import check_argv
-    from agent.infra.proc import run
+    from agent.lanes.sandbox import sandboxed_check
     from agent.git.workspace import human_bytes, walk_tree
 
     t = ctx.load_task()
@@ -385,14 +384,13 @@ def step_local_check_pass(ctx: Ctx) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"round-{t['round']}-{head[:8]}.log"
     try:
-        argv, env = check_argv(ctx.config, ctx.home, Path(t["worktree"]), command, folder / "sandbox")
+        check = sandboxed_check(ctx.config, ctx.home, Path(t["worktree"]), command, folder / "sandbox")
     except AgentError as exc:
         block(ctx, f"check not started: {exc}")
     keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
         else nullcontext()
     with keeping as keeper:
-        res = run(argv, cwd=Path(t["worktree"]), env=env, timeout=ctx.config.limits.check_timeout,
-                  stdout_path=out, stderr_path=out.with_suffix(".err"))
+        res = check(timeout=ctx.config.limits.check_timeout, stdout_path=out, stderr_path=out.with_suffix(".err"))
     _lease_held(ctx, keeper, "check")
     passed = res.status == "ok"
     if STOP.is_set() and not passed:  # killed by the daemon's second signal: run it again next scan
@@ -427,9 +425,8 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
     from agent.flows import proof as P
     from agent.config import ProofSettings
     from agent.coord.claims import lease_keeper
-    from agent.lanes.sandbox import check_argv
+    from agent.lanes.sandbox import sandboxed_check
     from agent.ledger.proofs import proof_for_head, record_proof
-    from agent.infra.proc import run
     from agent.git.workspace import mirror_path
 
     t = ctx.load_task()
@@ -442,15 +439,14 @@ def _prove(ctx: Ctx, command: str, folder: Path) -> str | None:
 
     def run_check(tree: Path, cmd: str, name: str):
         try:
-            argv, env = check_argv(ctx.config, ctx.home, tree, cmd, folder / "sandbox")
+            check = sandboxed_check(ctx.config, ctx.home, tree, cmd, folder / "sandbox")
         except AgentError as exc:
             block(ctx, f"proof not started: {exc}")
         out = folder / f"round-{t['round']}-{head[:8]}-{name}.log"
         keeping = lease_keeper(ledger_path(ctx.home), ctx.task_id, ctx.token, runner=_runner(ctx)) if ctx.token \
             else nullcontext()
         with keeping as keeper:
-            res = run(argv, cwd=tree, env=env, timeout=ctx.config.limits.check_timeout, stdout_path=out,
-                      stderr_path=out.with_suffix(".err"))
+            res = check(timeout=ctx.config.limits.check_timeout, stdout_path=out, stderr_path=out.with_suffix(".err"))
         _lease_held(ctx, keeper, "proof")
         return res
 
