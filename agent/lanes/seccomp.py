@@ -1,4 +1,4 @@
-"""The lane's seccomp filter: ``socket(AF_UNIX, ...)`` fails with EPERM (issue 23).
+"""The lane's seccomp filter: ``socket(AF_UNIX, ...)`` and io_uring fail with EPERM (issue 23).
 
 A lane in its own network namespace reaches no abstract unix socket of the host (those belong to a network
 namespace), but a path socket is a file: one the sandbox neither hides nor blanks (a service's socket in ``/srv``,
@@ -6,8 +6,11 @@ namespace), but a path socket is a file: one the sandbox neither hides nor blank
 socket a lane could name: creating an ``AF_UNIX`` socket fails, so nothing can ``connect()`` or ``bind()`` one.
 ``socketpair()`` is a different system call and stays allowed (node's and Python's child stdio, asyncio's self
 pipe); a socket passed in already connected (none is) would keep working.  As in Anthropic's sandbox-runtime.
+io_uring is refused too (``io_uring_setup``, ``_enter``, ``_register``): a ring's operations never pass through
+the system-call entry the filter sees, and ``IORING_OP_SOCKET`` (Linux 5.19) would create the ``AF_UNIX`` socket
+that ``socket()`` may not (as Docker's default profile does; libuv and the runtimes fall back to plain calls).
 
-The program is classic BPF (``struct sock_filter``), 10 instructions, built here for the running architecture
+The program is classic BPF (``struct sock_filter``), 11 or 12 instructions, built here for the running architecture
 (x86_64, aarch64): a system call of any other architecture (i386 through ``int 0x80``, 32-bit arm) or of the x32 ABI
 kills the process, since its socket call has another number the filter would not see.  Only the low 32 bits of
 ``domain`` are compared: the kernel reads the argument as an ``int``, so ``1 | 1 << 32`` is ``AF_UNIX`` too.  On
@@ -38,6 +41,8 @@ EPERM = 1
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7
 X32_SYSCALL_BIT = 0x40000000
+# io_uring_setup, io_uring_enter, io_uring_register: the same numbers on both architectures (the generic table)
+IO_URING = (425, 426, 427)
 
 # (audit arch, socket's system call number), by platform.machine()
 ARCHES = {"x86_64": (AUDIT_ARCH_X86_64, 41), "amd64": (AUDIT_ARCH_X86_64, 41),
@@ -69,23 +74,27 @@ def program(machine: str | None = None) -> bytes:
     if m not in ARCHES:
         raise Unsupported(f"no seccomp filter for architecture {m or '?'} (x86_64 and aarch64 only)")
     arch, nr_socket = ARCHES[m]
-    x86 = arch == AUDIT_ARCH_X86_64
-    kill = 9 if x86 else 8                  # index of the last instruction (kill); allow is the one before
-    allow = kill - 1
-    out = [_ins(BPF_LD_W_ABS, OFF_ARCH),
-           _ins(BPF_JEQ_K, arch, 0, kill - 2),                      # another architecture: kill
-           _ins(BPF_LD_W_ABS, OFF_NR)]
-    if x86:
-        out.append(_ins(BPF_JGE_K, X32_SYSCALL_BIT, kill - 4, 0))   # the x32 ABI: kill
-    i = len(out)
-    out += [_ins(BPF_JEQ_K, nr_socket, 0, allow - i - 1),           # not socket(): allow
-            _ins(BPF_LD_W_ABS, OFF_ARG0),
-            _ins(BPF_JEQ_K, AF_UNIX, 0, allow - i - 3),             # socket() of another family: allow
-            _ins(BPF_RET_K, RET_ERRNO | EPERM),
-            _ins(BPF_RET_K, RET_ALLOW),
-            _ins(BPF_RET_K, RET_KILL_PROCESS)]
-    assert len(out) == kill + 1
-    return b"".join(out)
+    # (label, code, k, jump if true, jump if false): a jump names a label; None is the next instruction
+    prog: list[tuple[str | None, int, int, str | None, str | None]] = [
+        (None, BPF_LD_W_ABS, OFF_ARCH, None, None),
+        (None, BPF_JEQ_K, arch, None, "kill"),                    # another architecture: kill
+        (None, BPF_LD_W_ABS, OFF_NR, None, None)]
+    if arch == AUDIT_ARCH_X86_64:
+        prog.append((None, BPF_JGE_K, X32_SYSCALL_BIT, "kill", None))         # the x32 ABI: kill
+    prog += [(None, BPF_JGE_K, IO_URING[0], None, "socket"),                 # below io_uring's numbers
+             (None, BPF_JGE_K, IO_URING[-1] + 1, "socket", "eperm"),         # io_uring_setup/enter/register
+             ("socket", BPF_JEQ_K, nr_socket, None, "allow"),                 # not socket(): allow
+             (None, BPF_LD_W_ABS, OFF_ARG0, None, None),
+             (None, BPF_JEQ_K, AF_UNIX, "eperm", "allow"),                  # socket() of another family: allow
+             ("eperm", BPF_RET_K, RET_ERRNO | EPERM, None, None),
+             ("allow", BPF_RET_K, RET_ALLOW, None, None),
+             ("kill", BPF_RET_K, RET_KILL_PROCESS, None, None)]
+    at = {label: i for i, (label, *_rest) in enumerate(prog) if label}
+
+    def jump(i: int, to: str | None) -> int:
+        return 0 if to is None else at[to] - i - 1
+
+    return b"".join(_ins(code, k, jump(i, jt), jump(i, jf)) for i, (_, code, k, jt, jf) in enumerate(prog))
 
 
 # Runs as `python -I -S -c APPLY PROGRAM_HEX_OR_- LC_CTYPE_OR_- argv...`: stdlib only, no site, no agent import.
