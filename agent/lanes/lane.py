@@ -709,7 +709,7 @@ class LaneRun:
             gone = vanished_mount(self.launched, res.stderr_text(4096)) if self.bwrap is not None else None
             if gone is None or attempt == SETUP_RETRIES:
                 break
-            # a host socket (or its dir) went away after the plan blanked it: nothing ran; plan and start again
+            # a path the plan hides (a host socket, its dir) went away before bwrap came up: nothing ran
             self.event("lane.sandbox_restarted", {"run_id": self.run_id, "turn": self.turn_index, "gone": gone})
             remaining = self.end - time.time()
             try:
@@ -801,8 +801,9 @@ class LaneRun:
             cause = sandbox_exec_failure(res.stderr_text())
             gone = vanished_mount(self.launched, res.stderr_text(4096)) if cause else None
             if gone:
-                return "unavailable", (f"the sandbox could not start: {gone}, a host socket it hides, kept vanishing "
-                                       f"while it started ({SETUP_RETRIES + 1} tries); run the lane again"), None
+                return "unavailable", (f"the sandbox could not start: {gone}, a path it hides (a host socket or "
+                                       f"its dir), kept vanishing while it started ({SETUP_RETRIES + 1} tries); "
+                                       "run the lane again"), None
             if cause:
                 return "unavailable", (f"the sandbox could not start the vendor CLI ({cause}); install it where "
                                        f"its files are readable, or set vendors.{self.vendor_name}.bin to an "
