@@ -41,7 +41,7 @@ from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_b
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
 from agent.lanes.sandbox import (SETUP_RETRIES, SandboxUnavailable, lane_plan, require as require_sandbox,
-                                 sandbox_exec_failure, vanished_mount, with_argv_files, wrap)
+                                 sandbox_exec_failure, until_set_up, vanished_mount, with_argv_files, wrap)
 from agent.lanes.protocol import Invocation, LaneContext, TurnOutput
 from agent.lanes.vendors import CommandVendor, get_vendor
 
@@ -685,7 +685,6 @@ class LaneRun:
         self.fence(slug)
         self.turn_index += 1
         base = self.run_dir / f"{self.turn_index:02d}-{slug}"
-        remaining = self.end - time.time()
         env = lane_env(self.vc.env, inv.env, deny=self.deny)
         try:
             net = self.network() if self.bwrap is not None else None   # agent.lanes.egress: closed below
@@ -699,23 +698,29 @@ class LaneRun:
             self.tally.add(res, out)
             self._keep_lane_dir(base.name)
             return res, out
-        for attempt in range(SETUP_RETRIES + 1):
+        refused: list[str] = []
+
+        def start():
             try:
-                res = self._launch(inv, base, env, net, remaining)
+                res = self._launch(inv, base, env, net, self.end - time.time())
             finally:
-                refused = net.refused() if net is not None else []
+                refused.extend(net.refused() if net is not None else [])
                 if net is not None:
                     net.close()
-            gone = vanished_mount(self.launched, res.stderr_text(4096)) if self.bwrap is not None else None
-            if gone is None or attempt == SETUP_RETRIES:
-                break
-            # a path the plan hides (a host socket, its dir) went away before bwrap came up: nothing ran
+            return self.launched, res
+
+        def restarted(gone: str) -> bool:
+            # a path the plan hides (a host socket, its dir) went away before bwrap came up: nothing ran; a new
+            # plan, with a new network and scan of the host's sockets
+            nonlocal net
             self.event("lane.sandbox_restarted", {"run_id": self.run_id, "turn": self.turn_index, "gone": gone})
-            remaining = self.end - time.time()
             try:
                 net = self.network()
             except OSError:
-                break
+                return False
+            return True
+
+        res = until_set_up(start, restarted) if self.bwrap is not None else start()[1]
         if refused:
             self.event("lane.egress_refused", {"run_id": self.run_id, "turn": self.turn_index, "hosts": refused})
         out = self._read_turn(res)

@@ -432,20 +432,30 @@ def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], s
 
 def sandboxed_check(config, agent_home: Path, worktree: Path, command: str, scratch: Path):
     """A repository check ready to run: ``check(**proc_run_options) -> ProcResult`` (``check_argv`` + ``proc.run``,
-    started again when a mount point vanished before the sandbox came up: ``vanished_mount``).  The first plan is
-    made here, so a check that cannot be planned raises AgentError before anything runs."""
+    through ``until_set_up``).  The first plan is made here, so a check that cannot be planned raises AgentError
+    before anything runs."""
     from agent.infra.proc import run
 
     first = [check_argv(config, agent_home, worktree, command, scratch)]
 
     def check(**options):
-        for attempt in range(SETUP_RETRIES + 1):
+        def start():
             argv, env = first.pop() if first else check_argv(config, agent_home, worktree, command, scratch)
-            res = run(argv, cwd=worktree, env=env, **options)
-            if attempt == SETUP_RETRIES or vanished_mount(argv, res.stderr_text(4096)) is None:
-                return res
-        raise AssertionError("unreachable")
+            return argv, run(argv, cwd=worktree, env=env, **options)
+        return until_set_up(start)
     return check
+
+
+def until_set_up(start, on_restart=None):
+    """``start() -> (argv, ProcResult)`` (a new plan each call), called again while bwrap could not come up
+    because a mount point of the plan vanished (``vanished_mount``), ``SETUP_RETRIES`` times at most;
+    ``on_restart(path)`` before each new start (False: no new start).  The last result."""
+    for attempt in range(SETUP_RETRIES + 1):
+        argv, res = start()
+        gone = vanished_mount(argv, res.stderr_text(4096)) if attempt < SETUP_RETRIES else None
+        if gone is None or (on_restart is not None and on_restart(gone) is False):
+            return res
+    raise AssertionError("unreachable")
 
 
 # A sandbox whose mount point vanished between the plan and bwrap's start is planned and started again, this many
