@@ -13,6 +13,7 @@ A CLI that is not installed makes its tests skip with a reason naming it (never 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -419,6 +420,58 @@ def test_codex_resume_keeps_write_sandbox(tmp_path):
         assert argv[:3] == ["codex", "exec", "resume"]
         assert argv[argv.index("-c") + 1] == f'sandbox_mode="{mode}"'
         assert argv[-2:] == ["0199-thread", "-"]
+
+
+def _migrations(db_dir: Path, name: str, scratch: Path) -> list:
+    """The ``_sqlx_migrations`` rows (version, installed_on) of codex's database ``name`` in ``db_dir``, read from a
+    copy (the database and its write-ahead log), so the original is not touched."""
+    import shutil
+    import sqlite3
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal"):
+        if (db_dir / (name + suffix)).exists():
+            shutil.copy2(db_dir / (name + suffix), scratch / (name + suffix))
+    con = sqlite3.connect(scratch / name)
+    try:
+        return con.execute("SELECT version, installed_on FROM _sqlx_migrations ORDER BY version").fetchall()
+    finally:
+        con.close()
+
+
+def test_codex_starts_from_its_primed_state(lane, repo, tmp_path):
+    """codex creates and migrates six SQLite databases on its first start in a new state dir, which every task's
+    private state is (issue 34).  The lane's first run primes that once for the binary (agent.lanes.vendorstate:
+    `codex exec -C /tmp resume --last` in the sandbox, no network, no model request) and keeps the databases; a
+    fresh private state starts from a copy, and codex runs on it without migrating again: the migrations it finds
+    are the prime's, with the prime's times."""
+    from agent.lanes import vendorstate
+    from agent.lanes.files import private_state
+
+    result, server = lane("codex", "reviewer", reviewer_script)
+    why = explain(result, server)
+    assert result.status == "complete", why
+    assert not [r for r in server.requests if "agent-prime" in r.all_text], why     # the prime asked no model
+    (root,) = list(vendorstate.templates_root(tmp_path / "agent-home").iterdir())
+    kept = sorted(p.name for p in (root / "0-codex-home").iterdir())
+    assert {"state_5.sqlite", "state_5.sqlite-wal", "memories_1.sqlite", "logs_2.sqlite"} <= set(kept), kept
+    assert all(n.endswith((".sqlite", ".sqlite-wal")) for n in kept), kept          # no session, skill, login
+    primed = _migrations(root / "0-codex-home", "state_5.sqlite", tmp_path / "read-template")
+    assert len(primed) > 10, primed
+
+    # a new task's private state, seeded, and the real codex run on it (outside the sandbox: what is measured is
+    # whether codex accepts the copy as its own)
+    codex_home = Path(os.environ["CODEX_HOME"])
+    pairs = private_state(tmp_path / "vendor-state" / "task-9" / "codex", [codex_home], ("auth.json", "config.toml"))
+    assert vendorstate.seed(pairs, root) == len(kept)
+    seeded = pairs[0][0]
+    binary, _ = find_cli("codex")
+    env = {**os.environ, "CODEX_HOME": str(seeded)}
+    out = subprocess.run([str(binary), "exec", "--skip-git-repo-check", "-s", "read-only", "-m", MODELS["codex"],
+                          "review app.py"], cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _migrations(seeded, "state_5.sqlite", tmp_path / "read-seeded") == primed
 
 
 @pytest.mark.parametrize("cli", ["claude", "opencode"])

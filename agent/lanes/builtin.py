@@ -104,8 +104,16 @@ class _Base:
     # what logging in needs, copied from the user's state dirs into the task's private copy (files.private_state)
     login_files: tuple[str, ...] = ()
 
+    # what the CLI writes on a first start before any model turn, made once per binary by ``prime_argv`` and copied
+    # into each fresh private state (agent.lanes.vendorstate): top-level file names in a state dir (fnmatch)
+    template_files: tuple[str, ...] = ()
+
     def version_argv(self, bin: str) -> list[str]:
         return [bin, "--version"]
+
+    def prime_argv(self, bin: str) -> list[str] | None:
+        """A command that makes the CLI write its first-start state and stop, with no model turn (None: none)."""
+        return None
 
     def state_paths(self, env: dict[str, str]) -> list[Path]:
         """What the CLI must write to keep and resume its session (its config/session dir); the sandbox binds
@@ -143,6 +151,13 @@ class Codex(_Base):
     login_files = ("auth.json", "config.toml")
     NO_SKILLS = ("-c", "skills.bundled.enabled=false")
     usage_cumulative = True       # run_lane replaces a resumed turn's usage instead of adding it
+    # its six SQLite databases (state, logs, memories, queue, goals, ...), migrated: ~60-80 ms of a first start
+    template_files = ("*.sqlite", "*.sqlite-wal")
+
+    def prime_argv(self, bin: str) -> list[str] | None:
+        # opens and migrates its databases, then refuses the sandbox's empty private /tmp (no trusted directory):
+        # no session is looked up in a new state, no model is asked
+        return [bin, "exec", "-C", "/tmp", *self.NO_SKILLS, "resume", "--last", "agent-prime"]
 
     @staticmethod
     def _sandbox(ctx: LaneContext) -> str:

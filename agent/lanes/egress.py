@@ -526,6 +526,12 @@ def check_network(config, environ=None) -> Net:
     return _hiding(m, config, environ)
 
 
+def no_network(config, environ=None) -> Net:
+    """No network at all, whatever ``sandbox.network`` says (its own namespace, the host's sockets hidden): a vendor
+    binary's state prime (agent.lanes.vendorstate)."""
+    return _hiding("none", config, environ)
+
+
 def _hiding(m: str, config, environ) -> Net:
     hide = hidden_socket_dirs(config, environ)
     return Net(mode=m, hide=hide, blank=host_sockets(hide))

@@ -411,11 +411,13 @@ def check_argv(config, agent_home: Path, worktree: Path, command: str, scratch: 
     return wrap(bwrap, argv, with_argv_files(plan, argv, env), env, check_network(config))
 
 
-def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], scratch: Path
-               ) -> tuple[list[str], dict[str, str]]:
+def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], scratch: Path, *,
+               state_paths: list = (), net=None) -> tuple[list[str], dict[str, str]]:
     """argv and environment of a vendor binary's probe (``--version``) in the sandbox its lane gets (the same
     binds of its binary, package tree and interpreter; home hidden), so a probe that works means the lane can start.
-    ``scratch``: the runner's, made fresh here; the probe runs in an empty read-only directory inside it."""
+    ``scratch``: the runner's, made fresh here; the probe runs in an empty read-only directory inside it.
+    ``state_paths``: ``(private copy, path the vendor expects)`` pairs bound read-write, as a lane's; ``net``: an
+    ``agent.lanes.egress.Net`` (default: the host's network)."""
     from agent.lanes.files import fresh_dir
 
     bwrap = require(config)
@@ -424,10 +426,10 @@ def probe_argv(config, agent_home: Path, argv: list[str], env: dict[str, str], s
     fresh_dir(scratch)
     cwd = fresh_dir(Path(scratch) / "cwd")
     plan = lane_plan(cwd=cwd, writable=False, agent_home=agent_home, run_dir=Path(scratch), spec_paths=[],
-                     state_paths=[], extra_writable=[])
+                     state_paths=list(state_paths), extra_writable=[])
     plan.tmpfs_mb = getattr(getattr(config, "limits", None), "lane_tmp_mb", plan.tmpfs_mb)
     plan.unix_sockets = getattr(config, "sandbox_unix_sockets", plan.unix_sockets)
-    return wrap(bwrap, list(argv), with_argv_files(plan, list(argv), env), env, None)
+    return wrap(bwrap, list(argv), with_argv_files(plan, list(argv), env), env, net)
 
 
 def sandboxed_check(config, agent_home: Path, worktree: Path, command: str, scratch: Path):
