@@ -200,3 +200,56 @@ def test_kill_all_ends_running_groups_from_another_thread(tmp_path):
     assert res.exit_code is not None and res.exit_code < 0 and not res.timed_out
     assert time.monotonic() - t0 < 15
     assert proc.running() == {}
+
+
+def _launched(cmd: str) -> tuple[list[str], dict[str, str]]:
+    """``cmd`` through the lane's launcher (agent.lanes.seccomp, no filter, no sandbox): it waits on its lifeline
+    for run()'s go byte before the command."""
+    from agent.lanes.seccomp import filtered_argv
+
+    env = lane_env(())
+    argv = filtered_argv(["sh", "-c", cmd], env, filtered=False)
+    assert proc.LIFELINE_ENV in env
+    return argv, env
+
+
+def test_gate_overlaps_the_start_and_the_command_waits_for_it(tmp_path):
+    """The gate (a lane's worktree picture and git guard) runs while the launcher comes up; the command starts
+    only after it, on the go byte."""
+    mark = tmp_path / "ran"
+    argv, env = _launched(f"touch {mark}")
+    seen = []
+
+    def gate():
+        time.sleep(0.5)                  # the launcher is up by now, and waiting
+        seen.append(mark.exists())
+
+    res = proc.run(argv, cwd=tmp_path, env=env, timeout=30, stdout_path=tmp_path / "o", stderr_path=tmp_path / "e",
+                   gate=gate)
+    assert res.exit_code == 0, res.stderr_text()
+    assert seen == [False] and mark.exists()
+
+
+def test_a_gate_that_raises_starts_no_command(tmp_path):
+    mark = tmp_path / "ran"
+    for with_launcher in (True, False):
+        argv, env = _launched(f"touch {mark}") if with_launcher else (["sh", "-c", f"touch {mark}"], lane_env(()))
+        pids = []
+
+        def gate():
+            raise RuntimeError("the worktree could not be read")
+
+        try:
+            proc.run(argv, cwd=tmp_path, env=env, timeout=30, stdout_path=tmp_path / "o", stderr_path=tmp_path / "e",
+                     gate=gate, on_start=pids.append)
+        except RuntimeError as exc:
+            assert "could not be read" in str(exc)
+        else:
+            raise AssertionError("the gate's error was swallowed")
+        time.sleep(0.3)
+        assert not mark.exists(), with_launcher
+        assert proc.running() == {}
+        if with_launcher:                # started, held at the go byte, then its group killed
+            assert len(pids) == 1 and not proc._group_alive(pids[0])
+        else:                            # no launcher to hold it back: the gate ran before any start
+            assert pids == []

@@ -280,9 +280,10 @@ def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
 @pytest.mark.parametrize("network", ["proxy", "none"])
 def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_path, network):
     """A runner SIGKILLed in the first moments of a lane's start dies before bwrap arms its parent-death signal,
-    and the sandbox would run on unsupervised.  The launcher checks its lifeline (agent.infra.proc.LIFELINE_ENV)
+    and the sandbox would run on unsupervised.  The launcher waits on its lifeline (agent.infra.proc.LIFELINE_ENV)
     right before the lane: with the agent gone (the pipe's only write end closed) the lane never starts and the
-    whole sandbox ends; with the agent there, the same argv runs the lane. Real bwrap and the egress proxy."""
+    whole sandbox ends; with the agent there, the lane waits for its go byte, then the same argv runs it. Real bwrap
+    and the egress proxy."""
     from agent.config import parse_config
     from agent.infra.env import lane_env
     from agent.infra.proc import LIFELINE_ENV
@@ -308,6 +309,12 @@ def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_p
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             os.close(r)
             try:
+                if agent_alive:
+                    # the launcher waits for the agent's go (proc.run writes it after its gate): not started yet
+                    with pytest.raises(subprocess.TimeoutExpired):
+                        p.communicate(timeout=1.5)
+                    assert not mark.exists()
+                    os.write(w, b"g")
                 out, err = p.communicate(timeout=30)  # returns only once bwrap's init ended
             finally:
                 if agent_alive:

@@ -33,7 +33,8 @@ TRUNCATION_MARKER = "\n[agent: output truncated, {dropped} bytes dropped]\n"
 # A child whose environment names this variable gets a lifeline: the read end of a pipe whose only write end this
 # process holds, its number put in the variable. The write end closes when this process ends, however it ends
 # (SIGKILL included), so the child can tell, at any moment, whether the process that started it is still there.
-# The sandbox's seccomp applier checks it right before the lane starts (agent/lanes/seccomp.py).
+# run() writes one byte on it once the child may go on (after ``gate``); the sandbox's launcher waits for that byte
+# right before the lane starts and ends its sandbox on end of file instead (agent/lanes/seccomp.py).
 LIFELINE_ENV = "AGENT_LIFELINE_FD"
 
 
@@ -311,12 +312,15 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         max_bytes: int = DEFAULT_MAX_BYTES, tail_bytes: int = DEFAULT_TAIL_BYTES,
         on_line: Callable[[str], None] | None = None, on_start: Callable[[int], None] | None = None,
         grace: float = 3.0, kill_leftovers: bool = True, pass_fds: Sequence[int] = (),
-        hard_cap: int = DEFAULT_HARD_CAP) -> ProcResult:
+        hard_cap: int = DEFAULT_HARD_CAP, gate: Callable[[], None] | None = None) -> ProcResult:
     """Run ``argv`` to completion or timeout; never raises for a failing child.
 
     ``env`` is the child's *whole* environment (build it with ``agent.infra.env.lane_env``);
     ``None`` inherits ours (only for trusted helpers).  ``on_line(text)`` receives the latest
     non-empty output line (from a reader thread); ``on_start(pid)`` runs right after the start.
+    ``gate()``: work that must be done before the child's command runs but may overlap its start: with a lifeline
+    (``LIFELINE_ENV``: a sandbox whose launcher waits for the go byte) it runs while the child comes up, else before
+    the child starts.  What it raises ends the child's group (its command never ran) and is raised here.
     """
     stdout_path, stderr_path = Path(stdout_path), Path(stderr_path)
     stdout_path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,6 +342,9 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
                           stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
                           error="not started: shutting down")
+    if gate is not None and not (env is not None and LIFELINE_ENV in env):
+        gate()                           # no launcher to hold the command back: before the start
+        gate = None
     # the child writes its output files itself: nothing here waits on a pipe a grandchild could hold open.  Our own
     # disk refusing them (read-only, full) is raised: no verdict on the child.
     require_room(stdout_path.parent)
@@ -376,9 +383,18 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     with _RUNNING_LOCK:
         _RUNNING[pgid] = os.path.basename(argv[0])
         _STARTED_BY[pgid] = threading.get_ident()
+    def release() -> None:
+        if gate is not None:
+            gate()
+        if lifeline is not None:
+            try:
+                os.write(lifeline[1], b"g")
+            except OSError:              # the child is gone already (bwrap failed): its result says why
+                pass
+
     try:
         return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
-                          max_bytes, tail_bytes, on_line, on_start, hard_cap)
+                          max_bytes, tail_bytes, on_line, on_start, hard_cap, release)
     finally:
         if lifeline is not None:
             os.close(lifeline[1])
@@ -388,20 +404,22 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
 
 
 def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path, max_bytes,
-               tail_bytes, on_line, on_start, hard_cap) -> ProcResult:
+               tail_bytes, on_line, on_start, hard_cap, release) -> ProcResult:
     followers = [_Follower(stdout_path, on_line, hard_cap, pgid), _Follower(stderr_path, on_line, hard_cap, pgid)]
     for f in followers:
         f.start()
-    if on_start is not None:
-        try:
+    try:
+        if on_start is not None:
             on_start(proc.pid)
-        except Exception:
-            # the caller could not record the pid: do not leave an unrecorded child running
-            _kill_group(pgid, signal.SIGKILL)
-            proc.wait()
-            for f in followers:
-                f.stop.set()
-            raise
+        release()
+    except BaseException:
+        # the caller could not record the pid or do what must precede the command: no child runs on unrecorded
+        # or unguarded (a launcher still waiting for its go byte never started the command)
+        _kill_group(pgid, signal.SIGKILL)
+        proc.wait()
+        for f in followers:
+            f.stop.set()
+        raise
 
     timed_out = False
     # Popen.wait(timeout=...) polls with sleeps of up to 50 ms, which added ~25 ms to every lane and check;

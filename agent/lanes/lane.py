@@ -522,13 +522,21 @@ class LaneRun:
         self._record_manifest(bin_path, first)
         if self.req.resume_run_id is not None:
             first = self._resume(first)
-        self.before = None if self.writable else worktree_state(self.cwd)
-        self.guard = GitGuard(self.cwd)
-        if self.bwrap is not None:
+        if self.bwrap is None:
+            self._watch_worktree()
+        else:
             self._plan(first)
         if time.time() >= self.end:
             raise _Ended("timeout", "deadline already passed before the lane started")
         return first
+
+    def _watch_worktree(self) -> None:
+        """The worktree's picture (a read-only lane is judged by it) and the git guard, taken once, before any
+        process of the lane runs: in a sandbox, as the gate of the first turn's start (``proc.run(gate=)``), while
+        bwrap and the launcher come up and the launcher waits for the go."""
+        if self.guard is None:
+            self.before = None if self.writable else worktree_state(self.cwd)
+            self.guard = GitGuard(self.cwd)
 
     def _require_sandbox(self) -> None:
         """Refuse rather than run a lane unconfined by accident."""
@@ -785,7 +793,7 @@ class LaneRun:
         try:
             return proc.run(argv, cwd=self.ctx.cwd, env=env, timeout=max(0.1, remaining), stdin_path=inv.stdin_path,
                             stdout_path=base.with_suffix(".stdout"), stderr_path=base.with_suffix(".stderr"),
-                            on_line=self.req.on_progress, on_start=started,
+                            on_line=self.req.on_progress, on_start=started, gate=self._watch_worktree,
                             pass_fds=net.pass_fds() if net is not None else ())
         finally:
             if watch is not None:
@@ -836,7 +844,8 @@ class LaneRun:
     def settle(self) -> tuple[list[str], list[str], str | None]:
         """After the last turn: git's own files restored, setid bits stripped. Returns (the git files the lane
         changed, the worktree files that had setid bits, why the worktree is too large or None)."""
-        tampered = self.guard.check_and_restore()
+        # no guard: no process of the lane was started (the gate runs before any could)
+        tampered = self.guard.check_and_restore() if self.guard is not None else []
         setid, too_large = _settle_files(self.plan, self.cwd, self.writable, self.req.config.limits.worktree_max_mb)
         return tampered, setid, too_large
 

@@ -103,9 +103,11 @@ def program(machine: str | None = None) -> bytes:
 # First the lane's egress (agent.lanes.egress, proxy mode): it listens on 127.0.0.1 at each port AGENT_EGRESS_PORTS
 # names, in the lane's own network namespace, and sends those listening sockets with the port list as one message
 # on the socket pair end AGENT_EGRESS_FD names (then closes its copies: the lane holds neither them nor the pair).
-# Then it checks its lifeline (agent.infra.proc.LIFELINE_ENV, read without blocking: end of file means the agent
-# process that started the sandbox is already gone, SIGKILLed before bwrap armed its parent-death signal, which then
-# never comes): it ends its own process group instead of starting a lane nobody supervises.  Then the filter ("-":
+# Then it waits on its lifeline (agent.infra.proc.LIFELINE_ENV) for the agent's go: one byte, written once what must
+# precede the lane is done (proc.run's gate: the worktree's picture, the git guard), so that work overlaps the
+# sandbox's start.  End of file instead means the agent process that started the sandbox is gone (SIGKILLed, maybe
+# before bwrap armed its parent-death signal, which then never comes): it ends its own process group instead of
+# starting a lane nobody supervises.  Then the filter ("-":
 # none, sandbox.unix_sockets: allow: `prctl` called through `_ctypes`, `struct sock_fprog` laid out by hand for the
 # two 64-bit architectures `program()` knows), then the command.
 # The command gets what it was given: Python's locale coercion may have set LC_CTYPE in its environment, and Python
@@ -133,12 +135,11 @@ if eg.isdigit():
         s.close()
 line = os.environ.pop("AGENT_LIFELINE_FD", "")
 if line.isdigit():
-    os.set_blocking(int(line), False)
     try:
-        gone = os.read(int(line), 1) == b""
-    except BlockingIOError:
-        gone = False
-    if gone:
+        go = os.read(int(line), 1)
+    except OSError:
+        go = b""
+    if not go:
         sys.stderr.write("agent-lane: the agent process that started this sandbox is gone; the lane does not start\n")
         os.killpg(0, 9)
     os.close(int(line))
