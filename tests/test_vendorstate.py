@@ -147,3 +147,11 @@ def test_a_vendor_without_a_prime_has_no_template(setup):
     assert vendorstate.template_for(Plain(), setup["bin"], setup["orig"], setup["env"], setup["home"],
                                     setup["config"]) is None
     assert not vendorstate.templates_root(setup["home"]).exists()
+
+
+def test_a_home_where_nothing_can_be_written_starts_the_lane_without_a_template(setup):
+    templates = vendorstate.templates_root(setup["home"])
+    templates.parent.mkdir(parents=True)
+    templates.write_text("not a directory\n")         # what a full or read-only home looks like from here
+    assert _template(setup) is None
+    assert templates.read_text() == "not a directory\n"

@@ -66,7 +66,10 @@ def template_for(vendor, bin_path: str, originals: list, env: dict[str, str], ho
     except OSError:
         return None
     if not root.is_dir() or root.is_symlink():
-        root = _prime(vendor, bin_path, originals, env, home, config, root)
+        try:
+            root = _prime(vendor, bin_path, originals, env, home, config, root)
+        except OSError:
+            return None              # a read-only or full home: the lane starts in a new state, as without one
     if root is None or os.path.lexists(root / NONE):
         return None
     return root
@@ -138,7 +141,11 @@ def seed(pairs: list[tuple[Path, Path]], root: Path | None) -> int:
             continue                 # a state a lane already used keeps its own
         for name in names:
             data = read_bytes_nofollow(src / name, cap=TEMPLATE_FILE_CAP)
-            if data is not None:
+            if data is None:
+                continue
+            try:
                 write_private(priv / name, data)
-                copied += 1
+            except OSError:
+                return copied        # a full disk: the CLI makes what is missing itself (a database before its log)
+            copied += 1
     return copied
