@@ -178,6 +178,16 @@ def _login_bytes(src: Path) -> bytes | None:
     return data
 
 
+def binary_key(vendor_name: str, bin_path: str) -> str:
+    """A vendor binary's identity: vendor, resolved path, size and mtime (a replaced or touched binary is a new key):
+    what the version cache and the state templates (agent.lanes.vendorstate) are keyed by."""
+    import json
+
+    real = os.path.realpath(bin_path)
+    st = os.stat(real)
+    return json.dumps([vendor_name, real, st.st_size, st.st_mtime_ns])
+
+
 def private_state(root: Path, state_paths: list, login: tuple[str, ...]) -> list[tuple[Path, Path]]:
     """A private copy of each of a vendor's state paths under ``root`` (one per task: its sessions stay for the
     task's later runs), holding only the login files named in ``login`` copied from the user's (refreshed each

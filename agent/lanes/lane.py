@@ -37,7 +37,7 @@ from typing import Any, Callable
 from agent import AgentError
 from agent.infra.text import strip_controls
 from agent.infra.env import lane_env, secret_env_names
-from agent.lanes.files import (fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
+from agent.lanes.files import (binary_key, fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
                                redact, lane_text, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
 from agent.lanes.sandbox import (SETUP_RETRIES, SandboxUnavailable, lane_plan, require as require_sandbox,
@@ -132,10 +132,7 @@ VERSION_CACHE_MAX = 200
 
 
 def _version_key(vendor, bin_path: str) -> str:
-    """The binary's identity: vendor, resolved path, size and mtime (a replaced or touched binary is a new key)."""
-    real = os.path.realpath(bin_path)
-    st = os.stat(real)
-    return json.dumps([vendor.name, real, st.st_size, st.st_mtime_ns])
+    return binary_key(vendor.name, bin_path)
 
 
 def _read_version_cache(path: Path) -> dict[str, str]:
@@ -522,9 +519,7 @@ class LaneRun:
         self._record_manifest(bin_path, first)
         if self.req.resume_run_id is not None:
             first = self._resume(first)
-        if self.bwrap is None:
-            self._watch_worktree()
-        else:
+        if self.bwrap is not None:
             self._plan(first)
         if time.time() >= self.end:
             raise _Ended("timeout", "deadline already passed before the lane started")
@@ -532,8 +527,8 @@ class LaneRun:
 
     def _watch_worktree(self) -> None:
         """The worktree's picture (a read-only lane is judged by it) and the git guard, taken once, before any
-        process of the lane runs: in a sandbox, as the gate of the first turn's start (``proc.run(gate=)``), while
-        bwrap and the launcher come up and the launcher waits for the go."""
+        process of the lane runs: the gate of its turns' starts (``proc.run(gate=)``), in a sandbox while bwrap and
+        the launcher come up and the launcher waits for the go, without one right before the start."""
         if self.guard is None:
             self.before = None if self.writable else worktree_state(self.cwd)
             self.guard = GitGuard(self.cwd)

@@ -107,9 +107,9 @@ def program(machine: str | None = None) -> bytes:
 # precede the lane is done (proc.run's gate: the worktree's picture, the git guard), so that work overlaps the
 # sandbox's start.  End of file instead means the agent process that started the sandbox is gone (SIGKILLed, maybe
 # before bwrap armed its parent-death signal, which then never comes): it ends its own process group instead of
-# starting a lane nobody supervises.  Then the filter ("-":
-# none, sandbox.unix_sockets: allow: `prctl` called through `_ctypes`, `struct sock_fprog` laid out by hand for the
-# two 64-bit architectures `program()` knows), then the command.
+# starting a lane nobody supervises.  Then the filter ("-": none, sandbox.unix_sockets: allow: `prctl` called through
+# `_ctypes`, `struct sock_fprog` laid out by hand for the two 64-bit architectures `program()` knows), then the
+# command.
 # The command gets what it was given: Python's locale coercion may have set LC_CTYPE in its environment, and Python
 # ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored across exec): both back to the default.
 APPLY = r"""import _signal, os, sys

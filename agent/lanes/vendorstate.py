@@ -11,9 +11,10 @@ An adapter that names ``prime_argv`` and ``template_files`` gets that work done 
   sandbox a version probe gets (``sandbox.probe_argv``) with no network at all and a new private state holding the
   login files, as a lane's first start would, under a time limit;
 - the template: the top-level regular files of each state dir matching ``template_files`` (codex: the databases and
-  their write-ahead logs), kept under ``HOME/lanes/state-templates/<key>/<private dir's name>/`` (``<index>-<name>``), ``<key>`` from the
-  binary's resolved path, size and mtime (as the version cache: a new or touched binary primes again).  A prime
-  that timed out, failed to start, or left none of those files leaves a ``none`` marker: that binary starts fresh;
+  their write-ahead logs), kept under ``HOME/lanes/state-templates/<key>/<private dir's name>/`` (``<index>-<name>``),
+  ``<key>`` from the binary's resolved path, size and mtime (as the version cache: a new or touched binary primes
+  again).  A prime that timed out, failed to start, or left none of those files leaves a ``none`` marker: that binary
+  starts fresh;
 - the seed: a private state dir holding none of the template's names (not even as a link) gets a copy of each,
   written by ``write_private`` (a planted link is replaced, never followed); one a lane already used keeps its own.
 
@@ -33,7 +34,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from agent.lanes.files import fresh_dir, private_state, read_bytes_nofollow, write_private
+from agent.lanes.files import binary_key, fresh_dir, private_state, read_bytes_nofollow, write_private
 
 PRIME_TIMEOUT = 20.0
 TEMPLATE_FILE_CAP = 64 << 20          # a bigger file is not state a first start writes
@@ -45,9 +46,7 @@ def templates_root(home: Path) -> Path:
 
 
 def template_key(vendor, bin_path: str) -> str:
-    real = os.path.realpath(bin_path)
-    st = os.stat(real)
-    ident = json.dumps([vendor.name, real, st.st_size, st.st_mtime_ns, list(vendor.prime_argv("BIN") or [])])
+    ident = json.dumps([binary_key(vendor.name, bin_path), list(vendor.prime_argv("BIN") or [])])
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
 
 
