@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.infra.proc import go_now
 from agent.lanes import egress
 from agent.lanes.lane import LaneRequest, run_lane
 from agent.lanes.sandbox import bwrap_path
@@ -353,7 +354,8 @@ def test_a_repository_check_has_no_network_and_no_host_sockets(tmp_path, home):
         for network, reached in (("proxy", False), ("host", True)):
             argv, env = check_argv(parse_config({"sandbox": {"network": network}}), home, repo, probe,
                                    tmp_path / f"scratch-{network}")
-            r = subprocess.run(argv, env=env, cwd=repo, capture_output=True, text=True, timeout=60)
+            with go_now(argv) as (argv, fds):
+                r = subprocess.run(argv, env=env, cwd=repo, pass_fds=fds, capture_output=True, text=True, timeout=60)
             assert ("allowed-model-server" in r.stdout) is reached, (network, r.stdout, r.stderr[-500:])
             assert r.stdout.startswith("[]"), r.stdout              # /run is empty in every mode
     finally:
@@ -537,7 +539,9 @@ def test_the_proxy_port_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
             argv, env = wrap(require(config), ["/bin/sh", "-c", f"grep SigIgn /proc/self/status; "
                                                f"exec {sys.executable} -c \"$0\"", probe], plan,
                              {"PATH": "/usr/bin:/bin"}, net)
-            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, pass_fds=net.pass_fds())
+            with go_now(argv) as (argv, fds):
+                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120,
+                                   pass_fds=(*fds, *net.pass_fds()))
     finally:
         srv.shutdown()
         srv.server_close()

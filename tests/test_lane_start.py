@@ -74,10 +74,10 @@ def test_cli_installed_under_tmp_starts_in_bwrap_and_its_crash_names_the_error(e
     assert SECRET not in res.reason and SECRET not in (res.excerpt or "")
 
 
-@pytest.mark.parametrize("network,failure", [("none", "agent-lane: exec: "), ("proxy", "agent-lane: ")])
+@pytest.mark.parametrize("network,failure", [("none", "bwrap: execvp "), ("proxy", "agent-lane: ")])
 def test_sandbox_that_cannot_exec_the_vendor_is_unavailable_with_the_cause(env, network, failure):
-    """bwrap's own exec failure (exit 1, `bwrap: execvp ...`; 127 from the egress launcher) is `unavailable` with one line naming the cause and
-    the fix (the fixer gate-blocks on it), never a malformed report."""
+    """bwrap's own exec failure (exit 1, `bwrap: execvp ...`; 127 from the egress launcher) is `unavailable` with one
+    line naming the cause and the fix (the fixer gate-blocks on it), never a malformed report."""
     home = env[1]
     cli = home / "bin" / "codex"           # inside the agent home, which the sandbox hides and never binds back
     cli.parent.mkdir()
@@ -119,7 +119,7 @@ def test_doctor_and_lane_list_probe_the_binary_in_the_lanes_sandbox(env):
                            sandbox={"mode": "bwrap", "network": "none"})
 
     bad = check_vendor(config(hidden), "codex", ["implementer"], home)
-    assert not bad.ok and "sandbox cannot start it" in bad.detail and "agent-lane: exec: " in bad.detail, bad.detail
+    assert not bad.ok and "sandbox cannot start it" in bad.detail and "bwrap: execvp " in bad.detail, bad.detail
     good = check_vendor(config(visible), "codex", ["implementer"], home)
     assert good.ok and "codex-cli 0.0.1" in good.detail, good.detail
     rows = {r["vendor"]: r for r in list_lanes(config(hidden), home / "lanes")}

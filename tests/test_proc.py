@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
+
+import pytest
 
 from agent.infra import proc
 from agent.infra.env import lane_env, secret_env_names
@@ -202,26 +205,51 @@ def test_kill_all_ends_running_groups_from_another_thread(tmp_path):
     assert proc.running() == {}
 
 
-def _launched(cmd: str) -> tuple[list[str], dict[str, str]]:
-    """``cmd`` through the lane's launcher (agent.lanes.seccomp, no filter, no sandbox): it waits on its lifeline
-    for run()'s go byte before the command."""
-    from agent.lanes.seccomp import filtered_argv
+# A child that waits for its go as bwrap does (``--seccomp FD``: the pipe read to its end right before the command),
+# then runs the command only when the payload came whole
+WAITER = ("import os, sys\nfd, data = int(sys.argv[1]), b''\nwhile True:\n    chunk = os.read(fd, 64)\n"
+          "    if not chunk:\n        break\n    data += chunk\n"
+          "if data != b'payload':\n    sys.exit('no go: %r' % data)\nos.execvp(sys.argv[2], sys.argv[2:])")
 
-    env = lane_env(())
-    argv = filtered_argv(["sh", "-c", cmd], env, filtered=False)
-    assert proc.LIFELINE_ENV in env
-    return argv, env
+
+def _launched(cmd: str) -> tuple[list[str], dict[str, str]]:
+    """``cmd`` behind a go (``proc.go_arg``): the child waits for run()'s payload before the command."""
+    return [sys.executable, "-c", WAITER, proc.go_arg(b"payload"), "sh", "-c", cmd], lane_env(())
+
+
+def test_the_go_pipe_carries_its_payload_and_ends_with_the_agent(tmp_path):
+    """The go element is the read end of a pipe (its number in argv, passed to the child): run() writes the payload
+    and closes it; a caller that starts the child itself (``go_now``) gets the payload written already.  An agent
+    gone before the go (the write end closed with nothing written) gives the child an empty payload."""
+    mark = tmp_path / "ran"
+    argv, env = _launched(f"touch {mark}")
+    assert "\0" in argv[3]
+    with pytest.raises(ValueError):          # the element cannot reach a program by mistake
+        subprocess.run(argv, env=env)
+    with proc.go_now(argv) as (now, fds):
+        assert now[3] == str(fds[0]) and now[:3] == argv[:3]
+        out = subprocess.run(now, env=env, pass_fds=fds, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and mark.exists(), out
+    mark.unlink()
+    r, w = os.pipe()
+    os.close(w)                              # what the kernel does when the agent is SIGKILLed before its go
+    try:
+        out = subprocess.run([*argv[:3], str(r), *argv[4:]], env=env, pass_fds=(r,), capture_output=True,
+                             text=True, timeout=30)
+    finally:
+        os.close(r)
+    assert out.returncode == 1 and "no go: b''" in out.stderr and not mark.exists(), out
 
 
 def test_gate_overlaps_the_start_and_the_command_waits_for_it(tmp_path):
-    """The gate (a lane's worktree picture and git guard) runs while the launcher comes up; the command starts
-    only after it, on the go byte."""
+    """The gate (a lane's worktree picture and git guard) runs while the sandbox comes up; the command starts
+    only after it, on the go."""
     mark = tmp_path / "ran"
     argv, env = _launched(f"touch {mark}")
     seen = []
 
     def gate():
-        time.sleep(0.5)                  # the launcher is up by now, and waiting
+        time.sleep(0.5)                  # the child is up by now, and waiting
         seen.append(mark.exists())
 
     res = proc.run(argv, cwd=tmp_path, env=env, timeout=30, stdout_path=tmp_path / "o", stderr_path=tmp_path / "e",
@@ -249,7 +277,7 @@ def test_a_gate_that_raises_starts_no_command(tmp_path):
         time.sleep(0.3)
         assert not mark.exists(), with_launcher
         assert proc.running() == {}
-        if with_launcher:                # started, held at the go byte, then its group killed
+        if with_launcher:                # started, held at its go, then its group killed
             assert len(pids) == 1 and not proc._group_alive(pids[0])
-        else:                            # no launcher to hold it back: the gate ran before any start
+        else:                            # no go to hold it back: the gate ran before any start
             assert pids == []

@@ -1,7 +1,7 @@
 """Issue 23: no unix socket in a lane.  A path socket the mounts leave in view (here: one in a dir bound into the
 lane read-write) was connectable from a lane; now ``socket(AF_UNIX)`` fails with EPERM inside the sandbox
 (agent.lanes.seccomp), while ``socketpair()``, child processes with pipes and the egress proxy (on the lane's
-loopback, its listening socket made by the launcher and served by the agent) still work.  ``sandbox:
+loopback, its listening socket made by the egress launcher and served by the agent) still work.  ``sandbox:
 {unix_sockets: allow}`` is the control: the same lane connects.  Real bubblewrap, a real listening socket and the
 real lane runner."""
 
@@ -25,6 +25,7 @@ import pytest
 from agent.config import ConfigError
 from agent.lanes import egress, seccomp
 from agent.lanes.lane import LaneRequest, run_lane
+from agent.infra.proc import go_arg, go_now
 from agent.lanes.sandbox import bwrap_path, check_argv
 from lane_helpers import make_config, make_repo
 
@@ -148,16 +149,25 @@ def test_a_repository_check_is_filtered_too(tmp_path, listener, unix_sockets):
     # the check's worktree is bound; the socket's dir is not: bind it as a lane's writable dir would be
     i = argv.index("--chdir")
     argv[i:i] = ["--bind", str(listener.dir), str(listener.dir)]
-    out = subprocess.run(argv, env=env, cwd=repo, capture_output=True, text=True, timeout=60)
+    with go_now(argv) as (argv, fds):
+        out = subprocess.run(argv, env=env, cwd=repo, pass_fds=fds, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == ("1" if unix_sockets == "deny" else "hello"), (out.stdout, out.stderr)
 
 
+def _bwrap(argv: list[str], cwd: Path, payload: bytes | None = None) -> list[str]:
+    """``argv`` in a minimal bwrap whose go carries ``payload`` (default: the filter), as ``sandbox.wrap`` gives it."""
+    payload = seccomp.sandbox_filter() if payload is None else payload
+    return [bwrap_path(), "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
+            "/proc", "--seccomp", go_arg(payload), "--chdir", str(cwd), "--", *argv]
+
+
 def _under_filter(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``code`` run by this interpreter under the filter, outside bwrap (the kernel's filter is the same)."""
-    return subprocess.run(seccomp.applier_argv([sys.executable, "-c", code], dict(os.environ)), cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    """``code`` run by this interpreter under the filter, which bwrap applies right before the command."""
+    with go_now(_bwrap([sys.executable, "-c", code], cwd)) as (argv, fds):
+        return subprocess.run(argv, cwd=cwd, pass_fds=fds, capture_output=True, text=True, timeout=60)
 
 
+@needs_sandbox
 def test_the_filter_itself_on_this_kernel(tmp_path):
     code = r'''
 import ctypes, socket
@@ -196,6 +206,7 @@ print(setup(), other(426), other(427), other(424), other(428))
 '''
 
 
+@needs_sandbox
 def test_io_uring_is_refused_under_the_filter(tmp_path):
     """A ring's operations never pass the system-call entry the filter sees: IORING_OP_SOCKET would make the
     AF_UNIX socket socket() may not, so no ring can be set up or used.  The control: outside the filter this kernel
@@ -214,12 +225,13 @@ def test_io_uring_is_refused_under_the_filter(tmp_path):
         assert outside.stdout.split()[:3] == ["ring", "EBADF", "EBADF"], outside
 
 
+@needs_sandbox
 @pytest.mark.skipif(seccomp.platform.machine() != "x86_64", reason="the x32 ABI exists on x86_64 only")
 def test_x32_system_calls_are_killed(tmp_path):
     # socket() through the x32 ABI (number | 0x40000000) would carry another number than the one checked
     out = _under_filter("import ctypes; ctypes.CDLL(None).syscall(ctypes.c_long(0x40000000 | 41), 1, 1, 0); "
                         "print('survived')", tmp_path)
-    assert out.returncode == -signal.SIGSYS and "survived" not in out.stdout, out
+    assert out.returncode == 128 + signal.SIGSYS and "survived" not in out.stdout, out   # bwrap: 128 + signal
 
 
 def test_the_program_per_architecture_and_a_refusal_elsewhere(caplog):
@@ -228,28 +240,27 @@ def test_the_program_per_architecture_and_a_refusal_elsewhere(caplog):
     assert (0xC000003E).to_bytes(4, "little") in x86 and (0xC00000B7).to_bytes(4, "little") in arm
     with pytest.raises(seccomp.Unsupported, match="riscv64"):
         seccomp.program("riscv64")
-    argv = ["tool", "--flag"]
     seccomp.platform.machine, real = (lambda: "riscv64"), seccomp.platform.machine
     try:
         with caplog.at_level(logging.WARNING):
-            unfiltered = seccomp.filtered_argv(argv, {})      # the launcher still runs (egress, lifeline): no filter
-            assert unfiltered[-2:] == argv and unfiltered[-4] == "-"
+            assert seccomp.sandbox_filter() == seccomp.ALLOW_ALL      # still a go for bwrap: without the filter
     finally:
         seccomp.platform.machine = real
     assert "lanes run without it" in caplog.text
-    assert seccomp.filtered_argv(argv, {})[-2:] == argv
+    assert seccomp.sandbox_filter() == x86 if real() == "x86_64" else True
+    assert seccomp.sandbox_filter(filtered=False) == seccomp.ALLOW_ALL and len(seccomp.ALLOW_ALL) == 8
 
 
-def test_the_applier_keeps_the_environment_and_says_a_missing_command():
+def test_the_egress_launcher_keeps_the_environment_and_says_a_missing_command():
     env = {k: v for k, v in os.environ.items() if k != "LC_CTYPE"}
     env.update(LANG="C", LC_ALL="")
-    out = subprocess.run(seccomp.applier_argv(["sh", "-c", "echo ${LC_CTYPE-unset}"], env), env=env,
+    out = subprocess.run(egress.launcher_argv(["sh", "-c", "echo ${LC_CTYPE-unset}"], env), env=env,
                          capture_output=True, text=True)
     assert out.stdout.strip() == "unset", out      # Python's locale coercion does not leak into the command
-    out = subprocess.run(seccomp.applier_argv(["sh", "-c", "echo $LC_CTYPE"], {**env, "LC_CTYPE": "C"}),
+    out = subprocess.run(egress.launcher_argv(["sh", "-c", "echo $LC_CTYPE"], {**env, "LC_CTYPE": "C"}),
                          env={**env, "LC_CTYPE": "C"}, capture_output=True, text=True)
     assert out.stdout.strip() == "C", out
-    out = subprocess.run(seccomp.applier_argv(["no-such-tool-x"], env), env=env, capture_output=True, text=True)
+    out = subprocess.run(egress.launcher_argv(["no-such-tool-x"], env), env=env, capture_output=True, text=True)
     assert out.returncode == 127 and out.stderr.startswith("agent-lane: exec: no-such-tool-x:"), out
     from agent.lanes.sandbox import sandbox_exec_failure
 
@@ -263,30 +274,30 @@ def test_config_key():
         make_config({}, sandbox={"unix_sockets": "no"})
 
 
+@needs_sandbox
 def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
     """Fail closed: when the filter cannot be set (here: an empty program, which the kernel refuses), the command
     never runs, and the line says what to do (the lane is `unavailable` with it)."""
     from agent.lanes.sandbox import sandbox_exec_failure
 
     marker = tmp_path / "ran"
-    argv = seccomp.applier_argv(["touch", str(marker)], {})
-    argv[argv.index(seccomp.program().hex())] = ""
-    out = subprocess.run(argv, capture_output=True, text=True)
-    assert out.returncode == 126 and not marker.exists(), out
-    assert "agent-lane: seccomp: prctl failed" in out.stderr and sandbox_exec_failure(out.stderr), out
+    with go_now(_bwrap(["touch", str(marker)], tmp_path, payload=b"")) as (argv, fds):
+        out = subprocess.run(argv, pass_fds=fds, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and not marker.exists(), out
+    assert "system call filtering" in out.stderr and sandbox_exec_failure(out.stderr), out
 
 
 @needs_sandbox
 @pytest.mark.parametrize("network", ["proxy", "none"])
 def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_path, network):
     """A runner SIGKILLed in the first moments of a lane's start dies before bwrap arms its parent-death signal,
-    and the sandbox would run on unsupervised.  The launcher waits on its lifeline (agent.infra.proc.LIFELINE_ENV)
-    right before the lane: with the agent gone (the pipe's only write end closed) the lane never starts and the
-    whole sandbox ends; with the agent there, the lane waits for its go byte, then the same argv runs it. Real bwrap
-    and the egress proxy."""
+    and the sandbox would run on unsupervised.  bwrap reads the lane's filter from the go pipe to its end right
+    before the command (agent.infra.proc.go_arg): with the agent gone (the pipe's only write end closed, nothing
+    written) the program is empty, bwrap refuses it and the lane never starts; with the agent there, the sandbox
+    waits for the go, then the same argv runs it. Real bwrap and the egress proxy."""
     from agent.config import parse_config
     from agent.infra.env import lane_env
-    from agent.infra.proc import LIFELINE_ENV
+    from agent.infra.proc import GO_PREFIX
     from agent.lanes.sandbox import lane_plan, wrap
 
     repo = make_repo(tmp_path / "repo")
@@ -300,27 +311,30 @@ def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_p
     with egress.lane_network(config, None) as net:
         argv, env = wrap(bwrap_path(), ["sh", "-c", f"touch {mark}; echo started"], plan, lane_env(()),
                          net if network == "proxy" else None)
-        assert LIFELINE_ENV in env
+        at = next(i for i, a in enumerate(argv) if a.startswith(GO_PREFIX))
+        assert argv[at - 1] == "--seccomp"
         for agent_alive in (False, True):
             r, w = os.pipe()
             if not agent_alive:
                 os.close(w)                          # what the kernel does when the agent is SIGKILLed
-            p = subprocess.Popen(argv, env={**env, LIFELINE_ENV: str(r)}, pass_fds=(r, *net.pass_fds()),
+            p = subprocess.Popen([*argv[:at], str(r), *argv[at + 1:]], env=env, pass_fds=(r, *net.pass_fds()),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             os.close(r)
             try:
                 if agent_alive:
-                    # the launcher waits for the agent's go (proc.run writes it after its gate): not started yet
+                    # the sandbox waits for the agent's go (proc.run writes it after its gate): not started yet
                     with pytest.raises(subprocess.TimeoutExpired):
                         p.communicate(timeout=1.5)
                     assert not mark.exists()
-                    os.write(w, b"g")
+                    os.write(w, seccomp.sandbox_filter())
+                    os.close(w)
+                    w = None
                 out, err = p.communicate(timeout=30)  # returns only once bwrap's init ended
             finally:
-                if agent_alive:
+                if agent_alive and w is not None:
                     os.close(w)
             if agent_alive:
                 assert p.returncode == 0 and "started" in out and mark.exists(), (p.returncode, err)
             else:
                 assert p.returncode != 0 and not mark.exists(), (p.returncode, out, err)
-                assert "the agent process that started this sandbox is gone" in err, err
+                assert "system call filtering" in err, err

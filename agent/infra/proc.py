@@ -16,6 +16,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,13 +31,42 @@ DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_TAIL_BYTES = 256 * 1024
 DEFAULT_HARD_CAP = 1 << 30        # an output file past 1 GiB while the child runs: the child is killed
 TRUNCATION_MARKER = "\n[agent: output truncated, {dropped} bytes dropped]\n"
-# A child whose environment names this variable gets a lifeline: the read end of a pipe whose only write end this
-# process holds, its number put in the variable. The write end closes when this process ends, however it ends
-# (SIGKILL included), so the child can tell, at any moment, whether the process that started it is still there.
-# run() writes one byte on it once the child may go on (after ``gate``); the sandbox's launcher waits for that byte
-# right before the lane starts and ends its sandbox on end of file instead (agent/lanes/seccomp.py).
-LIFELINE_ENV = "AGENT_LIFELINE_FD"
+# A child that waits for the agent's go: an argv element made by ``go_arg(payload)`` stands for the read end of a
+# pipe whose only write end this process holds.  run() puts that end's number there, and once the child may go on
+# (after ``gate``) writes the payload and closes the write end.  A sandbox reads it to its end right before its
+# command starts (bwrap's ``--seccomp FD``: the payload is the lane's filter, agent/lanes/sandbox.py), so the work
+# before the go overlaps the sandbox's start, and an agent that is gone before its go (SIGKILLed, maybe before bwrap
+# armed its parent-death signal, which then never comes) leaves an empty payload, which bwrap refuses: the command
+# never starts unsupervised.  The element holds a NUL, which no real argument can: run outside run(), it is refused.
+GO_PREFIX = "\0agent-go:"
 
+
+def go_arg(payload: bytes) -> str:
+    """The argv element standing for the go pipe that carries ``payload`` (see GO_PREFIX)."""
+    return GO_PREFIX + payload.hex()
+
+
+
+@contextlib.contextmanager
+def go_now(argv: Sequence[str]):
+    """``(argv, pass_fds)`` for a caller that starts the child itself and has nothing to overlap with its start:
+    the go element (``go_arg``), if any, replaced by a pipe that already holds its payload; the pipe's read end
+    (in ``pass_fds``) closes when the block ends."""
+    argv = [str(a) for a in argv]
+    at = next((i for i, a in enumerate(argv) if a.startswith(GO_PREFIX)), None)
+    if at is None:
+        yield argv, ()
+        return
+    r, w = os.pipe()
+    try:
+        os.write(w, bytes.fromhex(argv[at][len(GO_PREFIX):]))
+    finally:
+        os.close(w)
+    argv[at] = str(r)
+    try:
+        yield argv, (r,)
+    finally:
+        os.close(r)
 
 @dataclass
 class ProcResult:
@@ -318,9 +348,8 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     ``env`` is the child's *whole* environment (build it with ``agent.infra.env.lane_env``);
     ``None`` inherits ours (only for trusted helpers).  ``on_line(text)`` receives the latest
     non-empty output line (from a reader thread); ``on_start(pid)`` runs right after the start.
-    ``gate()``: work that must be done before the child's command runs but may overlap its start: with a lifeline
-    (``LIFELINE_ENV``: a sandbox whose launcher waits for the go byte) it runs while the child comes up, else before
-    the child starts.  What it raises ends the child's group (its command never ran) and is raised here.
+    ``gate()``: work that must be done before the child's command runs but may overlap its start: with a go pipe
+    (``go_arg``: a sandbox that waits for its go) it runs while the child comes up, else before the child starts.  What it raises ends the child's group (its command never ran) and is raised here.
     """
     stdout_path, stderr_path = Path(stdout_path), Path(stderr_path)
     stdout_path.parent.mkdir(parents=True, exist_ok=True)
@@ -342,8 +371,9 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
                           stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
                           error="not started: shutting down")
-    if gate is not None and not (env is not None and LIFELINE_ENV in env):
-        gate()                           # no launcher to hold the command back: before the start
+    go_at = next((i for i, a in enumerate(argv) if a.startswith(GO_PREFIX)), None)
+    if gate is not None and go_at is None:
+        gate()                           # nothing holds the command back: before the start
         gate = None
     # the child writes its output files itself: nothing here waits on a pipe a grandchild could hold open.  Our own
     # disk refusing them (read-only, full) is raised: no verdict on the child.
@@ -351,11 +381,12 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     out_fh = open_new(stdout_path)
     err_fh = open_new(stderr_path)
     stdin = proc = None
-    lifeline = None
-    if env is not None and LIFELINE_ENV in env:
-        lifeline = os.pipe()             # both ends non-inheritable: only this child gets the read end
-        env = {**env, LIFELINE_ENV: str(lifeline[0])}
-        pass_fds = (*pass_fds, lifeline[0])
+    go = payload = None
+    if go_at is not None:
+        payload = bytes.fromhex(argv[go_at][len(GO_PREFIX):])
+        go = os.pipe()                   # both ends non-inheritable: only this child gets the read end
+        argv[go_at] = str(go[0])
+        pass_fds = (*pass_fds, go[0])
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
         proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=out_fh,
@@ -369,10 +400,10 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     except OSError as exc:
         return not_started(f"{argv[0]}: cannot start ({exc.strerror or exc})")
     finally:
-        if lifeline is not None:
-            os.close(lifeline[0])
-            if proc is None:             # not started: nobody to hold the line for
-                os.close(lifeline[1])
+        if go is not None:
+            os.close(go[0])
+            if proc is None:             # not started: nobody to wait for the go
+                os.close(go[1])
         if stdin is not None and stdin is not subprocess.DEVNULL:
             stdin.close()
         for fh in (out_fh, err_fh):
@@ -383,21 +414,25 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     with _RUNNING_LOCK:
         _RUNNING[pgid] = os.path.basename(argv[0])
         _STARTED_BY[pgid] = threading.get_ident()
+    go_open = [go is not None]
+
     def release() -> None:
         if gate is not None:
             gate()
-        if lifeline is not None:
+        if go is not None:
             try:
-                os.write(lifeline[1], b"g")
+                os.write(go[1], payload)     # one write of at most PIPE_BUF bytes: whole or nothing
             except OSError:              # the child is gone already (bwrap failed): its result says why
                 pass
+            go_open[0] = False
+            os.close(go[1])
 
     try:
         return _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path,
                           max_bytes, tail_bytes, on_line, on_start, hard_cap, release)
     finally:
-        if lifeline is not None:
-            os.close(lifeline[1])
+        if go_open[0]:                   # no go (the gate raised): end of file with no payload
+            os.close(go[1])
         with _RUNNING_LOCK:
             _RUNNING.pop(pgid, None)
             _STARTED_BY.pop(pgid, None)
@@ -414,7 +449,7 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
         release()
     except BaseException:
         # the caller could not record the pid or do what must precede the command: no child runs on unrecorded
-        # or unguarded (a launcher still waiting for its go byte never started the command)
+        # or unguarded (a sandbox still waiting for its go never started the command)
         _kill_group(pgid, signal.SIGKILL)
         proc.wait()
         for f in followers:

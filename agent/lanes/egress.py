@@ -3,7 +3,7 @@
 ``sandbox.network`` (config.yaml):
 - ``proxy`` (default): the lane runs with ``--unshare-net`` (only its own loopback; the host's loopback services,
   LAN and abstract unix sockets are not there).  Right before the lane's command starts, the sandbox's launcher
-  (agent.lanes.seccomp) listens on ``127.0.0.1:PROXY_PORT`` in the lane's namespace and hands that listening socket
+  (``LAUNCHER`` below) listens on ``127.0.0.1:PROXY_PORT`` in the lane's namespace and hands that listening socket
   to the agent over an inherited socket pair (``SCM_RIGHTS``); the agent's allowlisting HTTP proxy (``CONNECT`` and
   plain HTTP) accepts on it from outside, and ``HTTP(S)_PROXY`` point there.  No unix socket is bound into the lane
   and no bridge process runs in it.  The proxy lets through only ``HOST[:PORT]``s on the lane's allowlist:
@@ -38,7 +38,7 @@ from agent import AgentError
 from agent.domain.hosts import HostRule
 
 PROXY_PORT = 3128                      # the proxy's port on the lane's own loopback
-EGRESS_FD_ENV = "AGENT_EGRESS_FD"      # the launcher's end of the socket pair (agent.lanes.seccomp.APPLY)
+EGRESS_FD_ENV = "AGENT_EGRESS_FD"      # the launcher's end of the socket pair (LAUNCHER)
 EGRESS_PORTS_ENV = "AGENT_EGRESS_PORTS"   # the ports it listens on: PROXY_PORT first, then the forwarded ones
 
 # The model API (and login refresh) hosts each built-in vendor needs; everything else is refused.
@@ -453,6 +453,66 @@ def host_sockets(hidden: list[Path], scan=SOCKET_SCAN) -> list[Path]:
     for root, depth in scan:
         walk(root, depth)
     return [p for p in out if not any(h == p.parent or h in p.parents for h in hidden)]
+
+
+# Runs as `python -I -S -c LAUNCHER LC_CTYPE_OR_- argv...` in the sandbox of a lane with the proxy (bwrap has applied
+# the lane's filter and the agent has given its go): no site, no agent import, and only the modules it cannot do
+# without (each extension module is a shared object to load; issue 34).  It listens on 127.0.0.1 at each port
+# AGENT_EGRESS_PORTS names, in the lane's own network namespace, and sends those listening sockets with the port
+# list as one message on the socket pair end AGENT_EGRESS_FD names (then closes its copies: the lane holds neither
+# them nor the pair); then it executes the command.  The command gets what it was given: Python's locale coercion may
+# have set LC_CTYPE in its environment, and Python ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored
+# across exec): both back to the default.
+LAUNCHER = r"""import _signal, os, sys
+eg = os.environ.pop("AGENT_EGRESS_FD", "")
+ports = os.environ.pop("AGENT_EGRESS_PORTS", "")
+if eg.isdigit():
+    import _socket
+    socks = []
+    ch = None
+    try:
+        ch = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, int(eg))
+        for port in ports.split(","):
+            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+            socks.append(s)
+            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", int(port)))
+            s.listen(128)
+        fds = b"".join(s.fileno().to_bytes(4, sys.byteorder) for s in socks)
+        ch.sendmsg([ports.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except (OSError, ValueError) as e:
+        sys.stderr.write("agent-lane: egress: " + str(e) + "; the lane starts without its proxy\n")
+    for s in socks + ([ch] if ch is not None else []):
+        s.close()
+_signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+_signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+if sys.argv[1] == "-":
+    os.environ.pop("LC_CTYPE", None)
+else:
+    os.environ["LC_CTYPE"] = sys.argv[1]
+argv = sys.argv[2:]
+try:
+    os.execvp(argv[0], argv)
+except OSError as e:
+    sys.stderr.write("agent-lane: exec: " + argv[0] + ": " + (e.strerror or str(e)) + "\n")
+    os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+"""
+
+
+def interpreter() -> str:
+    """The interpreter that runs the launcher: the one the agent runs on, resolved past its venv's link (the
+    sandbox shows it: the root read-only, or bound back by ``sandbox.runtime_paths``)."""
+    import sys
+
+    found = os.path.realpath(sys.executable) if sys.executable else ""
+    if not os.path.isfile(found):
+        raise AgentError(f"no interpreter to run the egress launcher with ({sys.executable!r})")
+    return found
+
+
+def launcher_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``argv`` run through the launcher (which makes the listeners ``env`` asks for)."""
+    return [interpreter(), "-I", "-S", "-c", LAUNCHER, env.get("LC_CTYPE", "-"), *argv]
 
 
 @dataclass

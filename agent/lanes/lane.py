@@ -527,8 +527,8 @@ class LaneRun:
 
     def _watch_worktree(self) -> None:
         """The worktree's picture (a read-only lane is judged by it) and the git guard, taken once, before any
-        process of the lane runs: the gate of its turns' starts (``proc.run(gate=)``), in a sandbox while bwrap and
-        the launcher come up and the launcher waits for the go, without one right before the start."""
+        process of the lane runs: the gate of its turns' starts (``proc.run(gate=)``), in a sandbox while bwrap sets
+        it up and waits for its go, without one right before the start."""
         if self.guard is None:
             self.before = None if self.writable else worktree_state(self.cwd)
             self.guard = GitGuard(self.cwd)

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import AgentError
+from agent.infra.proc import go_arg
+from agent.lanes.seccomp import sandbox_filter
 
 INSTALL_FIX = ("install bubblewrap (`apt-get install bubblewrap`, or scripts/ci-bwrap), or set `sandbox: none` in "
                "config.yaml to run lanes unsandboxed")
@@ -488,10 +490,12 @@ LANE_UID = 1000
 
 
 def sandbox_exec_failure(stderr: str) -> str | None:
-    """bwrap's own failure to exec the command (``bwrap: execvp X: No such file or directory``), which exits 1 like
-    a crashing CLI would: the line, or None when the command did start."""
+    """bwrap's own failure to exec the command (``bwrap: execvp X: No such file or directory``) or to set its filter
+    (``bwrap: Unable to set up system call filtering ...``), which exits 1 like a crashing CLI would: the line, or
+    None when the command did start."""
     for line in (stderr or "").splitlines()[:5]:
-        if line.startswith(("bwrap: execvp ", "bwrap: Can't ")) or (
+        if line.startswith(("bwrap: execvp ", "bwrap: Can't ", "bwrap: Unable to set up system call filtering",
+                            "bwrap: prctl(PR_SET_SECCOMP)", "bwrap: Invalid seccomp data")) or (
                 line.startswith("agent-lane: ") and " exec: " in line):   # the egress launcher's own exec
             return line.strip()[:300]
     return None
@@ -559,9 +563,11 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
         env["TMPDIR"] = "/tmp"
     for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
         args += op
+    # the filter (or an allow-all program) comes on the go pipe: bwrap reads it to its end right before the command
+    args += ["--seccomp", go_arg(sandbox_filter(plan.unix_sockets != "allow"))]
     args += ["--chdir", str(plan.cwd), "--"]
-    if plan.unix_sockets != "allow" or (net is not None and net.proxy is not None):
-        from agent.lanes.seccomp import filtered_argv    # the launcher: egress listeners, lifeline, filter
+    if net is not None and net.proxy is not None:
+        from agent.lanes.egress import launcher_argv    # the lane's egress listeners, made in its namespace
 
-        argv = filtered_argv(argv, env, filtered=plan.unix_sockets != "allow")
+        argv = launcher_argv(argv, env)
     return args + list(argv), env

@@ -16,21 +16,20 @@ kills the process, since its socket call has another number the filter would not
 ``domain`` are compared: the kernel reads the argument as an ``int``, so ``1 | 1 << 32`` is ``AF_UNIX`` too.  On
 any other architecture ``program()`` refuses (``Unsupported``) and the sandbox says it runs without the filter.
 
-It is applied inside the sandbox by the lane's launcher, right before the lane's command: ``applier_argv`` is an
-``exec`` through the agent's own interpreter, which first makes the lane's egress listeners (agent.lanes.egress: an
-``AF_INET`` socket on the lane's loopback, handed to the agent over an inherited socket pair, so the filter need not
-spare any bridge), checks its lifeline, sets the filter (``prctl(PR_SET_SECCOMP)``; bwrap already set no-new-privs)
-and ``exec``s the command.  No library: libseccomp's Python binding is a Debian package outside the agent's venv (and
-the PyPI ones are unmaintained ctypes copies of it); the program below is checked by the kernel when it loads and by
-the tests in tests/test_seccomp.py on real bwrap.
+bwrap applies it (``--seccomp FD``) as the last thing before it executes the lane's command, after the whole
+sandbox is up: ``sandbox_filter`` gives the program, and the pipe it comes on is the agent's go for that command
+(``agent.infra.proc.go_arg``: written once what must precede the lane is done; an agent gone before that leaves an
+empty program, which bwrap refuses, so nothing starts).  With ``sandbox.unix_sockets: allow`` (or on an
+architecture without a filter) the program allows everything and still carries the go.  No library: libseccomp's
+Python binding is a Debian package outside the agent's venv (and the PyPI ones are unmaintained ctypes copies of
+it); the program below is checked by the kernel when it loads and by the tests in tests/test_seccomp.py on real
+bwrap.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import struct
-import sys
 
 from agent import AgentError
 
@@ -97,118 +96,19 @@ def program(machine: str | None = None) -> bytes:
     return b"".join(_ins(code, k, jump(i, jt), jump(i, jf)) for i, (_, code, k, jt, jf) in enumerate(prog))
 
 
-# Runs as `python -I -S -c APPLY PROGRAM_HEX_OR_- LC_CTYPE_OR_- argv...`: no site, no agent import, and only the
-# modules it cannot do without (each extension module is a shared object to load; `array` alone imports
-# collections.abc, ~3 ms, and `ctypes` ~3.5 ms more than `_ctypes`; issue 34).
-# First the lane's egress (agent.lanes.egress, proxy mode): it listens on 127.0.0.1 at each port AGENT_EGRESS_PORTS
-# names, in the lane's own network namespace, and sends those listening sockets with the port list as one message
-# on the socket pair end AGENT_EGRESS_FD names (then closes its copies: the lane holds neither them nor the pair).
-# Then it waits on its lifeline (agent.infra.proc.LIFELINE_ENV) for the agent's go: one byte, written once what must
-# precede the lane is done (proc.run's gate: the worktree's picture, the git guard), so that work overlaps the
-# sandbox's start.  End of file instead means the agent process that started the sandbox is gone (SIGKILLed, maybe
-# before bwrap armed its parent-death signal, which then never comes): it ends its own process group instead of
-# starting a lane nobody supervises.  Then the filter ("-": none, sandbox.unix_sockets: allow: `prctl` called through
-# `_ctypes`, `struct sock_fprog` laid out by hand for the two 64-bit architectures `program()` knows), then the
-# command.
-# The command gets what it was given: Python's locale coercion may have set LC_CTYPE in its environment, and Python
-# ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored across exec): both back to the default.
-APPLY = r"""import _signal, os, sys
-eg = os.environ.pop("AGENT_EGRESS_FD", "")
-ports = os.environ.pop("AGENT_EGRESS_PORTS", "")
-if eg.isdigit():
-    import _socket
-    socks = []
-    ch = None
-    try:
-        ch = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, int(eg))
-        for port in ports.split(","):
-            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-            socks.append(s)
-            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", int(port)))
-            s.listen(128)
-        fds = b"".join(s.fileno().to_bytes(4, sys.byteorder) for s in socks)
-        ch.sendmsg([ports.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-    except (OSError, ValueError) as e:
-        sys.stderr.write("agent-lane: egress: " + str(e) + "; the lane starts without its proxy\n")
-    for s in socks + ([ch] if ch is not None else []):
-        s.close()
-line = os.environ.pop("AGENT_LIFELINE_FD", "")
-if line.isdigit():
-    try:
-        go = os.read(int(line), 1)
-    except OSError:
-        go = b""
-    if not go:
-        sys.stderr.write("agent-lane: the agent process that started this sandbox is gone; the lane does not start\n")
-        os.killpg(0, 9)
-    os.close(int(line))
-_signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
-_signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
-if sys.argv[2] == "-":
-    os.environ.pop("LC_CTYPE", None)
-else:
-    os.environ["LC_CTYPE"] = sys.argv[2]
-argv = sys.argv[3:]
-if sys.argv[1] != "-":
-    import _ctypes
-    prog = bytes.fromhex(sys.argv[1])
-    class Int(_ctypes._SimpleCData):
-        _type_ = "i"
-    class Ulong(_ctypes._SimpleCData):
-        _type_ = "L"
-    class Char(_ctypes._SimpleCData):
-        _type_ = "c"
-    class Fn(_ctypes.CFuncPtr):
-        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-        _restype_ = Int
-    def buf(data):
-        return type("Buf", (_ctypes.Array,), {"_type_": Char, "_length_": len(data)}).from_buffer_copy(data)
-    code = buf(prog)
-    # struct sock_fprog {unsigned short len; struct sock_filter *filter;}: the pointer at offset 8
-    fprog = buf((len(prog) // 8).to_bytes(2, sys.byteorder) + bytes(6)
-                + _ctypes.addressof(code).to_bytes(8, sys.byteorder))
-    prctl = Fn(_ctypes.dlsym(_ctypes.dlopen(None, 2), "prctl"))
-    if prctl(Int(38), Ulong(1), Ulong(0), Ulong(0), Ulong(0)) or prctl(
-            Int(22), Ulong(2), Ulong(_ctypes.addressof(fprog)), Ulong(0), Ulong(0)):
-        sys.stderr.write("agent-lane: seccomp: prctl failed (" + os.strerror(_ctypes.get_errno()) + "), so no exec: "
-                         "sandbox.unix_sockets: allow runs lanes without the filter\n")
-        os._exit(126)
-try:
-    os.execvp(argv[0], argv)
-except OSError as e:
-    sys.stderr.write("agent-lane: exec: " + argv[0] + ": " + (e.strerror or str(e)) + "\n")
-    os._exit(127 if isinstance(e, FileNotFoundError) else 126)
-"""
-
-
-def interpreter() -> str:
-    """The interpreter that applies the filter: the one the agent runs on, resolved past its venv's link (the
-    sandbox shows it: the root read-only, or bound back by ``sandbox.runtime_paths``)."""
-    found = os.path.realpath(sys.executable) if sys.executable else ""
-    if not os.path.isfile(found):
-        raise Unsupported(f"no interpreter to apply the seccomp filter with ({sys.executable!r})")
-    return found
-
-
-def applier_argv(argv: list[str], env: dict[str, str], machine: str | None = None, filtered: bool = True) -> list[str]:
-    """``argv`` run through the launcher, under the filter when ``filtered`` (raises Unsupported on an unknown
-    architecture)."""
-    prog = program(machine).hex() if filtered else "-"
-    return [interpreter(), "-I", "-S", "-c", APPLY, prog, env.get("LC_CTYPE", "-"), *argv]
-
+# A program that allows every system call: the go of a sandbox without the filter
+ALLOW_ALL = _ins(BPF_RET_K, RET_ALLOW)
 
 _warned: set[str] = set()
 
 
-def filtered_argv(argv: list[str], env: dict[str, str], filtered: bool = True) -> list[str]:
-    """``argv`` through the launcher: the egress listeners ``env`` asks for, the lifeline and (``filtered``) the
-    filter; on an architecture without one, without it and a warning (once per process) that lanes run without it.
-    The launcher asks for a lifeline in ``env`` (``agent.infra.proc.run`` fills in its number)."""
-    from agent.infra.proc import LIFELINE_ENV
-
+def sandbox_filter(filtered: bool = True) -> bytes:
+    """The program bwrap applies to a lane's (or check's) command: the filter when ``filtered``; allow-all when not,
+    or on an architecture without one (then with a warning, once per process, that lanes run without it)."""
+    if not filtered:
+        return ALLOW_ALL
     try:
-        wrapped = applier_argv(argv, env, filtered=filtered)
+        return program()
     except Unsupported as exc:
         if str(exc) not in _warned:
             _warned.add(str(exc))
@@ -216,6 +116,4 @@ def filtered_argv(argv: list[str], env: dict[str, str], filtered: bool = True) -
 
             logging.getLogger(__name__).warning("%s: lanes run without it and may connect to the host's unix "
                                                 "sockets (sandbox.unix_sockets: deny)", exc)
-        wrapped = applier_argv(argv, env, filtered=False)
-    env[LIFELINE_ENV] = ""
-    return wrapped
+        return ALLOW_ALL
