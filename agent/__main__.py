@@ -15,7 +15,8 @@ PRELOAD = ("agent.cli", "agent.cli.common", "agent.cli.lane", "agent.app.context
            "agent.lanes.builtin", "agent.lanes.vendors", "agent.lanes.sandbox", "agent.lanes.egress",
            "agent.lanes.seccomp", "agent.lanes.progress", "agent.lanes.files", "agent.lanes.report",
            "agent.infra.proc", "agent.infra.redact", "agent.infra.env", "agent.infra.shutdown",
-           "agent.git.workspace", "agent.app.homedir", "agent.config.repo", "agent.domain.prices", "glob", "pwd")
+           "agent.git.workspace", "agent.app.homedir", "agent.config.repo", "agent.domain.prices", "glob", "pwd",
+           "ctypes")
 
 
 def main() -> None:

@@ -354,8 +354,9 @@ def test_a_repository_check_has_no_network_and_no_host_sockets(tmp_path, home):
         for network, reached in (("proxy", False), ("host", True)):
             argv, env = check_argv(parse_config({"sandbox": {"network": network}}), home, repo, probe,
                                    tmp_path / f"scratch-{network}")
-            with go_now(argv) as (argv, fds):
-                r = subprocess.run(argv, env=env, cwd=repo, pass_fds=fds, capture_output=True, text=True, timeout=60)
+            with go_now(argv) as (argv, fds, setup):
+                r = subprocess.run(argv, env=env, cwd=repo, pass_fds=fds, preexec_fn=setup,
+                                   capture_output=True, text=True, timeout=60)
             assert ("allowed-model-server" in r.stdout) is reached, (network, r.stdout, r.stderr[-500:])
             assert r.stdout.startswith("[]"), r.stdout              # /run is empty in every mode
     finally:
@@ -382,7 +383,7 @@ def _listening(port: int = 0) -> socket.socket:
 
 
 def _hand_over(proxy, socks: list[socket.socket], ports: list[int]) -> None:
-    """What the sandbox's launcher does (agent.lanes.seccomp.APPLY): one message on the pair, then its copies go."""
+    """What the lane's set-up does (egress.lane_setup): one message on the pair, then its copies go."""
     with socket.socket(fileno=os.dup(proxy.lane_fd())) as chan:
         socket.send_fds(chan, [",".join(map(str, ports)).encode()], [s.fileno() for s in socks])
     for s in socks:
@@ -399,7 +400,7 @@ def _served(port: int) -> bool:
 
 
 def test_the_proxy_itself(tmp_path):
-    """The egress proxy on the listening socket the lane's launcher hands it (played here on the host's loopback):
+    """The egress proxy on the listening socket the lane's set-up hands it (played here on the host's loopback):
     plain HTTP to an allowed host is forwarded in origin form without the Proxy-* headers; CONNECT to an allowed
     host is a tunnel; an unlisted host, or the allowed host on another port, is 403 and recorded; a request that is
     not a proxy request is 400; more connections at once than MAX_CONNECTIONS get 503 (the agent's threads stay
@@ -513,7 +514,7 @@ def test_the_socket_dirs_a_lane_never_sees(tmp_path):
 @needs_sandbox
 def test_the_proxy_port_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
     """The lane's proxy port in a real sandbox: 150 connections through it all get their answer, and the lane runs
-    with SIGPIPE at its default (the launcher is Python, which ignores it)."""
+    with SIGPIPE at its default (the agent is Python, which ignores it)."""
     from agent.config import Config, VendorConfig
     from agent.lanes.sandbox import lane_plan, require, wrap
 
@@ -539,11 +540,44 @@ def test_the_proxy_port_keeps_serving_and_the_lane_keeps_its_sigpipe(tmp_path):
             argv, env = wrap(require(config), ["/bin/sh", "-c", f"grep SigIgn /proc/self/status; "
                                                f"exec {sys.executable} -c \"$0\"", probe], plan,
                              {"PATH": "/usr/bin:/bin"}, net)
-            with go_now(argv) as (argv, fds):
-                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120,
-                                   pass_fds=(*fds, *net.pass_fds()))
+            with go_now(argv) as (argv, fds, setup):
+                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, pass_fds=fds,
+                                   preexec_fn=setup)
     finally:
         srv.shutdown()
         srv.server_close()
     assert "ok 150" in r.stdout, (r.stdout, r.stderr[-500:])
     assert "SigIgn:\t0000000000000000" in r.stdout, r.stdout       # the lane's shell: nothing ignored
+
+
+def test_a_lane_whose_network_namespace_cannot_be_made_never_starts(tmp_path):
+    """Fail closed: when the set-up cannot make the lane's namespace, the child ends before its exec (exit 126, one
+    line that `sandbox_exec_failure` reports as the lane's `unavailable` cause); it never runs on the host's network.
+    The kernel refusing unshare cannot be arranged here without breaking every other sandbox on the machine, so
+    that one call is played by a stand-in libc (the rest is real: proc.run, the fork, the child's stderr)."""
+    import ctypes
+
+    from agent.infra import proc
+    from agent.lanes.sandbox import sandbox_exec_failure
+
+    class NoUnshare:
+        def unshare(self, flags):
+            ctypes.set_errno(1)          # EPERM, as with user namespaces disabled
+            return -1
+
+    proxy = egress.EgressProxy(egress.Allowlist([]))
+    mark = tmp_path / "ran"
+    try:
+        setup = proc.setup_arg("test-no-unshare", egress.lane_setup(proxy, libc=(ctypes, NoUnshare())))
+        res = proc.run([setup, "sh", "-c", f"touch {mark}"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                       timeout=30, stdout_path=tmp_path / "o", stderr_path=tmp_path / "e")
+    finally:
+        proc.drop_setup("test-no-unshare")
+        proxy.close()
+    assert res.exit_code == 126 and not mark.exists(), res.stderr_text()
+    cause = sandbox_exec_failure(res.stderr_text())
+    assert cause and "network namespace could not be made" in cause and cause.endswith("the lane does not start")
+    # its owner gone, an argv naming the set-up is not started at all
+    gone = proc.run([setup, "sh", "-c", f"touch {mark}"], cwd=tmp_path, env=None, timeout=30,
+                    stdout_path=tmp_path / "o", stderr_path=tmp_path / "e")
+    assert gone.missing and "set-up is gone" in gone.error and not mark.exists()

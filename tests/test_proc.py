@@ -226,7 +226,7 @@ def test_the_go_pipe_carries_its_payload_and_ends_with_the_agent(tmp_path):
     assert "\0" in argv[3]
     with pytest.raises(ValueError):          # the element cannot reach a program by mistake
         subprocess.run(argv, env=env)
-    with proc.go_now(argv) as (now, fds):
+    with proc.go_now(argv) as (now, fds, _):
         assert now[3] == str(fds[0]) and now[:3] == argv[:3]
         out = subprocess.run(now, env=env, pass_fds=fds, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and mark.exists(), out

@@ -149,8 +149,9 @@ def test_a_repository_check_is_filtered_too(tmp_path, listener, unix_sockets):
     # the check's worktree is bound; the socket's dir is not: bind it as a lane's writable dir would be
     i = argv.index("--chdir")
     argv[i:i] = ["--bind", str(listener.dir), str(listener.dir)]
-    with go_now(argv) as (argv, fds):
-        out = subprocess.run(argv, env=env, cwd=repo, pass_fds=fds, capture_output=True, text=True, timeout=60)
+    with go_now(argv) as (argv, fds, setup):
+        out = subprocess.run(argv, env=env, cwd=repo, pass_fds=fds, preexec_fn=setup,
+                             capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == ("1" if unix_sockets == "deny" else "hello"), (out.stdout, out.stderr)
 
 
@@ -163,8 +164,9 @@ def _bwrap(argv: list[str], cwd: Path, payload: bytes | None = None) -> list[str
 
 def _under_filter(code: str, cwd: Path) -> subprocess.CompletedProcess:
     """``code`` run by this interpreter under the filter, which bwrap applies right before the command."""
-    with go_now(_bwrap([sys.executable, "-c", code], cwd)) as (argv, fds):
-        return subprocess.run(argv, cwd=cwd, pass_fds=fds, capture_output=True, text=True, timeout=60)
+    with go_now(_bwrap([sys.executable, "-c", code], cwd)) as (argv, fds, setup):
+        return subprocess.run(argv, cwd=cwd, pass_fds=fds, preexec_fn=setup,
+                              capture_output=True, text=True, timeout=60)
 
 
 @needs_sandbox
@@ -251,22 +253,6 @@ def test_the_program_per_architecture_and_a_refusal_elsewhere(caplog):
     assert seccomp.sandbox_filter(filtered=False) == seccomp.ALLOW_ALL and len(seccomp.ALLOW_ALL) == 8
 
 
-def test_the_egress_launcher_keeps_the_environment_and_says_a_missing_command():
-    env = {k: v for k, v in os.environ.items() if k != "LC_CTYPE"}
-    env.update(LANG="C", LC_ALL="")
-    out = subprocess.run(egress.launcher_argv(["sh", "-c", "echo ${LC_CTYPE-unset}"], env), env=env,
-                         capture_output=True, text=True)
-    assert out.stdout.strip() == "unset", out      # Python's locale coercion does not leak into the command
-    out = subprocess.run(egress.launcher_argv(["sh", "-c", "echo $LC_CTYPE"], {**env, "LC_CTYPE": "C"}),
-                         env={**env, "LC_CTYPE": "C"}, capture_output=True, text=True)
-    assert out.stdout.strip() == "C", out
-    out = subprocess.run(egress.launcher_argv(["no-such-tool-x"], env), env=env, capture_output=True, text=True)
-    assert out.returncode == 127 and out.stderr.startswith("agent-lane: exec: no-such-tool-x:"), out
-    from agent.lanes.sandbox import sandbox_exec_failure
-
-    assert sandbox_exec_failure(out.stderr)
-
-
 def test_config_key():
     assert make_config({}).sandbox_unix_sockets == "deny"
     assert make_config({}, sandbox={"unix_sockets": "allow"}).sandbox_unix_sockets == "allow"
@@ -281,8 +267,9 @@ def test_a_filter_the_kernel_refuses_runs_nothing(tmp_path):
     from agent.lanes.sandbox import sandbox_exec_failure
 
     marker = tmp_path / "ran"
-    with go_now(_bwrap(["touch", str(marker)], tmp_path, payload=b"")) as (argv, fds):
-        out = subprocess.run(argv, pass_fds=fds, capture_output=True, text=True, timeout=60)
+    with go_now(_bwrap(["touch", str(marker)], tmp_path, payload=b"")) as (argv, fds, setup):
+        out = subprocess.run(argv, pass_fds=fds, preexec_fn=setup,
+                             capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and not marker.exists(), out
     assert "system call filtering" in out.stderr and sandbox_exec_failure(out.stderr), out
 
@@ -297,7 +284,7 @@ def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_p
     waits for the go, then the same argv runs it. Real bwrap and the egress proxy."""
     from agent.config import parse_config
     from agent.infra.env import lane_env
-    from agent.infra.proc import GO_PREFIX
+    from agent.infra.proc import GO_PREFIX, take_setup
     from agent.lanes.sandbox import lane_plan, wrap
 
     repo = make_repo(tmp_path / "repo")
@@ -311,13 +298,15 @@ def test_a_sandbox_whose_agent_is_already_gone_ends_before_the_lane_starts(tmp_p
     with egress.lane_network(config, None) as net:
         argv, env = wrap(bwrap_path(), ["sh", "-c", f"touch {mark}; echo started"], plan, lane_env(()),
                          net if network == "proxy" else None)
+        argv, setup, _ = take_setup(argv)          # the proxy's: the lane's network namespace and its listener
+        assert (setup is None) is (network == "none")
         at = next(i for i, a in enumerate(argv) if a.startswith(GO_PREFIX))
         assert argv[at - 1] == "--seccomp"
         for agent_alive in (False, True):
             r, w = os.pipe()
             if not agent_alive:
                 os.close(w)                          # what the kernel does when the agent is SIGKILLed
-            p = subprocess.Popen([*argv[:at], str(r), *argv[at + 1:]], env=env, pass_fds=(r, *net.pass_fds()),
+            p = subprocess.Popen([*argv[:at], str(r), *argv[at + 1:]], env=env, pass_fds=(r,), preexec_fn=setup,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             os.close(r)
             try:

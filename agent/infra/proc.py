@@ -46,16 +46,47 @@ def go_arg(payload: bytes) -> str:
     return GO_PREFIX + payload.hex()
 
 
+# A child that needs work done in it between its fork and its exec (a lane's network namespace and its listening
+# sockets, agent/lanes/egress.py): an argv element made by ``setup_arg(key, fn)`` names ``fn``, which run() calls
+# in the child right before the exec (after setsid, with its stdio in place) and drops from the argv.  Like the go
+# element it holds a NUL: an argv run anywhere but here is refused, never started without its set-up.  ``fn`` runs
+# in a forked copy of a threaded process: no locks, no imports, no logging; it writes its own error to stderr and
+# ends the child with ``os._exit`` rather than raise.  ``drop_setup(key)`` when its owner is done.
+SETUP_PREFIX = "\0agent-setup:"
+_SETUPS: dict[str, Callable[[], None]] = {}
+
+
+def setup_arg(key: str, fn: Callable[[], None]) -> str:
+    _SETUPS[key] = fn
+    return SETUP_PREFIX + key
+
+
+def drop_setup(key: str) -> None:
+    _SETUPS.pop(key, None)
+
+
+def take_setup(argv: list[str]) -> tuple[list[str], Callable[[], None] | None, bool]:
+    """argv without its set-up element, the set-up it names (None: none), and False when it names one that is
+    gone (its owner closed it)."""
+    at = next((i for i, a in enumerate(argv) if a.startswith(SETUP_PREFIX)), None)
+    if at is None:
+        return argv, None, True
+    fn = _SETUPS.get(argv[at][len(SETUP_PREFIX):])
+    return argv[:at] + argv[at + 1:], fn, fn is not None
+
+
 
 @contextlib.contextmanager
 def go_now(argv: Sequence[str]):
-    """``(argv, pass_fds)`` for a caller that starts the child itself and has nothing to overlap with its start:
-    the go element (``go_arg``), if any, replaced by a pipe that already holds its payload; the pipe's read end
-    (in ``pass_fds``) closes when the block ends."""
-    argv = [str(a) for a in argv]
+    """``(argv, pass_fds, preexec_fn)`` for a caller that starts the child itself (``subprocess``) and has nothing to
+    overlap with its start: the go element (``go_arg``), if any, replaced by a pipe that already holds its payload,
+    whose read end (in ``pass_fds``) closes when the block ends; the set-up (``setup_arg``) to run in the child."""
+    argv, setup, found = take_setup([str(a) for a in argv])
+    if not found:
+        raise ValueError("the command's set-up is gone (its owner closed it)")
     at = next((i for i, a in enumerate(argv) if a.startswith(GO_PREFIX)), None)
     if at is None:
-        yield argv, ()
+        yield argv, (), setup
         return
     r, w = os.pipe()
     try:
@@ -64,7 +95,7 @@ def go_now(argv: Sequence[str]):
         os.close(w)
     argv[at] = str(r)
     try:
-        yield argv, (r,)
+        yield argv, (r,), setup
     finally:
         os.close(r)
 
@@ -363,6 +394,9 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return ProcResult(exit_code=127, timed_out=False, missing=True, duration_s=time.monotonic() - started,
                           pid=None, stdout_path=stdout_path, stderr_path=stderr_path, truncated=False, error=msg)
 
+    argv, setup, found = take_setup(argv)
+    if not found:
+        return not_started("not started: its set-up is gone (the lane turn that made it ended)")
     if not argv:
         return not_started("empty command")
     if _HALTED.is_set() or threading.get_ident() in _HALTED_THREADS:
@@ -389,8 +423,8 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         pass_fds = (*pass_fds, go[0])
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
-        proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=out_fh,
-                                stderr=err_fh, start_new_session=True, close_fds=True, pass_fds=pass_fds)
+        proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=stdin, stdout=out_fh, stderr=err_fh,
+                                start_new_session=True, close_fds=True, pass_fds=pass_fds, preexec_fn=setup)
     except FileNotFoundError as exc:
         if not os.path.isdir(str(cwd)):
             return not_started(f"working directory {cwd} does not exist")

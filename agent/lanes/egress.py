@@ -1,12 +1,15 @@
 """A lane's network: its own network namespace, and one way out through the agent's allowlisting egress proxy.
 
 ``sandbox.network`` (config.yaml):
-- ``proxy`` (default): the lane runs with ``--unshare-net`` (only its own loopback; the host's loopback services,
-  LAN and abstract unix sockets are not there).  Right before the lane's command starts, the sandbox's launcher
-  (``LAUNCHER`` below) listens on ``127.0.0.1:PROXY_PORT`` in the lane's namespace and hands that listening socket
-  to the agent over an inherited socket pair (``SCM_RIGHTS``); the agent's allowlisting HTTP proxy (``CONNECT`` and
-  plain HTTP) accepts on it from outside, and ``HTTP(S)_PROXY`` point there.  No unix socket is bound into the lane
-  and no bridge process runs in it.  The proxy lets through only ``HOST[:PORT]``s on the lane's allowlist:
+- ``proxy`` (default): the lane runs in a network namespace of its own (only its own loopback; the host's loopback
+  services, LAN and abstract unix sockets are not there), made in the sandbox's first process between its fork and
+  bwrap's exec (``lane_setup``, through ``agent.infra.proc.setup_arg``: a user namespace owning a network namespace,
+  ``lo`` brought up), which listens there on ``127.0.0.1:PROXY_PORT`` and hands that listening socket to the agent
+  over a socket pair (``SCM_RIGHTS``); bwrap then runs in it (no ``--unshare-net``).  The agent's allowlisting HTTP
+  proxy (``CONNECT`` and plain HTTP) accepts on it from outside, and ``HTTP(S)_PROXY`` point there.  No unix socket
+  is bound into the lane, no bridge process runs in it and no program starts before bwrap (issue 34: a Python
+  launcher in the sandbox made the listener before, ~10 ms of every lane start).  The proxy lets through only
+  ``HOST[:PORT]``s on the lane's allowlist:
   its built-in vendor's model API hosts (``VENDOR_HOSTS``), ``vendors.X.hosts`` and ``sandbox.allow_hosts``.
   A built-in host that resolves to a loopback, private or link-local address is refused (a poisoned resolver
   cannot turn it into a way to the LAN); an address, ``localhost`` or a name the config lists is the operator's
@@ -25,10 +28,12 @@ Repository checks run lane-written code: they get a network namespace with no pr
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import selectors
 import socket
+import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +43,6 @@ from agent import AgentError
 from agent.domain.hosts import HostRule
 
 PROXY_PORT = 3128                      # the proxy's port on the lane's own loopback
-EGRESS_FD_ENV = "AGENT_EGRESS_FD"      # the launcher's end of the socket pair (LAUNCHER)
-EGRESS_PORTS_ENV = "AGENT_EGRESS_PORTS"   # the ports it listens on: PROXY_PORT first, then the forwarded ones
 
 # The model API (and login refresh) hosts each built-in vendor needs; everything else is refused.
 VENDOR_HOSTS: dict[str, tuple[str, ...]] = {
@@ -199,8 +202,8 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
 
 
 class EgressProxy:
-    """An allowlisting HTTP proxy for one lane turn, serving the listening sockets the sandbox's launcher makes in
-    the lane's network namespace and hands over on ``lane_fd()``'s socket pair (one message: the ports, comma
+    """An allowlisting HTTP proxy for one lane turn, serving the listening sockets the sandbox's first process makes
+    in the lane's network namespace (``lane_setup``) and hands over on ``lane_fd()``'s socket pair (one message: the ports, comma
     separated, and one listening socket each, checked to be exactly that before anything is accepted on them).
     A forwarded port's connections go to its configured loopback ``(host, port)``.  ``refused`` lists what it
     turned away."""
@@ -220,11 +223,12 @@ class EgressProxy:
         self._thread.start()
 
     def lane_fd(self) -> int:
-        """The launcher's end of the socket pair (inherited by the sandbox; the agent's copy closes with the turn)."""
+        """The lane's end of the socket pair (used by the sandbox's first process before bwrap's exec, which closes
+        it: non-inheritable; the agent's copy closes with the turn)."""
         return self._lane_end.fileno()
 
     def _receive(self) -> list[socket.socket]:
-        """The launcher's one message: its listening sockets, if they are what was asked for; else none."""
+        """``lane_setup``'s one message: its listening sockets, if they are what was asked for; else none."""
         try:
             msg, fds, _flags, _addr = socket.recv_fds(self._chan, 256, len(self.ports) + 1)
         except OSError:
@@ -455,77 +459,90 @@ def host_sockets(hidden: list[Path], scan=SOCKET_SCAN) -> list[Path]:
     return [p for p in out if not any(h == p.parent or h in p.parents for h in hidden)]
 
 
-# Runs as `python -I -S -c LAUNCHER LC_CTYPE_OR_- argv...` in the sandbox of a lane with the proxy (bwrap has applied
-# the lane's filter and the agent has given its go): no site, no agent import, and only the modules it cannot do
-# without (each extension module is a shared object to load; issue 34).  It listens on 127.0.0.1 at each port
-# AGENT_EGRESS_PORTS names, in the lane's own network namespace, and sends those listening sockets with the port
-# list as one message on the socket pair end AGENT_EGRESS_FD names (then closes its copies: the lane holds neither
-# them nor the pair); then it executes the command.  The command gets what it was given: Python's locale coercion may
-# have set LC_CTYPE in its environment, and Python ignores SIGPIPE and SIGXFSZ (an ignored signal stays ignored
-# across exec): both back to the default.
-LAUNCHER = r"""import _signal, os, sys
-eg = os.environ.pop("AGENT_EGRESS_FD", "")
-ports = os.environ.pop("AGENT_EGRESS_PORTS", "")
-if eg.isdigit():
-    import _socket
-    socks = []
-    ch = None
-    try:
-        ch = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, int(eg))
-        for port in ports.split(","):
-            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-            socks.append(s)
-            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", int(port)))
-            s.listen(128)
-        fds = b"".join(s.fileno().to_bytes(4, sys.byteorder) for s in socks)
-        ch.sendmsg([ports.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-    except (OSError, ValueError) as e:
-        sys.stderr.write("agent-lane: egress: " + str(e) + "; the lane starts without its proxy\n")
-    for s in socks + ([ch] if ch is not None else []):
-        s.close()
-_signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
-_signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
-if sys.argv[1] == "-":
-    os.environ.pop("LC_CTYPE", None)
-else:
-    os.environ["LC_CTYPE"] = sys.argv[1]
-argv = sys.argv[2:]
-try:
-    os.execvp(argv[0], argv)
-except OSError as e:
-    sys.stderr.write("agent-lane: exec: " + argv[0] + ": " + (e.strerror or str(e)) + "\n")
-    os._exit(127 if isinstance(e, FileNotFoundError) else 126)
-"""
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
-def interpreter() -> str:
-    """The interpreter that runs the launcher: the one the agent runs on, resolved past its venv's link (the
-    sandbox shows it: the root read-only, or bound back by ``sandbox.runtime_paths``)."""
-    import sys
-
-    found = os.path.realpath(sys.executable) if sys.executable else ""
-    if not os.path.isfile(found):
-        raise AgentError(f"no interpreter to run the egress launcher with ({sys.executable!r})")
-    return found
+_LIBC: list = []
 
 
-def launcher_argv(argv: list[str], env: dict[str, str]) -> list[str]:
-    """``argv`` run through the launcher (which makes the listeners ``env`` asks for)."""
-    return [interpreter(), "-I", "-S", "-c", LAUNCHER, env.get("LC_CTYPE", "-"), *argv]
+def _libc():
+    """ctypes and libc (``unshare``: Python 3.11's ``os`` has none), loaded in the agent once, never in the child."""
+    if not _LIBC:
+        import ctypes
+
+        _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
+    return _LIBC[0]
+
+
+def lane_setup(proxy: "EgressProxy", libc=None):
+    """The function that makes a proxied lane's network in the sandbox's first process, after its fork and before
+    bwrap's exec (``agent.infra.proc.setup_arg``): a new user namespace (mapping only the agent's own uid and gid)
+    owning a new network namespace, its ``lo`` up, a listening socket on ``127.0.0.1`` at each of the proxy's
+    ports, sent with the port list as one message on the proxy's socket pair.  It runs in a forked copy of a
+    threaded process: only system calls, no lock, no import.  No namespace: it says so on stderr and ends the child
+    (exit 126; the lane is ``unavailable`` with that line), never lets bwrap run on the host's network; no
+    listener: the lane starts without its proxy (its connections fail), as it says."""
+    ctypes, lib = libc or _libc()
+    uid, gid = os.geteuid(), os.getegid()
+    chan = proxy._lane_end
+    ports = list(proxy.ports)
+
+    def say(text: str) -> None:
+        os.write(2, ("agent-lane: egress: " + text + "\n").encode("utf-8", "replace"))
+
+    def setup() -> None:
+        try:
+            if lib.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+                try:
+                    os.write(fd, text.encode())
+                finally:
+                    os.close(fd)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                got = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16s24x", b"lo"))
+                flags = struct.unpack_from("16sh", got)[1]
+                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+        except OSError as exc:
+            say(f"the lane's network namespace could not be made ({exc.strerror or exc}); the lane does not start")
+            os._exit(126)
+        socks: list[socket.socket] = []
+        try:
+            for port in ports:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                s.listen(128)
+            socket.send_fds(chan, [",".join(map(str, ports)).encode()], [s.fileno() for s in socks])
+        except OSError as exc:
+            say(f"{exc.strerror or exc}; the lane starts without its proxy")
+        for s in socks:
+            s.close()
+
+    return setup
 
 
 @dataclass
 class Net:
-    """What ``sandbox.wrap`` adds for the network: ``--unshare-net``, the hidden socket dirs and, in proxy mode,
-    the proxy (whose listening sockets the sandbox's launcher makes: ``env`` names its socket pair's end and the
-    ports, ``pass_fds`` hands the end to the child)."""
+    """What ``sandbox.wrap`` adds for the network: its own network namespace (``--unshare-net``, or in proxy mode
+    the set-up ``lane_setup`` that also makes the proxy's listening sockets), the hidden socket dirs and the proxy."""
     mode: str
     hide: list[Path] = field(default_factory=list)
     blank: list[Path] = field(default_factory=list)        # host socket files: /dev/null bound over each
     proxy: EgressProxy | None = None
+    setup_key: str | None = None
 
     def bwrap_args(self) -> list[str]:
+        if self.proxy is not None:
+            from agent.infra.proc import setup_arg
+
+            # bwrap runs in the namespace lane_setup made (where the listeners are): no --unshare-net
+            self.setup_key = self.setup_key or f"egress-{id(self)}"
+            return [setup_arg(self.setup_key, lane_setup(self.proxy))]
         return ["--unshare-net"] if self.mode in ("proxy", "none") else []
 
     def mounts(self) -> list[tuple[Path, list[str]]]:
@@ -536,7 +553,7 @@ class Net:
         return out
 
     def pass_fds(self) -> tuple[int, ...]:
-        return (self.proxy.lane_fd(),) if self.proxy is not None else ()
+        return ()                        # lane_setup uses the pair's end before the exec; nothing is inherited
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         env = dict(env)
@@ -547,8 +564,6 @@ class Net:
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env[k] = url
             env["NODE_USE_ENV_PROXY"] = "1"          # node >= 24 honours the variables above with it
-            env[EGRESS_FD_ENV] = str(self.proxy.lane_fd())
-            env[EGRESS_PORTS_ENV] = ",".join(str(p) for p in self.proxy.ports)
         return env
 
     def refused(self) -> list[str]:
@@ -556,6 +571,11 @@ class Net:
         return list(dict.fromkeys(self.proxy.refused)) if self.proxy is not None else []
 
     def close(self) -> None:
+        if self.setup_key is not None:
+            from agent.infra.proc import drop_setup
+
+            drop_setup(self.setup_key)
+            self.setup_key = None
         if self.proxy is not None:
             self.proxy.close()
             self.proxy = None

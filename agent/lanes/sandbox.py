@@ -496,7 +496,7 @@ def sandbox_exec_failure(stderr: str) -> str | None:
     for line in (stderr or "").splitlines()[:5]:
         if line.startswith(("bwrap: execvp ", "bwrap: Can't ", "bwrap: Unable to set up system call filtering",
                             "bwrap: prctl(PR_SET_SECCOMP)", "bwrap: Invalid seccomp data")) or (
-                line.startswith("agent-lane: ") and " exec: " in line):   # the egress launcher's own exec
+                line.startswith("agent-lane: egress: ") and line.endswith("the lane does not start")):
             return line.strip()[:300]
     return None
 
@@ -566,8 +566,4 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
     # the filter (or an allow-all program) comes on the go pipe: bwrap reads it to its end right before the command
     args += ["--seccomp", go_arg(sandbox_filter(plan.unix_sockets != "allow"))]
     args += ["--chdir", str(plan.cwd), "--"]
-    if net is not None and net.proxy is not None:
-        from agent.lanes.egress import launcher_argv    # the lane's egress listeners, made in its namespace
-
-        argv = launcher_argv(argv, env)
     return args + list(argv), env
