@@ -636,3 +636,34 @@ def test_case10_each_turn_gets_a_fresh_lane_dir(tmp_path, ledger):
     assert not (res.log_dir / "lane").exists()
     for p in res.log_dir.rglob("*"):
         assert p.is_dir() or MARKER not in p.read_text(errors="replace"), p
+
+
+@needs_bwrap
+def test_case2_a_short_session_id_inside_a_trusted_path_does_not_unbind_it(tmp_path, ledger):
+    """The session id is compared by position, not as a substring: a lane reporting `ab` as its session must not
+    make the resume turn refuse the vendor's own script because its path (`.../labs/session.py`) contains `ab`
+    (on main the script was left out of the sandbox and the resume turn could not start).  The element the id went
+    into is still never bound (the test above)."""
+    script = tmp_path / "labs" / "session.py"
+    script.parent.mkdir()
+    script.write_text(SESSION_LANE)
+    config = make_config({"s": {"command": [sys.executable, str(script), "ab"],
+                                "resume": [sys.executable, str(script), "--session", "{session}"]}},
+                         {"implementer": {"vendor": "s", "repair": 1}})
+    repo = make_repo(tmp_path / "repo")
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
+    assert res.status == "complete", (res.status, res.reason)
+    assert (repo / "seen.txt").read_text() == "FileNotFoundError"      # `ab` names no file: read as the lane's
+
+
+def test_the_argv_positions_of_the_lanes_text_are_exact():
+    from agent.lanes.sandbox import Plan, with_argv_files
+
+    plan = Plan(cwd=Path("/nonexistent"), writable_cwd=False)
+    argv = [sys.executable, "--session", sys.executable]
+    # the same file as config (position 0) and as the lane's text (position 2): only position 2 is the lane's
+    got = with_argv_files(plan, argv, {}, untrusted=[sys.executable], untrusted_at=(2,))
+    assert Path(sys.executable).resolve() in got.ro
+    old = with_argv_files(plan, argv, {}, untrusted=[sys.executable])      # unknown positions: every holder
+    assert Path(sys.executable).resolve() not in old.ro

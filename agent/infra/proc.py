@@ -75,7 +75,6 @@ def take_setup(argv: list[str]) -> tuple[list[str], Callable[[], None] | None, b
     return argv[:at] + argv[at + 1:], fn, fn is not None
 
 
-
 @contextlib.contextmanager
 def go_now(argv: Sequence[str]):
     """``(argv, pass_fds, preexec_fn)`` for a caller that starts the child itself (``subprocess``) and has nothing to
@@ -98,6 +97,7 @@ def go_now(argv: Sequence[str]):
         yield argv, (r,), setup
     finally:
         os.close(r)
+
 
 @dataclass
 class ProcResult:
@@ -380,7 +380,9 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     ``None`` inherits ours (only for trusted helpers).  ``on_line(text)`` receives the latest
     non-empty output line (from a reader thread); ``on_start(pid)`` runs right after the start.
     ``gate()``: work that must be done before the child's command runs but may overlap its start: with a go pipe
-    (``go_arg``: a sandbox that waits for its go) it runs while the child comes up, else before the child starts.  What it raises ends the child's group (its command never ran) and is raised here.
+    (``go_arg``: a sandbox that waits for its go) it runs while the child comes up, else before the child starts.
+    What it raises ends the child's group (its command never ran) and is raised here.  An argv naming a set-up
+    (``setup_arg``) runs it in the child before the exec.
     """
     stdout_path, stderr_path = Path(stdout_path), Path(stderr_path)
     stdout_path.parent.mkdir(parents=True, exist_ok=True)

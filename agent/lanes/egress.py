@@ -203,8 +203,9 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
 
 class EgressProxy:
     """An allowlisting HTTP proxy for one lane turn, serving the listening sockets the sandbox's first process makes
-    in the lane's network namespace (``lane_setup``) and hands over on ``lane_fd()``'s socket pair (one message: the ports, comma
-    separated, and one listening socket each, checked to be exactly that before anything is accepted on them).
+    in the lane's network namespace (``lane_setup``) and hands over on ``lane_fd()``'s socket pair (one message:
+    the ports, comma separated, and one listening socket each, checked to be exactly that before anything is
+    accepted on them).
     A forwarded port's connections go to its configured loopback ``(host, port)``.  ``refused`` lists what it
     turned away."""
 

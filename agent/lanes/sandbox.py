@@ -339,7 +339,8 @@ _ENV_NOT_PATHS = ("HOME", "PATH", "TMPDIR", "PWD", "OLDPWD", "SHELL")
 
 
 def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = None, *,
-                    untrusted: list[str] = (), files: list[Path] = ()) -> Plan:
+                    untrusted: list[str] = (), untrusted_at: tuple[int, ...] | None = None,
+                    files: list[Path] = ()) -> Plan:
     """The plan plus, read-only, what this turn must run and read: every existing file an absolute argv element
     names (a command vendor's script and its arguments, from the trusted config), every existing path a variable
     of the lane's environment names (``vendors.X.env``, e.g. ``OPENCODE_CONFIG``; in a hidden home only a file,
@@ -347,13 +348,17 @@ def with_argv_files(plan: Plan, argv: list[str], env: dict[str, str] | None = No
     directories and the vendor binary's package or interpreter (``toolchain_paths``, ``package_root``).  Nothing
     in the agent home is ever bound back this way, nor an argv element holding text that came from a lane
     (``untrusted``: its session id, which a resume argv carries): a lane that names ``~/.netrc`` as its session
-    must not get it bound into its next turn.  ``files``: the runner's own files this turn reads (its note, a retry
-    spec: in the run dir, which is otherwise hidden), bound read-only as they are."""
+    must not get it bound into its next turn; ``untrusted_at``, when known, names exactly the argv positions that
+    text went into (then the others are judged as config, whatever they contain).  ``files``: the runner's own
+    files this turn reads (its note, a retry spec: in the run dir, which is otherwise hidden), bound read-only as
+    they are."""
     env = env or {}
     extra: list[Path] = [Path(f) for f in files if Path(f).is_file() and not Path(f).is_symlink()]
     blanks: list[tuple[Path, Path]] = []
     bad = [u for u in untrusted if u]
-    candidates = [a for a in argv if a.startswith("/") and not any(u in a for u in bad) and os.path.isfile(a)]
+    lanes = set(untrusted_at) if untrusted_at is not None else {i for i, a in enumerate(argv)
+                                                                if any(u in a for u in bad)}
+    candidates = [a for i, a in enumerate(argv) if a.startswith("/") and i not in lanes and os.path.isfile(a)]
     candidates += [v for k, v in env.items()
                    if k not in _ENV_NOT_PATHS and v.startswith("/") and ":" not in v
                    and os.path.exists(v) and len(Path(v).parts) >= 3]
