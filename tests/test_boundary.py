@@ -172,16 +172,20 @@ def test_case2_a_session_id_naming_a_host_file_is_never_bound_into_the_next_turn
     file was bound (read-only) into the next turn, which read it.  A path that came from the lane is never bound."""
     hidden = tmp_path / "netrc"
     hidden.write_text(f"{MARKER}\n")
-    script = tmp_path / "session.py"
+    assert _session_lane(tmp_path, ledger, tmp_path / "session.py", str(hidden)) == "FileNotFoundError"
+
+
+def _session_lane(tmp_path: Path, ledger, script: Path, session: str) -> str:
+    """SESSION_LANE at ``script`` reporting ``session``, then resumed with it: what its resume turn read there."""
     script.write_text(SESSION_LANE)
-    config = make_config({"s": {"command": [sys.executable, str(script), str(hidden)],
+    config = make_config({"s": {"command": [sys.executable, str(script), session],
                                 "resume": [sys.executable, str(script), "--session", "{session}"]}},
                          {"implementer": {"vendor": "s", "repair": 1}})
     repo = make_repo(tmp_path / "repo")
     res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
                                spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
     assert res.status == "complete", (res.status, res.reason)
-    assert (repo / "seen.txt").read_text() == "FileNotFoundError"
+    return (repo / "seen.txt").read_text()
 
 
 def test_case2_the_one_read_helper_refuses_links_fifos_and_caps_size(tmp_path):
@@ -644,17 +648,9 @@ def test_case2_a_short_session_id_inside_a_trusted_path_does_not_unbind_it(tmp_p
     make the resume turn refuse the vendor's own script because its path (`.../labs/session.py`) contains `ab`
     (on main the script was left out of the sandbox and the resume turn could not start).  The element the id went
     into is still never bound (the test above)."""
-    script = tmp_path / "labs" / "session.py"
-    script.parent.mkdir()
-    script.write_text(SESSION_LANE)
-    config = make_config({"s": {"command": [sys.executable, str(script), "ab"],
-                                "resume": [sys.executable, str(script), "--session", "{session}"]}},
-                         {"implementer": {"vendor": "s", "repair": 1}})
-    repo = make_repo(tmp_path / "repo")
-    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
-                               spec_path=_spec(tmp_path), cwd=repo, ledger=ledger))
-    assert res.status == "complete", (res.status, res.reason)
-    assert (repo / "seen.txt").read_text() == "FileNotFoundError"      # `ab` names no file: read as the lane's
+    (tmp_path / "labs").mkdir()
+    # `ab` names no file: read as the lane's text, and the resume turn started (its script was there)
+    assert _session_lane(tmp_path, ledger, tmp_path / "labs" / "session.py", "ab") == "FileNotFoundError"
 
 
 def test_the_argv_positions_of_the_lanes_text_are_exact():
