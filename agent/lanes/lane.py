@@ -23,7 +23,6 @@ claim raises LeaseLost after git's own files are restored and setid bits strippe
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -409,9 +408,6 @@ class Tally:
         self.turns.append((res, out))
 
 
-# what a resume is built with a second time to find where the lane's session id went (no session id holds a NUL)
-SESSION_PLACEHOLDER = "\0agent-session"
-
 class _Ended(Exception):
     """Raised by a preparing step: the run ends here with this outcome, before any turn starts."""
 
@@ -590,7 +586,7 @@ class LaneRun:
                                  "Continue where you left off and end your last message with the final report.\n")
             self.runner_files.append(note)
             try:
-                first = self._build_resume(prev["session_id"], note)
+                first = self.vendor.build_resume(self.ctx, prev["session_id"], note)
                 self.tally.session_id = prev["session_id"]
             except Exception:
                 pass  # fall back to the fresh first turn built above
@@ -651,29 +647,12 @@ class LaneRun:
                 break
         return (status or "malformed"), reason, report
 
-    def _build_resume(self, session_id: str | None, note_path: Path) -> Invocation:
-        """The vendor's resume invocation, with the argv positions its session id (the lane's text) went into: the
-        same build with a placeholder tells them apart, so a trusted element that merely contains a short session
-        id (a command vendor's script under ``.../s1/``) is still bound into the sandbox.  Where they cannot be told
-        apart (another length, an id holding a NUL), every element holding the id counts as the lane's."""
-        inv = self.vendor.build_resume(self.ctx, session_id, note_path)
-        if not session_id or "\0" in session_id:
-            return inv
-        try:
-            shadow = self.vendor.build_resume(self.ctx, SESSION_PLACEHOLDER, note_path).argv
-        except Exception:
-            return inv
-        if len(shadow) != len(inv.argv):
-            return inv
-        return dataclasses.replace(inv, lane_text_at=tuple(i for i, (a, b) in enumerate(zip(inv.argv, shadow))
-                                                           if a != b))
-
     def _repair_invocation(self, n: int, note_text: str, fresh_used: bool) -> tuple[Invocation, str] | None:
         note_path = write_private(self.run_dir / f"repair-{n}.md", note_text)
         self.runner_files.append(note_path)
         if self.vendor.can_resume:
             try:
-                return self._build_resume(self.tally.session_id, note_path), "resume"
+                return self.vendor.build_resume(self.ctx, self.tally.session_id, note_path), "resume"
             except Exception:
                 pass
         if fresh_used:

@@ -27,8 +27,8 @@ class Invocation:
     argv: list[str]
     stdin_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)   # extra env for this turn (e.g. CODEX_HOME)
-    # the argv positions the lane's own text (its session id) went into, when the runner could tell (a resume built
-    # again with a placeholder, agent.lanes.lane); None: any element holding that text counts as the lane's
+    # the argv positions the lane's own text (its session id) went into, when the adapter knows them (a command
+    # vendor: where its resume template says {session}); None: any element holding that text counts as the lane's
     lane_text_at: tuple[int, ...] | None = None
 
 

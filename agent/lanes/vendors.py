@@ -71,7 +71,10 @@ class CommandVendor:
         if session_id is None and any("{session}" in a for a in self.resume):
             raise AgentError(f"vendor {self.name}: resume needs a session id and the turn printed no SESSION: line")
         values = self._values(ctx) | {"session": session_id or "", "note": str(note_path)}
-        return Invocation(argv=self._argv(self.resume, ctx, values))
+        # the session id is the lane's text: exactly where the template puts it (a trusted script path that merely
+        # contains a short id is still bound into the sandbox, agent.lanes.sandbox.with_argv_files)
+        return Invocation(argv=self._argv(self.resume, ctx, values),
+                          lane_text_at=tuple(i for i, a in enumerate(self.resume) if "{session}" in a))
 
     def read_turn(self, stdout: str, stderr: str, exit_code: int | None, ctx: LaneContext) -> TurnOutput:
         session = None
