@@ -474,6 +474,35 @@ def test_codex_starts_from_its_primed_state(lane, repo, tmp_path):
     assert _migrations(seeded, "state_5.sqlite", tmp_path / "read-seeded") == primed
 
 
+def test_claude_starts_from_its_primed_config(lane, repo, tmp_path):
+    """claude makes and migrates its global config (`.claude.json`: a machine id, `migrationVersion`) on a first
+    start in a config dir without one, which a task's private state is when the user logs in by API key (~15 ms of
+    such a lane, issue 34).  The lane's first run primes it once for the binary (`claude plugin list` in the sandbox,
+    no network, no model request) and keeps only that file; a fresh private state gets a copy, a used one keeps
+    its own."""
+    import json
+
+    from agent.lanes import vendorstate
+    from agent.lanes.files import private_state
+
+    result, server = lane("claude", "reviewer", reviewer_script)
+    why = explain(result, server)
+    assert result.status == "complete", why
+    assert server.requests and all(SPEC_MARK in r.all_text for r in server.requests), why     # none the prime's
+    (root,) = list(vendorstate.templates_root(tmp_path / "agent-home").iterdir())
+    (state_dir,) = list(root.iterdir())
+    assert [p.name for p in state_dir.iterdir()] == [".claude.json"]
+    primed = json.loads((state_dir / ".claude.json").read_text())
+    assert primed.get("migrationVersion") and "projects" not in primed, primed   # no session, no lane's text
+
+    config_dir = Path(os.environ["CLAUDE_CONFIG_DIR"])
+    pairs = private_state(tmp_path / "vendor-state" / "task-9" / "claude", [config_dir],
+                          (".credentials.json", ".claude.json"))
+    assert vendorstate.seed(pairs, root) == 1
+    assert json.loads((pairs[0][0] / ".claude.json").read_text()) == primed
+    assert vendorstate.seed(pairs, root) == 0             # a state that has its config keeps it
+
+
 @pytest.mark.parametrize("cli", ["claude", "opencode"])
 def test_read_only_lane_cannot_write_through_git_diff_output(cli, lane, repo, tmp_path):
     """Issue 11 case 5: read-only claude and opencode lanes may run `git diff` (their allowlists permit it), and

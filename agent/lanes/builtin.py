@@ -230,7 +230,14 @@ class Claude(_Base):
     name = "claude"
     default_bin = "claude"
     login_files = (".credentials.json", ".claude.json")
+    # its global config, made and migrated on a first start (a machine id, migrationVersion): ~15 ms of a lane
+    # whose private state has none (an API key, no ~/.claude.json to copy); only where CLAUDE_CONFIG_DIR is a dir
+    template_files = (".claude.json",)
     WRITE_TOOLS = "Bash,Edit,Write,MultiEdit,Read,Glob,Grep,NotebookEdit,TodoWrite"
+
+    def prime_argv(self, bin: str) -> list[str] | None:
+        # writes and migrates .claude.json, lists no plugin and stops: no model, no session
+        return [bin, "plugin", "list"]
     READ_TOOLS = "Read,Glob,Grep,Bash"
 
     def state_paths(self, env: dict[str, str]) -> list[Path]:
