@@ -230,15 +230,16 @@ class Claude(_Base):
     name = "claude"
     default_bin = "claude"
     login_files = (".credentials.json", ".claude.json")
-    # its global config, made and migrated on a first start (a machine id, migrationVersion): ~15 ms of a lane
-    # whose private state has none (an API key, no ~/.claude.json to copy); only where CLAUDE_CONFIG_DIR is a dir
+    # its global config, made and migrated on a first start (a machine id, migrationVersion): ~14 ms of a start
+    # whose config dir has none (an API-key login has no .claude.json to copy; bench/RESULTS.md); only where
+    # CLAUDE_CONFIG_DIR is a dir (~/.claude.json is a file of its own)
     template_files = (".claude.json",)
     WRITE_TOOLS = "Bash,Edit,Write,MultiEdit,Read,Glob,Grep,NotebookEdit,TodoWrite"
+    READ_TOOLS = "Read,Glob,Grep,Bash"
 
     def prime_argv(self, bin: str) -> list[str] | None:
         # writes and migrates .claude.json, lists no plugin and stops: no model, no session
         return [bin, "plugin", "list"]
-    READ_TOOLS = "Read,Glob,Grep,Bash"
 
     def state_paths(self, env: dict[str, str]) -> list[Path]:
         if env.get("CLAUDE_CONFIG_DIR"):

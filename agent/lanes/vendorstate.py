@@ -8,7 +8,7 @@ An adapter that names ``prime_argv`` and ``template_files`` gets that work done 
 - the prime: ``prime_argv(bin)`` is a command that makes the CLI write that state and stop, with no model turn and
   nothing of any lane as input (codex: ``codex exec -C /tmp resume --last``: it opens and migrates its databases,
   then refuses to run in the sandbox's empty private ``/tmp``, which is no trusted directory; claude: ``claude
-  plugin list``, which makes and migrates its ``.claude.json``, ~15 ms of a first start).  It runs in the
+  plugin list``, which makes and migrates its ``.claude.json``, ~14 ms of a first start).  It runs in the
   sandbox a version probe gets (``sandbox.probe_argv``) with no network at all and a new private state holding the
   login files, as a lane's first start would, under a time limit;
 - the template: the top-level regular files of each state dir matching ``template_files`` (codex: the databases and
