@@ -260,8 +260,8 @@ def test_gate_overlaps_the_start_and_the_command_waits_for_it(tmp_path):
 
 def test_a_gate_that_raises_starts_no_command(tmp_path):
     mark = tmp_path / "ran"
-    for with_launcher in (True, False):
-        argv, env = _launched(f"touch {mark}") if with_launcher else (["sh", "-c", f"touch {mark}"], lane_env(()))
+    for with_go in (True, False):
+        argv, env = _launched(f"touch {mark}") if with_go else (["sh", "-c", f"touch {mark}"], lane_env(()))
         pids = []
 
         def gate():
@@ -275,9 +275,9 @@ def test_a_gate_that_raises_starts_no_command(tmp_path):
         else:
             raise AssertionError("the gate's error was swallowed")
         time.sleep(0.3)
-        assert not mark.exists(), with_launcher
+        assert not mark.exists(), with_go
         assert proc.running() == {}
-        if with_launcher:                # started, held at its go, then its group killed
+        if with_go:                # started, held at its go, then its group killed
             assert len(pids) == 1 and not proc._group_alive(pids[0])
         else:                            # no go to hold it back: the gate ran before any start
             assert pids == []
