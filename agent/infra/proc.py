@@ -65,10 +65,24 @@ def drop_setup(key: str) -> None:
     _SETUPS.pop(key, None)
 
 
+def _marked(argv: list[str], prefix: str) -> int | None:
+    """The index of argv's element made by ``go_arg`` (GO_PREFIX) or ``setup_arg`` (SETUP_PREFIX), or None."""
+    return next((i for i, a in enumerate(argv) if a.startswith(prefix)), None)
+
+
+def _open_go(argv: list[str], at: int) -> tuple[int, int, bytes]:
+    """A go pipe for argv's go element at ``at`` (which becomes its read end's number): (read end, write end,
+    payload); both ends non-inheritable, so only a child given the read end in ``pass_fds`` has it."""
+    payload = bytes.fromhex(argv[at][len(GO_PREFIX):])
+    r, w = os.pipe()
+    argv[at] = str(r)
+    return r, w, payload
+
+
 def take_setup(argv: list[str]) -> tuple[list[str], Callable[[], None] | None, bool]:
     """argv without its set-up element, the set-up it names (None: none), and False when it names one that is
     gone (its owner closed it)."""
-    at = next((i for i, a in enumerate(argv) if a.startswith(SETUP_PREFIX)), None)
+    at = _marked(argv, SETUP_PREFIX)
     if at is None:
         return argv, None, True
     fn = _SETUPS.get(argv[at][len(SETUP_PREFIX):])
@@ -83,16 +97,15 @@ def go_now(argv: Sequence[str]):
     argv, setup, found = take_setup([str(a) for a in argv])
     if not found:
         raise ValueError("the command's set-up is gone (its owner closed it)")
-    at = next((i for i, a in enumerate(argv) if a.startswith(GO_PREFIX)), None)
+    at = _marked(argv, GO_PREFIX)
     if at is None:
         yield argv, (), setup
         return
-    r, w = os.pipe()
+    r, w, payload = _open_go(argv, at)
     try:
-        os.write(w, bytes.fromhex(argv[at][len(GO_PREFIX):]))
+        os.write(w, payload)
     finally:
         os.close(w)
-    argv[at] = str(r)
     try:
         yield argv, (r,), setup
     finally:
@@ -407,7 +420,7 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
         return ProcResult(exit_code=-signal.SIGKILL, timed_out=False, missing=False, duration_s=0.0, pid=None,
                           stdout_path=stdout_path, stderr_path=stderr_path, truncated=False,
                           error="not started: shutting down")
-    go_at = next((i for i, a in enumerate(argv) if a.startswith(GO_PREFIX)), None)
+    go_at = _marked(argv, GO_PREFIX)
     if gate is not None and go_at is None:
         gate()                           # nothing holds the command back: before the start
         gate = None
@@ -419,9 +432,7 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
     stdin = proc = None
     go = payload = None
     if go_at is not None:
-        payload = bytes.fromhex(argv[go_at][len(GO_PREFIX):])
-        go = os.pipe()                   # both ends non-inheritable: only this child gets the read end
-        argv[go_at] = str(go[0])
+        *go, payload = _open_go(argv, go_at)
         pass_fds = (*pass_fds, go[0])
     try:
         stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL

@@ -29,6 +29,7 @@ Repository checks run lane-written code: they get a network namespace with no pr
 from __future__ import annotations
 
 import fcntl
+import functools
 import ipaddress
 import os
 import selectors
@@ -464,16 +465,12 @@ CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
-_LIBC: list = []
-
-
+@functools.cache
 def _libc():
     """ctypes and libc (``unshare``: Python 3.11's ``os`` has none), loaded in the agent once, never in the child."""
-    if not _LIBC:
-        import ctypes
+    import ctypes
 
-        _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
-    return _LIBC[0]
+    return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
 def lane_setup(proxy: "EgressProxy", libc=None):
