@@ -350,8 +350,9 @@ def test_case6_an_unchanged_link_through_a_changed_one_is_judged_again(tmp_path)
 
 def test_case7_the_agents_git_reads_no_global_or_system_config(tmp_path, monkeypatch):
     """A lane's ``.gitattributes`` names a filter driver the user's ~/.gitconfig defines: on main the agent's own
-    ``git add``/``status`` ran it, unsandboxed.  Now no global or system config is read, and HOME is private; a
-    command that talks to a remote gets the user's credential helper, and only that."""
+    ``git add``/``status`` ran it, unsandboxed.  Now no global or system config is read, and HOME is unset (no
+    ignore file of the user's hides a lane's file from the commit, and no per-process empty home is left in /tmp by
+    an agent that is killed); a command that talks to a remote gets the user's credential helper, and only that."""
     from agent.git import workspace
     from agent.git.workspace import git as agent_git
 
@@ -361,14 +362,17 @@ def test_case7_the_agents_git_reads_no_global_or_system_config(tmp_path, monkeyp
     (user / ".gitconfig").write_text(f"[filter \"evil\"]\n\tclean = touch {marker}; cat\n\tsmudge = cat\n"
                                      "[credential]\n\thelper = store --file=/nonexistent/creds\n"
                                      "[alias]\n\tst = !touch " + str(marker) + "\n")
+    (user / ".config" / "git").mkdir(parents=True)
+    (user / ".config" / "git" / "ignore").write_text("new.txt\n")
     monkeypatch.setenv("HOME", str(user))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     monkeypatch.setattr(workspace, "_USER_CREDENTIALS", [], raising=False)     # read afresh from this HOME
+    assert "HOME" not in workspace.git_env() and workspace.git_env(network=True)["HOME"] == str(user)
     repo = make_repo(tmp_path / "repo")
     (repo / ".gitattributes").write_text("* filter=evil\n")
     (repo / "new.txt").write_text("x\n")
     agent_git("add", "-A", cwd=repo)
-    agent_git("status", "--porcelain", cwd=repo)
+    assert "A  new.txt" in agent_git("status", "--porcelain", cwd=repo).splitlines()
     agent_git("diff", "--cached", "--no-ext-diff", "--no-textconv", cwd=repo)
     assert not marker.exists()
     assert agent_git("config", "--get-all", "credential.helper", cwd=repo, network=True).splitlines()[-1] \

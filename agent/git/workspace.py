@@ -114,21 +114,6 @@ _ENV_KEEP = ("PATH", "HOME", "USER", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SS
 GIT_TIMEOUT = 300.0
 
 
-_PRIVATE_HOME: list[str] = []
-
-
-def private_git_home() -> str:
-    """An empty directory of this process's, the ``HOME`` of every agent git command that does not talk to a
-    remote: nothing of the user's (``~/.gitconfig``, XDG config, attributes) is read there."""
-    if not _PRIVATE_HOME or not os.path.isdir(_PRIVATE_HOME[0]):
-        import atexit
-        import tempfile
-
-        _PRIVATE_HOME[:] = [tempfile.mkdtemp(prefix="agent-git-home-")]
-        atexit.register(shutil.rmtree, _PRIVATE_HOME[0], True)
-    return _PRIVATE_HOME[0]
-
-
 _USER_CREDENTIALS: list[list[str]] = []
 
 
@@ -154,8 +139,9 @@ def git_env(push: bool = False, config=None, network: bool = False) -> dict[str,
     """The whole environment of an agent git command: a few variables git needs, never a credential unless
     ``push`` (then the forge/source token variables pass, for credential helpers such as ``gh``).  No system or
     global git config is read (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``): a filter driver, alias
-    or hook path in the user's ``~/.gitconfig`` never runs on a lane's files.  ``HOME`` is a private empty dir
-    unless the command talks to a remote (the user's credential helper may need their home)."""
+    or hook path in the user's ``~/.gitconfig`` never runs on a lane's files.  ``HOME`` is unset unless the
+    command talks to a remote (the user's credential helper may need their home): git then reads nothing from a
+    home (no ``~/.config/git/ignore``), and no per-process empty directory is left behind by a killed agent."""
     from agent.infra.env import secret_env_names
 
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
@@ -164,7 +150,7 @@ def git_env(push: bool = False, config=None, network: bool = False) -> dict[str,
                 "SSH_ASKPASS": "true", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0",
                 "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"})
     if not (push or network):
-        env["HOME"] = private_git_home()
+        env.pop("HOME", None)
     if not push:
         for name in secret_env_names(config):
             env.pop(name, None)
