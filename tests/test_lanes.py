@@ -109,8 +109,9 @@ def test_decider_report_fields(env):
 
 # ----------------------------------------------------------------------------- read-only verification
 
-# The runner's own worktree check is the second line behind the sandbox (which makes a read-only lane's worktree
-# read-only: tests/test_sandbox.py); these tests run without it (`sandbox: none`) to prove the check alone.
+# The runner's own worktree check is the line behind the sandbox (which mounts a read-only lane's worktree
+# read-only, and then needs no picture: the sandboxed tests below); these run without it (`sandbox: none`) to prove
+# the check alone.
 
 
 def test_read_only_reviewer_that_edits_is_rejected(env):
@@ -147,6 +148,49 @@ def test_read_only_in_non_git_dir_uses_content_hash(env, tmp_path):
     res = run_lane(LaneRequest(config=cfg(env, sandbox="none"), home=env.home, role="decider", spec_path=env.spec,
                                cwd=plain, ledger=env.ledger))
     assert res.status == "rejected" and "a.txt" in res.reason
+
+
+def test_a_sandboxed_read_only_worktree_refuses_the_write_itself_and_is_not_pictured(env, monkeypatch):
+    """In bwrap a read-only lane's worktree is a read-only mount: the write fails in the lane and the file is
+    unchanged.  The runner then takes no picture of it (two ``git status`` runs, one on the start's critical path:
+    issue 34); the picture is back where a writable path lies inside the worktree (next test)."""
+    import agent.lanes.lane as lane_mod
+    from agent.lanes.sandbox import bwrap_path
+
+    if bwrap_path() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed; scripts/ci-bwrap installs it")
+    pictures = []
+    real = lane_mod.worktree_state
+    monkeypatch.setattr(lane_mod, "worktree_state", lambda cwd: pictures.append(cwd) or real(cwd))
+    env.agent.set({"edit": {"app.py": "hacked\n"}, "print": report_review()})
+    res = lane(env, "reviewer", cfg(env))
+    assert "hacked" not in (env.repo / "app.py").read_text()
+    assert res.status != "complete"          # the fake agent's write raised (a read-only file system)
+    assert "Read-only file system" in (res.log_dir / "01-turn.stderr").read_text()
+    assert pictures == []
+
+
+def test_a_writable_path_inside_a_read_only_worktree_brings_the_picture_back(env):
+    """``vendors.X.writable`` naming a dir inside the worktree: the lane can write there, so the runner's picture
+    judges the read-only lane again, in the sandbox too."""
+    from agent.lanes.sandbox import bwrap_path, lane_plan
+
+    if bwrap_path() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed; scripts/ci-bwrap installs it")
+    (env.repo / "scratch").mkdir()
+    config = make_config({"fake": {**env.agent.vendor_config(), "writable": [str(env.agent.dir),
+                                                                             str(env.repo / "scratch")]}},
+                         {"reviewer": {"vendor": "fake"}})
+    env.agent.set({"edit": {"scratch/out.txt": "written\n"}, "print": report_review()})
+    res = lane(env, "reviewer", config)
+    assert (env.repo / "scratch" / "out.txt").read_text() == "written\n"
+    assert res.status == "rejected" and "read-only lane changed the worktree: scratch/out.txt" in res.reason
+    # the plan's own answer, a link into the worktree included
+    (env.tmp / "link").symlink_to(env.repo / "scratch")
+    common = dict(agent_home=env.home, run_dir=env.tmp, spec_paths=[], state_paths=[], homes=[])
+    assert lane_plan(cwd=env.repo, writable=False, extra_writable=[], **common).worktree_read_only()
+    assert not lane_plan(cwd=env.repo, writable=False, extra_writable=[env.tmp / "link"], **common).worktree_read_only()
+    assert not lane_plan(cwd=env.repo, writable=True, extra_writable=[], **common).worktree_read_only()
 
 
 def test_read_only_committing_lane_is_rejected(env):

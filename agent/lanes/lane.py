@@ -528,9 +528,12 @@ class LaneRun:
     def _watch_worktree(self) -> None:
         """The worktree's picture (a read-only lane is judged by it) and the git guard, taken once, before any
         process of the lane runs: the gate of its turns' starts (``proc.run(gate=)``), in a sandbox while bwrap sets
-        it up and waits for its go, without one right before the start."""
+        it up and waits for its go, without one right before the start.  No picture where the sandbox mounts the
+        worktree read-only with nothing writable inside it: the kernel refuses the lane every write there, and two
+        ``git status`` runs (~3 ms each, the first on the start's critical path) would check what cannot happen."""
         if self.guard is None:
-            self.before = None if self.writable else worktree_state(self.cwd)
+            locked = self.bwrap is not None and self.plan is not None and self.plan.worktree_read_only()
+            self.before = None if self.writable or locked else worktree_state(self.cwd)
             self.guard = GitGuard(self.cwd)
 
     def _require_sandbox(self) -> None:

@@ -89,6 +89,18 @@ class Plan:
     tmpfs_mb: int = 1024                                    # size cap of each writable tmpfs (/tmp, homes)
     unix_sockets: str = "deny"                              # deny: socket(AF_UNIX) fails (agent.lanes.seccomp)
 
+    def worktree_read_only(self) -> bool:
+        """Whether no write of the lane's can reach its worktree: bound read-only, with nothing writable bound at
+        or inside it (a tmpfs there is the lane's own memory, never the worktree's files)."""
+        if self.writable_cwd:
+            return False
+        cwd = Path(self.cwd).resolve()
+        for p in [*self.rw, *(dest for _, dest in self.over_rw)]:
+            p = Path(p).resolve()
+            if p == cwd or cwd in p.parents:
+                return False
+        return True
+
 
 def sanitized_git_config(common: Path, out: Path) -> Path:
     """A copy of the repository's config with only what git needs to read the repository (format version and
