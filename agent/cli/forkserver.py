@@ -160,6 +160,11 @@ def _child(conn: socket.socket, fds: list[int], req: dict, closing: list[int], r
         sys.stderr.flush()
     except Exception:
         pass
+    for fd in (0, 1, 2):            # the client's stdio ends with the client, not after this process's teardown
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     try:
         conn.sendall(f"exit {code}\n".encode())
     except OSError:
@@ -185,6 +190,9 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
         import psycopg  # noqa: F401  (a PostgreSQL ledger's driver: ~120 ms of import a child would pay)
     except ImportError:
         pass
+    import gc
+
+    gc.freeze()         # what is loaded stays out of every child's collections: no copy-on-write of it in each child
     loaded = _fingerprint()
     rundir = Path(home) / "run"
     try:
