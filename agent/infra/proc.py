@@ -199,18 +199,18 @@ def read_tail(path: Path | str | None, chars: int) -> str:
 
 
 class _Follower(threading.Thread):
-    """Watches a child's output file while it runs: hands the latest complete line to ``on_line`` and kills the
-    child's group when the file grows past ``hard_cap`` (a disk-filling child).  Never holds the child's output:
-    the child writes the file itself, so no pipe exists that a grandchild could keep open."""
+    """Watches a child's output files while it runs (one thread for all of them): hands the latest complete line of
+    each to ``on_line`` and kills the child's group when a file grows past ``hard_cap`` (a disk-filling child).
+    Never holds the child's output: the child writes the files itself, so no pipe exists that a grandchild could
+    keep open."""
 
     INTERVAL = 0.2
 
-    def __init__(self, path: Path, on_line: Callable[[str], None] | None, hard_cap: int, pgid: int):
+    def __init__(self, paths: Sequence[Path], on_line: Callable[[str], None] | None, hard_cap: int, pgid: int):
         super().__init__(daemon=True)
-        self.path, self.on_line, self.hard_cap, self.pgid = path, on_line, hard_cap, pgid
+        self.on_line, self.hard_cap, self.pgid = on_line, hard_cap, pgid
+        self.files = [{"path": p, "offset": 0, "partial": b""} for p in paths]
         self.stop = threading.Event()
-        self.offset = 0
-        self.partial = b""
         self.over_cap = False
 
     def run(self) -> None:
@@ -218,27 +218,31 @@ class _Follower(threading.Thread):
             self.poll()
 
     def poll(self) -> None:
+        for f in self.files:
+            self._poll(f)
+
+    def _poll(self, f: dict) -> None:
         try:
-            size = os.path.getsize(self.path)
+            size = os.path.getsize(f["path"])
         except OSError:
             return
         if size > self.hard_cap and not self.over_cap:
             self.over_cap = True
             _kill_group(self.pgid, signal.SIGKILL)
-        if self.on_line is None or size <= self.offset:
+        if self.on_line is None or size <= f["offset"]:
             return
-        old = self.offset
+        old = f["offset"]
         start = max(old, size - 65536)
         try:
-            with open(self.path, "rb") as fh:
+            with open(f["path"], "rb") as fh:
                 fh.seek(start)
                 data = fh.read(size - start)
         except OSError:
             return
-        self.offset = start + len(data)
-        data = (self.partial if start == old else b"") + data
-        *lines, self.partial = data.split(b"\n")
-        self.partial = self.partial[-4096:]
+        f["offset"] = start + len(data)
+        data = (f["partial"] if start == old else b"") + data
+        *lines, partial = data.split(b"\n")
+        f["partial"] = partial[-4096:]
         for raw in reversed(lines):
             text = raw.decode("utf-8", errors="replace").strip()
             if text:
@@ -487,9 +491,7 @@ def run(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str] | None, tim
 
 def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path, stderr_path, max_bytes,
                tail_bytes, on_line, on_start, hard_cap, release) -> ProcResult:
-    followers = [_Follower(stdout_path, on_line, hard_cap, pgid), _Follower(stderr_path, on_line, hard_cap, pgid)]
-    for f in followers:
-        f.start()
+    follower = _Follower([stdout_path, stderr_path], on_line, hard_cap, pgid)
     try:
         if on_start is not None:
             on_start(proc.pid)
@@ -499,9 +501,8 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
         # or unguarded (a sandbox still waiting for its go never started the command)
         _kill_group(pgid, signal.SIGKILL)
         proc.wait()
-        for f in followers:
-            f.stop.set()
         raise
+    follower.start()                     # after the go: a thread's start is not on the command's way
 
     timed_out = False
     # Popen.wait(timeout=...) polls with sleeps of up to 50 ms, which added ~25 ms to every lane and check;
@@ -525,15 +526,14 @@ def _supervise(proc, pgid, started, timeout, grace, kill_leftovers, stdout_path,
             while _group_alive(pgid) and time.monotonic() < end:
                 time.sleep(0.05)
             _kill_group(pgid, signal.SIGKILL)
-    for f in followers:
-        f.stop.set()
-        f.join(5)
-        f.poll()          # the last lines written before the exit
+    follower.stop.set()
+    follower.join(5)
+    follower.poll()       # the last lines written before the exit
     truncated = [_compact(p, max_bytes, tail_bytes) for p in (stdout_path, stderr_path)]
     require_room(stdout_path.parent)     # a disk that filled up while it ran may have cut its output short
     return ProcResult(exit_code=proc.returncode, timed_out=timed_out, missing=False,
                       duration_s=time.monotonic() - started, pid=proc.pid, stdout_path=stdout_path,
-                      stderr_path=stderr_path, truncated=any(truncated) or any(f.over_cap for f in followers))
+                      stderr_path=stderr_path, truncated=any(truncated) or follower.over_cap)
 
 
 # ---------------------------------------------------------------------------- short commands kept in memory
