@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -134,6 +135,20 @@ def test_stdin_from_file_and_on_line_and_on_start(tmp_path):
     assert res.stdout_text() == "got line one\ngot line two\n"
     assert pids == [res.pid]
     assert lines and lines[-1] == "got line two"
+
+
+def test_a_child_filling_either_output_file_is_killed_at_the_hard_cap(tmp_path):
+    """One follower thread watches both files: a child writing without end to stderr (stdout stays quiet) is
+    killed once that file passes the cap, long before its timeout; its progress lines from both files arrive."""
+    lines = []
+    flood = ("import sys\nprint('from stdout', flush=True)\nsys.stderr.write('from stderr\\n'); sys.stderr.flush()\n"
+             "import time; time.sleep(0.5)\nwhile True: sys.stderr.write('x' * 65536)")
+    t = time.monotonic()
+    res = _run(tmp_path, [sys.executable, "-c", flood], hard_cap=1 << 20, max_bytes=4096, on_line=lines.append,
+               timeout=60)
+    assert time.monotonic() - t < 30 and not res.timed_out
+    assert res.exit_code == -signal.SIGKILL and res.truncated
+    assert "from stdout" in lines and "from stderr" in lines
 
 
 def test_env_is_exactly_what_was_given(tmp_path):
