@@ -113,6 +113,25 @@ def test_case1_the_checks_scratch_dir_is_the_runners_and_fresh(tmp_path):
     assert not (scratch / "sandbox-git-config").is_symlink()
 
 
+def test_the_lanes_git_config_copy_keeps_only_what_git_needs_to_read(tmp_path):
+    """The copy shown in place of the mirror's config: format version, bare, a plain identity and the known
+    extensions; no remote URL (credentials), alias, hook path or unknown extension, and no value can open a
+    section of its own."""
+    from agent.lanes.sandbox import sanitized_git_config
+
+    (tmp_path / "config").write_text(
+        "[core]\n\trepositoryformatversion = 1\n\tbare = yes\n\thooksPath = /tmp/evil\n"
+        "[remote \"origin\"]\n\turl = https://user:s3cret@example.com/r.git\n[alias]\n\tst = !touch /tmp/pwned\n"
+        "[user]\n\tname = \"Ann [core] x=y\"\n\temail = ann@example.com\n"
+        "[extensions]\n\tobjectFormat = sha256\n\tworktreeConfig = true\n\tweird = 1\n")
+    text = sanitized_git_config(tmp_path, tmp_path / "copy").read_text()
+    assert text == ("[core]\n\trepositoryformatversion = 1\n\tbare = true\n[user]\n\tname = Ann core xy\n"
+                    "\temail = ann@example.com\n[extensions]\n\tobjectFormat = sha256\n\tworktreeConfig = true\n")
+    (tmp_path / "config").write_text("")
+    assert sanitized_git_config(tmp_path, tmp_path / "copy").read_text() == (
+        "[core]\n\trepositoryformatversion = 0\n[user]\n\tname = agent\n\temail = agent@localhost\n")
+
+
 # ---------------------------------------------------------------------------------------------- case 2
 
 

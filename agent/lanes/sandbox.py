@@ -102,6 +102,17 @@ class Plan:
         return True
 
 
+# compiled at import (the daemon's fork server has them ready for every lane it starts)
+_GIT_VERSION = re.compile(r"^\s*repositoryformatversion\s*=\s*(\d+)", re.M | re.I)
+_GIT_BARE = re.compile(r"^\s*bare\s*=\s*(\w+)", re.M | re.I)
+_GIT_NAME = re.compile(r"^\s*name\s*=\s*(.+)$", re.M | re.I)
+_GIT_EMAIL = re.compile(r"^\s*email\s*=\s*(.+)$", re.M | re.I)
+_GIT_EXTENSION = re.compile(r"^\s*(objectformat|refstorage|worktreeconfig|partialclone|preciousobjects)\s*=", re.I)
+_GIT_SECTIONS = {name: re.compile(r"^\s*\[" + name + r"\]\s*$(.*?)(?=^\s*\[|\Z)", re.M | re.S | re.I)
+                 for name in ("user", "extensions")}
+_NOT_PLAIN = re.compile(r"[^\w .@+-]")
+
+
 def sanitized_git_config(common: Path, out: Path) -> Path:
     """A copy of the repository's config with only what git needs to read the repository (format version and
     extensions): no remote URL (it may carry credentials), no alias, filter, hook or command."""
@@ -109,36 +120,32 @@ def sanitized_git_config(common: Path, out: Path) -> Path:
         text = (Path(common) / "config").read_text(errors="replace")
     except OSError:
         text = ""
-    version = re.search(r"^\s*repositoryformatversion\s*=\s*(\d+)", text, re.M | re.I)
-    bare = re.search(r"^\s*bare\s*=\s*(\w+)", text, re.M | re.I)
+    version = _GIT_VERSION.search(text)
+    bare = _GIT_BARE.search(text)
     lines = ["[core]", f"\trepositoryformatversion = {version.group(1) if version else 0}"]
     if bare:
         lines.append(f"\tbare = {'true' if bare.group(1).lower() in ('true', 'yes', 'on', '1') else 'false'}")
     # an identity, so a CLI that checks for one (aider writes it into the config when missing) finds one
-    name = re.search(r"^\s*name\s*=\s*(.+)$", _section(text, "user"), re.M | re.I)
-    email = re.search(r"^\s*email\s*=\s*(.+)$", _section(text, "user"), re.M | re.I)
+    name = _GIT_NAME.search(_section(text, "user"))
+    email = _GIT_EMAIL.search(_section(text, "user"))
     lines += ["[user]", f"\tname = {_plain(name.group(1)) if name else 'agent'}",
               f"\temail = {_plain(email.group(1)) if email else 'agent@localhost'}"]
-    ext = re.search(r"^\s*\[extensions\]\s*$(.*?)(?=^\s*\[|\Z)", text, re.M | re.S | re.I)
-    if ext:
-        keep = [ln.strip() for ln in ext.group(1).splitlines()
-                if re.match(r"^\s*(objectformat|refstorage|worktreeconfig|partialclone|preciousobjects)\s*=",
-                            ln, re.I)]
-        if keep:
-            lines += ["[extensions]"] + [f"\t{k}" for k in keep]
+    keep = [ln.strip() for ln in _section(text, "extensions").splitlines() if _GIT_EXTENSION.match(ln)]
+    if keep:
+        lines += ["[extensions]"] + [f"\t{k}" for k in keep]
     from agent.lanes.files import write_private
 
     return write_private(out, "\n".join(lines) + "\n")
 
 
 def _section(text: str, name: str) -> str:
-    m = re.search(r"^\s*\[" + name + r"\]\s*$(.*?)(?=^\s*\[|\Z)", text, re.M | re.S | re.I)
+    m = _GIT_SECTIONS[name].search(text)
     return m.group(1) if m else ""
 
 
 def _plain(value: str) -> str:
     """A config value reduced to characters that cannot start another key or section."""
-    return re.sub(r"[^\w .@+-]", "", value.strip().strip('"'))[:100] or "agent"
+    return _NOT_PLAIN.sub("", value.strip().strip('"'))[:100] or "agent"
 
 
 def git_paths(cwd: Path) -> tuple[Path | None, Path | None]:
