@@ -291,3 +291,16 @@ def test_the_request_round_trips_what_the_os_gave_and_refuses_any_other_shape():
                 good + b"\x00NOEQUALS", good + b"\x00=value"):
         with pytest.raises(ValueError):
             decode_request(bad)
+
+
+def test_the_postgresql_driver_is_preloaded_only_for_a_postgresql_home(tmp_path, monkeypatch):
+    """Loaded, psycopg makes every fork of the server slower (~0.5 ms): only a home whose ledger is PostgreSQL
+    (``ledger.url``, ``AGENT_LEDGER_URL``) gets it preloaded."""
+    from agent.cli.forkserver import _postgres_home
+
+    monkeypatch.delenv("AGENT_LEDGER_URL", raising=False)
+    assert not _postgres_home(tmp_path)
+    (tmp_path / "config.yaml").write_text("ledger:\n  url: postgresql://agent@127.0.0.1:5/agent\n")
+    assert _postgres_home(tmp_path)
+    monkeypatch.setenv("AGENT_LEDGER_URL", "postgresql://agent@127.0.0.1:5/other")
+    assert _postgres_home(tmp_path / "elsewhere")

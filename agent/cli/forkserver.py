@@ -186,10 +186,11 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
     from agent.infra.redact import redact
 
     redact("warm the rules: password=x")              # its patterns compile once, here
-    try:
-        import psycopg  # noqa: F401  (a PostgreSQL ledger's driver: ~120 ms of import a child would pay)
-    except ImportError:
-        pass
+    if _postgres_home(home):
+        try:
+            import psycopg  # noqa: F401  (a PostgreSQL ledger's driver: ~120 ms of import a child would pay)
+        except ImportError:
+            pass
     import gc
 
     gc.freeze()         # what is loaded stays out of every child's collections: no copy-on-write of it in each child
@@ -271,6 +272,18 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
     if served:                        # quiet otherwise: a daemon that refuses its own start says only why
         log(f"stopped after {served} command(s)")
     return 0
+
+
+def _postgres_home(home: Path) -> bool:
+    """Whether the home's ledger is PostgreSQL, as the daemon sees it: only then is its driver preloaded (loaded, it
+    makes each fork ~0.5 ms slower; a child that needs it anyway imports it itself)."""
+    from agent.ledger import ledger_path
+    from agent.ledger.backend import is_url
+
+    try:
+        return is_url(ledger_path(home))
+    except Exception:               # a bad URL: the child's own open says so
+        return False
 
 
 def _take(conn: socket.socket, loaded, children: dict[int, socket.socket], closing: list[int], run) -> str | None:
