@@ -686,3 +686,52 @@ def test_the_argv_positions_of_the_lanes_text_are_exact():
     assert Path(sys.executable).resolve() in got.ro
     old = with_argv_files(plan, argv, {}, untrusted=[sys.executable])      # unknown positions: every holder
     assert Path(sys.executable).resolve() not in old.ro
+
+
+# ---------------------------------------------------------------------------------------------- mounts
+
+
+@needs_bwrap
+def test_the_sandbox_binds_nothing_the_lane_already_sees_read_only_and_keeps_what_it_needs(tmp_path):
+    """A read-only bind of a path onto itself is left out where the lane already sees it read-only as it is (bwrap
+    re-reads its mount table for each; issue 34): a read-only worktree's ``.git``, a file outside every hidden tree.
+    It stays where it matters: a writable worktree's ``.git`` is still read-only, a file in a hidden home is still
+    shown, and the lane sees the same files either way."""
+    from agent.infra import proc
+    from agent.lanes.sandbox import lane_plan, with_argv_files, wrap
+
+    repo = make_repo(tmp_path / "repo")
+    home = tmp_path / "home"
+    (home / "run").mkdir(parents=True)
+    user = tmp_path / "user"
+    (user / "bin").mkdir(parents=True)
+    tool = user / "bin" / "tool.sh"
+    tool.write_text("#!/bin/sh\necho tool ran\n")
+    tool.chmod(0o755)
+    outside = Path(__file__).resolve()                       # in the checkout: visible through the read-only root
+
+    def argv_for(writable: bool, script: str) -> list[str]:
+        plan = lane_plan(cwd=repo, writable=writable, agent_home=home, run_dir=home / "run", spec_paths=[],
+                         state_paths=[], extra_writable=[], homes=[user])
+        plan = with_argv_files(plan, [str(tool), str(outside)], {"PATH": "/usr/bin:/bin"})
+        argv, env = wrap(bwrap_path(), ["/bin/sh", "-c", script], plan, {"PATH": "/usr/bin:/bin"})
+        return argv, env
+
+    def binds(argv: list[str]) -> set[str]:
+        return {argv[i + 1] for i in range(len(argv) - 2) if argv[i] == "--ro-bind" and argv[i + 1] == argv[i + 2]}
+
+    script = (f"{tool}; head -c 10 {outside}; echo; touch .git/planted 2>/dev/null && echo git-written; "
+              "touch new.txt 2>/dev/null && echo worktree-written; true")
+    for writable in (False, True):
+        argv, env = argv_for(writable, script)
+        shown = binds(argv)
+        assert str(tool.parent) in shown and str(outside) not in shown
+        assert (str(repo / ".git") in shown) is writable        # a read-only worktree shows its .git as it is
+        with proc.go_now(argv) as (run_argv, fds, setup):
+            import subprocess
+
+            out = subprocess.run(run_argv, cwd=repo, env=env, pass_fds=fds, preexec_fn=setup, capture_output=True,
+                                 text=True, timeout=60).stdout
+        assert "tool ran" in out and outside.read_text()[:10] in out
+        assert "git-written" not in out and not (repo / ".git" / "planted").exists()
+        assert ("worktree-written" in out) is writable

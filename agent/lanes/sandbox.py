@@ -536,6 +536,27 @@ def _depth(p: Path) -> int:
     return len(Path(p).parts)
 
 
+def _without_repeats(mounts: list[tuple[int, int, list[str]]]) -> list[str]:
+    """The mounts' arguments, in order, without a read-only bind of a path onto itself that the lane already sees
+    read-only as it is: through the read-only root or an enclosing read-only bind of the same path, with nothing
+    mounted in between (the agent's interpreter inside a bound ``~/.pyenv``, a repository's ``.git`` that is its own
+    common dir, a vendor binary outside any hidden tree).  bwrap re-reads its mount table for each read-only bind,
+    so each one left out is time off every lane start."""
+    shown: dict[str, bool] = {"/": True, "/tmp": False, "/var/tmp": False, "/dev": False, "/proc": False}
+    out: list[str] = []
+    for _depth, _order, op in mounts:
+        dest = op[-1]                          # every op ends with its destination
+        same = op[0] == "--ro-bind" and len(op) == 3 and op[1] == op[2]
+        if same:
+            p = Path(dest)
+            enclosing = next((shown[str(a)] for a in (p, *p.parents) if str(a) in shown), True)
+            if enclosing:
+                continue
+        out += op
+        shown[dest] = same
+    return out
+
+
 def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None) -> tuple[list[str], dict[str, str]]:
     """The bwrap argv running ``argv`` under ``plan``, and the environment to give it (TMPDIR is the private
     /tmp).  Mounts are ordered by depth, so a deeper path (the worktree's ``.git``) overrides a shallower one (the
@@ -585,8 +606,7 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
         add(Path(tmpdir), [*size, "--tmpfs", tmpdir])
     else:
         env["TMPDIR"] = "/tmp"
-    for _, _, op in sorted(mounts, key=lambda m: (m[0], m[1])):
-        args += op
+    args += _without_repeats(sorted(mounts, key=lambda m: (m[0], m[1])))
     # the filter (or an allow-all program) comes on the go pipe: bwrap reads it to its end right before the command
     args += ["--seccomp", go_arg(sandbox_filter(plan.unix_sockets != "allow"))]
     args += ["--chdir", str(plan.cwd), "--"]
