@@ -142,7 +142,7 @@ def test_a_child_filling_either_output_file_is_killed_at_the_hard_cap(tmp_path):
     killed once that file passes the cap, long before its timeout; its progress lines from both files arrive."""
     lines = []
     flood = ("import sys\nprint('from stdout', flush=True)\nsys.stderr.write('from stderr\\n'); sys.stderr.flush()\n"
-             "import time; time.sleep(0.5)\nwhile True: sys.stderr.write('x' * 65536)")
+             "import time; time.sleep(1.0)\nwhile True: sys.stderr.write('x' * 65536)")
     t = time.monotonic()
     res = _run(tmp_path, [sys.executable, "-c", flood], hard_cap=1 << 20, max_bytes=4096, on_line=lines.append,
                timeout=60)
