@@ -536,13 +536,14 @@ def _depth(p: Path) -> int:
     return len(Path(p).parts)
 
 
-def _without_repeats(mounts: list[tuple[int, int, list[str]]]) -> list[str]:
+def _without_repeats(mounts: list[tuple[int, int, list[str]]], replaced: set[str]) -> list[str]:
     """The mounts' arguments, in order, without a read-only bind of a path onto itself that the lane already sees
     read-only as it is: through the read-only root or an enclosing read-only bind of the same path, with nothing
     mounted in between (the agent's interpreter inside a bound ``~/.pyenv``, a repository's ``.git`` that is its own
     common dir, a vendor binary outside any hidden tree).  bwrap re-reads its mount table for each read-only bind,
-    so each one left out is time off every lane start."""
-    shown: dict[str, bool] = {"/": True, "/tmp": False, "/var/tmp": False, "/dev": False, "/proc": False}
+    so each one left out is time off every lane start.  ``replaced``: what the mounts before these put in place of
+    the root's view (the private /tmp, /dev, /proc)."""
+    shown: dict[str, bool] = {"/": True, **{d: False for d in replaced}}
     out: list[str] = []
     for _depth, _order, op in mounts:
         dest = op[-1]                          # every op ends with its destination
@@ -606,7 +607,8 @@ def wrap(bwrap: str, argv: list[str], plan: Plan, env: dict[str, str], net=None)
         add(Path(tmpdir), [*size, "--tmpfs", tmpdir])
     else:
         env["TMPDIR"] = "/tmp"
-    args += _without_repeats(sorted(mounts, key=lambda m: (m[0], m[1])))
+    replaced = {args[i + 1] for i in range(len(args) - 1) if args[i] in ("--tmpfs", "--dev", "--proc")}
+    args += _without_repeats(sorted(mounts, key=lambda m: (m[0], m[1])), replaced)
     # the filter (or an allow-all program) comes on the go pipe: bwrap reads it to its end right before the command
     args += ["--seccomp", go_arg(sandbox_filter(plan.unix_sockets != "allow"))]
     args += ["--chdir", str(plan.cwd), "--"]
