@@ -503,6 +503,43 @@ def test_claude_starts_from_its_primed_config(lane, repo, tmp_path):
     assert vendorstate.seed(pairs, root) == 0             # a state that has its config keeps it
 
 
+def test_claude_finds_the_users_login_over_its_primed_config_and_rewrites_nothing(lane, repo, tmp_path):
+    """A user who has run claude has a `.claude.json`; its login keys (not its project history) are copied into
+    the lane's private config each run.  Copied alone, claude redid its first-start work on them at every lane
+    start: a machine id and four migrations, five atomic rewrites of the file (~30 ms, issue 34).  The login keys
+    are laid over the binary's primed config instead, so claude finds that work done: the file after the lane is
+    byte for byte what the agent wrote (claude writes it indented, the agent compact), with the prime's machine id
+    and the user's id, and none of the user's projects."""
+    import json
+
+    from agent.lanes import vendorstate
+
+    config_dir = tmp_path / "claude-cfg" / "claude-config"
+    config_dir.mkdir(parents=True)
+    user = {"userID": "a" * 64, "firstStartTime": "2026-12-01T00:00:00.000Z", "hasCompletedOnboarding": True,
+            "projects": {"/home/someone/secret-project": {"allowedTools": []}}}
+    (config_dir / ".claude.json").write_text(json.dumps(user, indent=2))
+    seen: list[bytes] = []
+
+    def script(req: ModelRequest) -> Reply:
+        # the model's first request comes after claude's start-up: the private config as claude left it by then
+        # (the private state of a run outside a task is removed when the run ends)
+        if not seen:
+            seen.extend(p.read_bytes() for p in (tmp_path / "agent-home" / "vendor-state").glob(
+                "run-*/claude/0-claude-config/.claude.json"))
+        return reviewer_script(req)
+
+    login = {k: user[k] for k in ("userID", "firstStartTime", "hasCompletedOnboarding")}
+    for _ in range(2):                                      # the first run primes; both start from the prime
+        seen.clear()
+        result, server = lane("claude", "reviewer", script)
+        assert result.status == "complete", explain(result, server)
+        (root,) = list(vendorstate.templates_root(tmp_path / "agent-home").iterdir())
+        primed = json.loads((root / "0-claude-config" / ".claude.json").read_text())
+        assert primed.get("machineID") and primed.get("migrationVersion"), primed
+        assert seen == [json.dumps({**primed, **login}).encode()], seen
+
+
 @pytest.mark.parametrize("cli", ["claude", "opencode"])
 def test_read_only_lane_cannot_write_through_git_diff_output(cli, lane, repo, tmp_path):
     """Issue 11 case 5: read-only claude and opencode lanes may run `git diff` (their allowlists permit it), and

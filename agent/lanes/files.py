@@ -188,12 +188,31 @@ def binary_key(vendor_name: str, bin_path: str) -> str:
     return json.dumps([vendor_name, real, st.st_size, st.st_mtime_ns])
 
 
-def private_state(root: Path, state_paths: list, login: tuple[str, ...]) -> list[tuple[Path, Path]]:
+def _over_template(data: bytes, template_file: Path) -> bytes:
+    """A JSON login document's keys laid over the same file of the binary's state template (its first start,
+    migrated: agent.lanes.vendorstate), so the CLI finds its first-start work done and rewrites nothing; the login
+    bytes as they are where either is no JSON object."""
+    import json
+
+    base = read_bytes_nofollow(template_file, cap=LOGIN_FILE_CAP)
+    try:
+        doc, login = json.loads(base) if base is not None else None, json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(doc, dict) or not isinstance(login, dict):
+        return data
+    return json.dumps({**doc, **login}).encode()
+
+
+def private_state(root: Path, state_paths: list, login: tuple[str, ...],
+                  template: Path | None = None) -> list[tuple[Path, Path]]:
     """A private copy of each of a vendor's state paths under ``root`` (one per task: its sessions stay for the
     task's later runs), holding only the login files named in ``login`` copied from the user's (refreshed each
     run), as ``(private, original)`` pairs the sandbox binds read-write in place of the user's live dir.  Nothing a
     lane writes there reaches the user or another task.  A state path that is a file (``~/.claude.json``) is
-    copied alone (and, for that one, only its login keys)."""
+    copied alone (and, for that one, only its login keys).  ``template``: the binary's state template
+    (agent.lanes.vendorstate); a JSON login file it holds too is the template's document with the login keys laid
+    over it (claude's ``.claude.json``: its migrations done, ~30 ms of five rewrites at every start otherwise)."""
     out: list[tuple[Path, Path]] = []
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     for i, item in enumerate(state_paths):
@@ -211,6 +230,8 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...]) -> list
         priv.mkdir(parents=True, exist_ok=True, mode=0o700)
         for name in login:
             data = _login_bytes(orig / name)
+            if data is not None and template is not None and name.endswith(".json"):
+                data = _over_template(data, template / priv.name / name)
             if data is not None:
                 write_private(priv / name, data)
         out.append((priv, orig))
