@@ -18,6 +18,9 @@ An adapter that names ``prime_argv`` and ``template_files`` gets that work done 
   starts fresh;
 - the seed: a private state dir holding none of the template's names (not even as a link) gets a copy of each,
   written by ``write_private`` (a planted link is replaced, never followed); one a lane already used keeps its own.
+  A JSON login file the template holds too (claude's ``.claude.json``) is, each run, the user's login keys laid
+  over the template's document (``agent.lanes.files.private_state``): copied alone, claude redid its first-start
+  work on it at every lane (a machine id, four migrations: five rewrites, ~30 ms).
 
 Trust: what is copied is what the vendor's own binary writes on any fresh start, from the agent's fixed argv, in an
 empty directory, without network, worktree, spec or production text; it lives in the agent home, which no lane
