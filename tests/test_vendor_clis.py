@@ -507,8 +507,8 @@ def test_claude_finds_the_users_login_over_its_primed_config_and_rewrites_nothin
     """A user who has run claude has a `.claude.json`; its login keys (not its project history) are copied into
     the lane's private config each run.  Copied alone, claude redid its first-start work on them at every lane
     start: a machine id and four migrations, five atomic rewrites of the file (~30 ms, issue 34).  The login keys
-    are laid over the binary's primed config instead, so claude finds that work done: the file after the lane is
-    byte for byte what the agent wrote (claude writes it indented, the agent compact), with the prime's machine id
+    are laid over the binary's primed config instead, so claude finds that work done: the file at claude's first
+    model request is byte for byte what the agent wrote (claude writes it indented, the agent compact), with the prime's machine id
     and the user's id, and none of the user's projects."""
     import json
 

@@ -601,18 +601,14 @@ class LaneRun:
         # never the user's live dirs: a private copy per task holding only the login files (agent.lanes.files)
         scope = f"task-{self.req.task_id}" if self.req.task_id is not None else f"run-{self.run_dir.name}"
         originals = state
-        template = None
-        if originals:
-            # the CLI's own first-start state, made once per binary (its databases, migrated): agent.lanes.vendorstate
-            from agent.lanes.vendorstate import template_for
+        # the CLI's own first-start state, made once per binary (its databases, migrated): agent.lanes.vendorstate
+        from agent.lanes.vendorstate import seed, template_for
 
-            template = template_for(self.vendor, self.ctx.bin, originals, state_env, self.home, self.req.config)
+        template = template_for(self.vendor, self.ctx.bin, originals, state_env, self.home,
+                                self.req.config) if originals else None
         state = private_state(self.home / "vendor-state" / scope / self.vendor_name, state,
                               tuple(getattr(self.vendor, "login_files", ()) or ()), template=template)
-        if template is not None:
-            from agent.lanes.vendorstate import seed
-
-            seed(state, template)
+        seed(state, template)
         self.plan = lane_plan(cwd=self.cwd, writable=self.writable, agent_home=self.home, run_dir=self.run_dir,
                               lane_dir=self.lane_dir, spec_paths=[self.spec_path], state_paths=state,
                               extra_writable=list(getattr(self.vc, "writable", ()) or ()))
