@@ -219,6 +219,92 @@ def test_sigint_to_the_client_reaches_the_command_and_ends_its_lane(lanes, daemo
     _wait(lambda: _gone(lane), 15, "the lane to end")
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    """/proc/PID/smaps_rollup's kB figures."""
+    out = {}
+    for line in open(f"/proc/{pid}/smaps_rollup"):
+        name, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            out[name] = int(rest.split()[0])
+    return out
+
+
+def _spare(server: int, timeout: float = 20.0, *, not_one_of: tuple[int, ...] = ()) -> int:
+    """The server's one child while it runs none: the next request's, forked before it came (not one of
+    ``not_one_of``, the spares that took their request: reaped, or a zombie yet)."""
+    def one():
+        kids = _children(server)
+        return kids[0] if len(kids) == 1 and kids[0] not in not_one_of and not _gone(kids[0]) else None
+
+    _wait(lambda: one() is not None, timeout, "the server's spare child")
+    return one()
+
+
+def test_the_next_requests_child_is_forked_with_its_own_pages_before_the_request_comes(lanes, daemon):
+    """An idle server keeps the next request's child forked and its pages copied (issue 34): a request no longer
+    waits for the fork, nor its command for a few thousand copy-on-write faults.  Before: no child until a request
+    came."""
+    home, repo, spec = lanes
+    server = daemon.pid()
+    spare = _spare(server)
+    # its pages are its own before any request: copied from the server's, not shared with it
+    _wait(lambda: _rollup(spare)["Private_Dirty"] >= 0.8 * _rollup(spare)["Anonymous"], 10, "the spare's pages")
+    client = _client(home, repo, spec, vendor="slow", popen=True)
+    lane = _running_lane_pid(home)
+    assert _ppid(lane) == spare                 # the command runs in the child that was waiting for it
+    assert _children(server) == [spare]         # no other child while it runs: the next spare waits for idle
+    client.kill()
+    client.wait(10)
+    _wait(lambda: _gone(lane) and _gone(spare), 15, "the command and its lane to end")
+    again = _spare(server, not_one_of=(spare,))                   # the next one, once this one is reaped
+    res = _client(home, repo, spec, "--json")
+    assert res.returncode == 0 and "click" not in _imported(res.stderr), res.stderr[-2000:]
+    _spare(server, not_one_of=(spare, again))
+
+
+def test_a_request_while_the_spare_is_taken_gets_a_child_forked_for_it_and_the_spare_ends_with_the_server(
+        lanes, daemon):
+    home, repo, spec = lanes
+    server = daemon.pid()
+    spare = _spare(server)
+    slow = _client(home, repo, spec, vendor="slow", popen=True)
+    lane = _running_lane_pid(home)
+    assert _ppid(lane) == spare
+    res = _client(home, repo, spec, "--json", env=_env(MARK="second"))         # forked when it came, as before
+    assert res.returncode == 0 and "click" not in _imported(res.stderr), res.stderr[-2000:]
+    assert '"summary": "cwd=%s mark=second"' % repo in res.stdout
+    slow.kill()
+    slow.wait(10)
+    _wait(lambda: _gone(lane), 15, "the slow lane to end")
+    idle = _spare(server, not_one_of=(spare,))
+    daemon.proc.send_signal(signal.SIGTERM)
+    daemon.proc.wait(30)
+    _wait(lambda: _gone(idle) and _gone(server), 15, "the spare to end with its server")
+
+
+def test_a_spare_that_dies_unused_is_not_forked_again_and_requests_are_still_served(lanes, daemon):
+    """A spare ended by someone else (or by a fault of its own) is not replaced: no fork loop; each request's child
+    is forked when it comes, as before spares."""
+    home, repo, spec = lanes
+    server = daemon.pid()
+    spare = _spare(server)
+    os.kill(spare, signal.SIGKILL)
+    _wait(lambda: "ended before its request" in daemon.text, 10, "the server to say so")
+    res = _client(home, repo, spec, "--json")
+    assert res.returncode == 0 and "click" not in _imported(res.stderr), res.stderr[-2000:]
+    _wait(lambda: not _children(server), 10, "the served child to be reaped")
+    time.sleep(0.5)
+    assert _children(server) == []
+
+
 def test_a_server_steps_aside_for_another_copy_and_stops_when_its_code_changes(lanes, tmp_path):
     home, repo, spec = lanes
     copy = tmp_path / "copy"

@@ -11,6 +11,13 @@ by the same signal).  Anything else (another command, no server, a server of ano
 ``agent/``, a server whose loaded modules changed on disk since it started) runs in the client's own process as
 before, so the server is only ever a shortcut.
 
+While no command runs, the next request's child is already forked (a spare, ``_fork_spare``) and has copied every
+page it shares with the server (``madvise(MADV_POPULATE_WRITE)``): a request then waits for neither the fork nor,
+while its command runs, a few thousand copy-on-write faults (~7 ms of a lane run's ~55 here, bench/RESULTS.md).
+The server checks each request as before and hands the spare the client's connection, descriptors and request; a
+request that comes while the spare is taken or not ready yet gets a child forked for it, as before.  The price is
+the spare's own copy of the server's heap (~15 MB) while the daemon is idle.
+
 Trust: the socket is a file in ``HOME/run`` (mode 0700, the socket 0600) and the server serves only its own user
 (``SO_PEERCRED``).  A lane never reaches it: the home is hidden in the sandbox and a lane cannot create a unix
 socket (agent.lanes.seccomp); with ``sandbox: none`` a lane already runs as the user.  The child dies with its client:
@@ -32,6 +39,7 @@ from typing import Callable, Iterable, Iterator
 from agent.app.forkclient import N_FDS, SOCKET_NAME, _exe, _package_dir, decode_request
 
 MAX_REQUEST = 4 << 20               # argv + environment
+MADV_POPULATE_WRITE = 23            # linux/mman.h
 
 
 # ----------------------------------------------------------------------------------------------------------- server
@@ -63,15 +71,17 @@ def _stale(before: dict[str, tuple[int, int]]) -> str | None:
     return None
 
 
-def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+def _recv_message(conn: socket.socket, n_fds: int) -> tuple[bytes, list[int]]:
+    """A 4-byte length, then that many bytes, with exactly ``n_fds`` file descriptors (``SCM_RIGHTS``) on the first
+    part; ValueError (the descriptors closed) for anything else."""
     fds: list[int] = []
-    data, anc, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(N_FDS * 4))
+    data, anc, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(n_fds * 4))
     for level, kind, raw in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += list(struct.unpack(f"{len(raw) // 4}i", raw[:len(raw) - len(raw) % 4]))
     try:
-        if len(fds) != N_FDS or len(data) < 4:
-            raise ValueError("expected a length and 4 file descriptors")
+        if len(fds) != n_fds or len(data) < 4:
+            raise ValueError(f"expected a length and {n_fds} file descriptors")
         (n,) = struct.unpack("!I", data[:4])
         if n > MAX_REQUEST:
             raise ValueError("request too large")
@@ -81,11 +91,22 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
             if not chunk:
                 raise ValueError("request cut short")
             body += chunk
-        return decode_request(body[:n]), fds
-    except (ValueError, UnicodeError):
+        return body[:n], fds
+    except ValueError:
         for fd in fds:
             os.close(fd)
         raise
+
+
+def _recv_request(conn: socket.socket) -> tuple[bytes, dict, list[int]]:
+    """A client's request: (its body, the body decoded, its stdin, stdout, stderr and working directory)."""
+    body, fds = _recv_message(conn, N_FDS)
+    try:
+        return body, decode_request(body), fds
+    except (ValueError, UnicodeError):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("request of the wrong shape") from None
 
 
 def _peer_uid(conn: socket.socket) -> int | None:
@@ -96,10 +117,9 @@ def _peer_uid(conn: socket.socket) -> int | None:
     return struct.unpack("3i", raw)[1]
 
 
-def _child(conn: socket.socket, fds: list[int], req: dict, closing: list[int], run) -> None:
-    """In the forked child: become the client's command, run it, report its exit status, exit."""
+def _leave_server(closing: list[int]) -> None:
+    """In a forked child: the server's signal handling undone and its own file descriptors closed."""
     import signal
-    import threading
 
     signal.set_wakeup_fd(-1)
     for name in ("SIGTERM", "SIGCHLD", "SIGHUP", "SIGQUIT"):
@@ -107,6 +127,20 @@ def _child(conn: socket.socket, fds: list[int], req: dict, closing: list[int], r
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for fd in closing:
         os.close(fd)
+
+
+def _child(conn: socket.socket, fds: list[int], req: dict, closing: list[int], run) -> None:
+    """In the forked child: become the client's command, run it, report its exit status, exit."""
+    _leave_server(closing)
+    _run_request(conn, fds, req, run)
+
+
+def _run_request(conn: socket.socket, fds: list[int], req: dict, run) -> None:
+    """Take over the client's stdio, working directory, umask and environment, run its command, report its exit
+    status on ``conn`` and exit."""
+    import signal
+    import threading
+
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target, inheritable=True)
     os.fchdir(fds[3])
@@ -172,6 +206,80 @@ def _child(conn: socket.socket, fds: list[int], req: dict, closing: list[int], r
     os._exit(code & 0xFF)
 
 
+class _Spare:
+    """A child forked before its request, waiting for it (``_fork_spare``); ``ready`` once it says so."""
+
+    def __init__(self, pid: int, sock: socket.socket):
+        self.pid, self.sock, self.ready = pid, sock, False
+
+
+def _fork_spare(closing: list[int], run) -> _Spare:
+    """Fork the next request's child now, while the server is idle: it leaves the server, makes every page it
+    inherited its own (``_own_pages``: the copy-on-write faults a child would otherwise take one by one while it
+    runs the command), says ``r`` on its socket pair and waits there for a request the server has checked: the
+    client's connection, its four descriptors and its body (``_handover``).  The end of that socket (the server is
+    gone) ends it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            _leave_server(closing)
+            _own_pages()
+            theirs.sendall(b"r")
+            try:
+                body, fds = _recv_message(theirs, N_FDS + 1)
+            except (OSError, ValueError):
+                os._exit(0)
+            theirs.close()
+            conn = socket.socket(fileno=fds[0])
+            _run_request(conn, fds[1:], decode_request(body), run)
+        finally:
+            os._exit(1)
+    theirs.close()
+    return _Spare(pid, ours)
+
+
+def _handover(spare: _Spare, conn: socket.socket, body: bytes, fds: list[int]) -> bool:
+    """Give a checked request to the spare; False when it cannot take it (gone before any of it was sent).  A spare
+    that ends with half of it sends the client nothing: the client runs the command itself, as for any server
+    that closes before a child's pid."""
+    msg = struct.pack("!I", len(body)) + body
+    try:
+        sent = spare.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                           struct.pack(f"{N_FDS + 1}i", conn.fileno(), *fds))])
+    except OSError:
+        return False
+    try:
+        if sent < len(msg):
+            spare.sock.sendall(msg[sent:])
+    except OSError:
+        pass
+    return True
+
+
+def _own_pages() -> None:
+    """Break copy-on-write for every private writable mapping but the stack, in one call each
+    (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14): the pages a command's run would fault in one at a time, a few
+    thousand of them, are copied before its request comes.  An older kernel refuses it; nothing else changes."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    try:
+        with open("/proc/self/maps") as fh:
+            maps = fh.read().splitlines()
+    except OSError:
+        return
+    for line in maps:
+        fields = line.split()
+        if len(fields) < 5 or fields[1][:2] != "rw" or fields[1][3:4] != "p" or fields[-1] == "[stack]":
+            continue
+        lo, _, hi = fields[0].partition("-")
+        start, end = int(lo, 16), int(hi, 16)
+        libc.madvise(start, end - start, MADV_POPULATE_WRITE)     # refused (an older kernel): as it was
+
+
 def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] = (), log=None) -> int:
     """Import ``preload``, listen on ``HOME/run/forkserver.sock`` and fork a child per request that runs
     ``run(argv)`` (the console script's entry point), until SIGTERM/SIGINT, until stdin closes (the daemon that
@@ -231,9 +339,33 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
     if stat.S_ISFIFO(os.fstat(0).st_mode):
         sel.register(0, selectors.EVENT_READ, "parent")      # stdin: a pipe from the daemon; EOF = it is gone
     children: dict[int, socket.socket] = {}
+    spare: _Spare | None = None
     served = 0
+
+    def mine() -> list[int]:          # the server's own descriptors, which no child keeps
+        return [listener.fileno(), wake_r, wake_w, where, *(c.fileno() for c in children.values()),
+                *([spare.sock.fileno()] if spare is not None else [])]
+
+    spares = [True]                   # False once a spare ended before its request (not the server's doing)
+
+    def drop_spare() -> None:
+        nonlocal spare
+        if spare is not None:
+            sel.unregister(spare.sock)
+            spare.sock.close()
+            if spare.pid not in children:          # unused: it holds nothing of anyone's
+                try:
+                    os.kill(spare.pid, signal.SIGKILL)
+                    os.waitpid(spare.pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            spare = None
+
     try:
         while not stop:
+            if spare is None and not children and spares[0]:      # idle: the next request's child is forked now
+                spare = _fork_spare(mine(), run)
+                sel.register(spare.sock, selectors.EVENT_READ, "spare")
             for key, _ in sel.select(timeout=5.0):
                 if key.data == "wake":
                     try:
@@ -244,13 +376,26 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
                 elif key.data == "parent":
                     if not os.read(0, 512):
                         stop.append(0)
+                elif key.data == "spare" and spare is not None:
+                    try:
+                        said = spare.sock.recv(1)
+                    except OSError:
+                        said = b""
+                    if said == b"r":
+                        spare.ready = True
+                    else:                              # it ended: no more of them (no fork loop), as before
+                        log(f"a spare child ({spare.pid}) ended before its request; from now on each request's "
+                            "child is forked when it comes")
+                        spares[0] = False
+                        drop_spare()
                 elif key.data == "accept":
                     try:
                         conn, _ = listener.accept()
                     except OSError:
                         continue
-                    mine = [listener.fileno(), wake_r, wake_w, where, *(c.fileno() for c in children.values())]
-                    why = _take(conn, loaded, children, mine, run)
+                    why = _take(conn, loaded, children, mine(), run, spare if spare and spare.ready else None)
+                    if spare is not None and spare.pid in children:
+                        drop_spare()                   # it took the request
                     if why is not None:
                         log(why)
                         if why.startswith("stale"):
@@ -259,6 +404,7 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
                         served += 1
             _reap(children)
     finally:
+        drop_spare()
         sel.close()
         try:
             os.unlink(SOCKET_NAME, dir_fd=where)
@@ -286,14 +432,16 @@ def _postgres_home(home: Path) -> bool:
         return False
 
 
-def _take(conn: socket.socket, loaded, children: dict[int, socket.socket], closing: list[int], run) -> str | None:
-    """One request: fork its child, or say why not (None when a child runs it)."""
+def _take(conn: socket.socket, loaded, children: dict[int, socket.socket], closing: list[int], run,
+          spare: _Spare | None = None) -> str | None:
+    """One request: hand it to the spare (forked before it came) or fork its child, or say why not (None when a
+    child runs it)."""
     if _peer_uid(conn) != os.getuid():
         conn.close()
         return "refused a client of another user"
     conn.settimeout(5.0)
     try:
-        req, fds = _recv_request(conn)
+        body, req, fds = _recv_request(conn)
     except (OSError, ValueError) as exc:
         conn.close()
         return f"refused a request: {exc}"
@@ -314,12 +462,15 @@ def _take(conn: socket.socket, loaded, children: dict[int, socket.socket], closi
         conn.close()
         return why
     conn.settimeout(None)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _child(conn, fds, req, closing, run)
-        finally:
-            os._exit(1)
+    if spare is not None and _handover(spare, conn, body, fds):
+        pid = spare.pid
+    else:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(conn, fds, req, closing, run)
+            finally:
+                os._exit(1)
     for fd in fds:
         os.close(fd)
     children[pid] = conn
