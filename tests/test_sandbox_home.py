@@ -278,3 +278,23 @@ def test_root_only_system_secrets_are_blanked_when_the_agent_is_root(tmp_path):
     assert lines[:-1] == [f"{p}=0" for p in files], (lines, res.stderr_text())
     assert lines[-1] == "0"
     assert all(p.stat().st_size > 0 for p in files if p.name in ("shadow", "gshadow"))   # the real ones are not
+
+
+def test_inside_is_pathlibs_parent_test_on_every_kind_of_path():
+    """``_inside`` compares plain absolute paths as strings (a lane's start made a Path of every parent, ~2 ms);
+    for every other kind (relative, pathlib's ``//`` root) it is pathlib's own test, and the answers are the same:
+    a root that is a string prefix but not a parent (``/a/bc`` of ``/a/b``) never counts."""
+    import itertools
+
+    from agent.lanes.sandbox import _inside
+
+    def parent_test(p, roots):
+        return next((r for r in roots if p == r or r in p.parents), None)
+
+    paths = [Path(n) for n in ("/", "/a", "/a/b", "/a/bc", "/ab", "/a/b/c", "a", "a/b", "/tmp", "/tmp/x",
+                               "/a/b/..", "//a", "//a/b", "//", "/a b/c", ".", "a/../b")]
+    for p in paths:
+        for k in (1, 2, 3):
+            for roots in itertools.permutations(paths, k):
+                assert _inside(p, list(roots)) == parent_test(p, list(roots)), (p, roots)
+    assert _inside(Path("/a/b"), [Path("/a/bc"), Path("/a")]) == Path("/a")

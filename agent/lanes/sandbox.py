@@ -197,9 +197,16 @@ def user_homes(environ=None) -> list[Path]:
 
 
 def _inside(p: Path, roots) -> Path | None:
-    """The root of ``roots`` that is ``p`` or one of its parents, or None."""
+    """The root of ``roots`` that is ``p`` or one of its parents, or None.  (On the strings: ``r in p.parents``
+    made a Path of every parent, ~2 ms of each lane's start.)"""
+    s = str(p)
+    plain = s[:1] == "/" and s[1:2] != "/"
     for r in roots:
-        if p == r or r in p.parents:
+        t = str(r)
+        if plain and t[:1] == "/" and t[1:2] != "/":           # both absolute with the root "/": as strings
+            if s == t or s.startswith(t + "/" if t != "/" else "/"):
+                return r
+        elif Path(p) == Path(r) or Path(r) in Path(p).parents:  # relative, or pathlib's "//" root
             return r
     return None
 
