@@ -511,6 +511,42 @@ def test_a_lane_filling_the_worktree_is_stopped_while_it_runs(tmp_path, monkeypa
     assert 4 <= written < 100, written       # stopped at or soon after the cap (4 MiB plus the repo), not at 300
 
 
+SHRINKING_LANE = r"""
+import os, pathlib, sys, time
+if pathlib.Path("fill-0.bin").exists():   # a second turn: it empties what the first one wrote, and reports nothing
+    for p in pathlib.Path(".").glob("fill-*.bin"):
+        p.write_bytes(b"")
+    print("emptied")
+    sys.exit(0)
+for i in range(300):
+    with open(f"fill-{i}.bin", "wb") as fh:
+        fh.write(os.urandom(1 << 20))
+    time.sleep(0.1)
+"""
+
+
+@needs_bwrap
+def test_a_lane_stopped_for_its_worktrees_size_is_rejected_for_it_with_no_repair_turn(tmp_path, monkeypatch):
+    """Stopped for the size, the run is over: rejected with the size seen, and no repair turn runs (one that
+    shrank the worktree again left the run "malformed", the reason lost; under load a repair turn stopped right
+    after it truncated a file did the same to the test above)."""
+    import agent.lanes.lane as lane
+
+    monkeypatch.setattr(lane, "WATCH_S", 0.2)
+    script = tmp_path / "shrink.py"
+    script.write_text(SHRINKING_LANE)
+    config = make_config({"f": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "f"}},
+                         limits={"worktree_max_mb": 4})
+    repo = make_repo(tmp_path / "repo")
+    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                               spec_path=_spec(tmp_path), cwd=repo))
+    assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
+    assert "limits.worktree_max_mb (4 MB)" in res.reason
+    assert res.repairs == []
+    sizes = [p.stat().st_size for p in repo.glob("fill-*.bin")]
+    assert len(sizes) >= 4 and sum(sizes) >= 4 << 20            # nothing emptied them (a second turn would)
+
+
 @needs_bwrap
 def test_lane_tmp_and_home_are_capped_and_a_grown_worktree_fails_the_run(tmp_path):
     """/tmp and the private home are tmpfs capped at limits.lane_tmp_mb (RAM a lane could fill); a worktree

@@ -452,6 +452,7 @@ class LaneRun:
         self.bwrap = self.plan = self.ctx = self.mhash = self.before = self.guard = None
         self.network: Callable[[], Any] | None = None     # starts the turn's network (agent.lanes.egress)
         self.launched: list[str] = []                     # the last turn's argv, as started
+        self.size_stopped: int | None = None              # the worktree's size when a turn was stopped for it
 
     def run(self) -> LaneResult:
         from agent.ledger.leases import LeaseLost
@@ -798,6 +799,7 @@ class LaneRun:
         finally:
             if watch is not None:
                 watch.stop()
+                self.size_stopped = watch.tripped
 
     def _read_turn(self, res) -> TurnOutput:
         if res.missing:
@@ -816,6 +818,13 @@ class LaneRun:
         """(final status or None when the report needs repair, reason, report)."""
         if res.missing:
             return "unavailable", res.error or "binary not found", None
+        if self.size_stopped is not None:       # the turn was stopped for it: final, whatever it left (no repair)
+            from agent.git.workspace import human_bytes
+
+            return "rejected", (f"{WORKTREE_TOO_LARGE}: the worktree grew to {human_bytes(self.size_stopped)} while "
+                                f"the lane ran, past limits.worktree_max_mb "
+                                f"({self.req.config.limits.worktree_max_mb} MB), and the lane was stopped; keep "
+                                "generated and downloaded files out of it"), None
         if res.exit_code in (1, 126, 127) and self.bwrap is not None and not res.timed_out:
             cause = sandbox_exec_failure(res.stderr_text())
             gone = vanished_mount(self.launched, res.stderr_text(4096)) if cause else None
@@ -963,13 +972,16 @@ class LaneRun:
 class _SizeWatch:
     """While a writing turn runs, the worktree's size is measured every ``WATCH_S`` seconds; past
     ``limits.worktree_max_mb`` the turn's process group is killed at once, so a lane filling the disk stops within
-    seconds (the round then fails with the size as its reason, from ``_settle_files`` after the turn)."""
+    seconds, and the run is rejected with the size it saw as its reason, with no repair turn (before: the reason came
+    only from ``_settle_files`` after the turns, so a repair turn that truncated a file and was stopped in turn could
+    leave the run "malformed")."""
 
     def __init__(self, cwd: Path, max_mb: int, period: float | None = None):
         self.cwd, self.max_bytes = Path(cwd), max_mb << 20
         self.period = WATCH_S if period is None else period
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
+        self.tripped: int | None = None          # the size that stopped the turn
 
     def start(self, pid: int) -> None:
         from agent.infra import proc
@@ -983,7 +995,9 @@ class _SizeWatch:
         from agent.infra import proc
 
         while not self.done.wait(self.period):
-            if walk_tree(self.cwd)[0] > self.max_bytes:
+            size = walk_tree(self.cwd)[0]
+            if size > self.max_bytes:
+                self.tripped = size
                 proc.kill_group_if_same(pid, started, grace=0.5)
                 return
 
