@@ -492,20 +492,26 @@ print("STATUS: complete\nSUMMARY: filled the worktree\n")
 """
 
 
-@needs_bwrap
-def test_a_lane_filling_the_worktree_is_stopped_while_it_runs(tmp_path, monkeypatch):
-    """The worktree's size is watched during a writing turn: past limits.worktree_max_mb the lane is killed then,
-    not after it wrote everything it meant to (before: the check ran only after the turn, 300 MiB later)."""
+def _fill(tmp_path, monkeypatch, source: str):
+    """An implementer lane running ``source`` under limits.worktree_max_mb 4, its size watched every 0.2 s:
+    (its result, its worktree)."""
     import agent.lanes.lane as lane
 
     monkeypatch.setattr(lane, "WATCH_S", 0.2)
     script = tmp_path / "fill.py"
-    script.write_text(FILLING_LANE)
+    script.write_text(source)
     config = make_config({"f": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "f"}},
                          limits={"worktree_max_mb": 4})
     repo = make_repo(tmp_path / "repo")
-    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
-                               spec_path=_spec(tmp_path), cwd=repo))
+    return run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
+                                spec_path=_spec(tmp_path), cwd=repo)), repo
+
+
+@needs_bwrap
+def test_a_lane_filling_the_worktree_is_stopped_while_it_runs(tmp_path, monkeypatch):
+    """The worktree's size is watched during a writing turn: past limits.worktree_max_mb the lane is killed then,
+    not after it wrote everything it meant to (before: the check ran only after the turn, 300 MiB later)."""
+    res, repo = _fill(tmp_path, monkeypatch, FILLING_LANE)
     written = len(list(repo.glob("fill-*.bin")))
     assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
     assert 4 <= written < 100, written       # stopped at or soon after the cap (4 MiB plus the repo), not at 300
@@ -530,16 +536,7 @@ def test_a_lane_stopped_for_its_worktrees_size_is_rejected_for_it_with_no_repair
     """Stopped for the size, the run is over: rejected with the size seen, and no repair turn runs (one that
     shrank the worktree again left the run "malformed", the reason lost; under load a repair turn stopped right
     after it truncated a file did the same to the test above)."""
-    import agent.lanes.lane as lane
-
-    monkeypatch.setattr(lane, "WATCH_S", 0.2)
-    script = tmp_path / "shrink.py"
-    script.write_text(SHRINKING_LANE)
-    config = make_config({"f": {"command": [sys.executable, str(script)]}}, {"implementer": {"vendor": "f"}},
-                         limits={"worktree_max_mb": 4})
-    repo = make_repo(tmp_path / "repo")
-    res = run_lane(LaneRequest(config=config, home=tmp_path / "home", role="implementer",
-                               spec_path=_spec(tmp_path), cwd=repo))
+    res, repo = _fill(tmp_path, monkeypatch, SHRINKING_LANE)
     assert res.status == "rejected" and res.reason.startswith(WORKTREE_TOO_LARGE), res.reason
     assert "limits.worktree_max_mb (4 MB)" in res.reason
     assert res.repairs == []
