@@ -40,6 +40,7 @@ from agent.app.forkclient import N_FDS, SOCKET_NAME, _exe, _package_dir, decode_
 
 MAX_REQUEST = 4 << 20               # argv + environment
 MADV_POPULATE_WRITE = 23            # linux/mman.h
+OWN_PAGES_MAX = 64 << 20            # the largest mapping a spare copies (``_own_pages``)
 
 
 # ----------------------------------------------------------------------------------------------------------- server
@@ -277,6 +278,8 @@ def _own_pages() -> None:
             continue
         lo, _, hi = fields[0].partition("-")
         start, end = int(lo, 16), int(hi, 16)
+        if end - start > OWN_PAGES_MAX:     # a reservation, not a heap (a lane run's are 1-4 MB): left as it is
+            continue
         libc.madvise(start, end - start, MADV_POPULATE_WRITE)     # refused (an older kernel): as it was
 
 

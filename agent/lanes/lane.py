@@ -799,7 +799,8 @@ class LaneRun:
         finally:
             if watch is not None:
                 watch.stop()
-                self.size_stopped = watch.tripped
+                if watch.tripped is not None:
+                    self.size_stopped = watch.tripped
 
     def _read_turn(self, res) -> TurnOutput:
         if res.missing:
