@@ -349,7 +349,7 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
         return [listener.fileno(), wake_r, wake_w, where, *(c.fileno() for c in children.values()),
                 *([spare.sock.fileno()] if spare is not None else [])]
 
-    spares = [True]                   # False once a spare ended before its request (not the server's doing)
+    spares = True                     # False once a spare ended before its request (not the server's doing)
 
     def drop_spare() -> None:
         nonlocal spare
@@ -366,7 +366,7 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
 
     try:
         while not stop:
-            if spare is None and not children and spares[0]:      # idle: the next request's child is forked now
+            if spare is None and not children and spares:      # idle: the next request's child is forked now
                 spare = _fork_spare(mine(), run)
                 sel.register(spare.sock, selectors.EVENT_READ, "spare")
             for key, _ in sel.select(timeout=5.0):
@@ -389,7 +389,7 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
                     else:                              # it ended: no more of them (no fork loop), as before
                         log(f"a spare child ({spare.pid}) ended before its request; from now on each request's "
                             "child is forked when it comes")
-                        spares[0] = False
+                        spares = False
                         drop_spare()
                 elif key.data == "accept":
                     try:

@@ -820,12 +820,8 @@ class LaneRun:
         if res.missing:
             return "unavailable", res.error or "binary not found", None
         if self.size_stopped is not None:       # the turn was stopped for it: final, whatever it left (no repair)
-            from agent.git.workspace import human_bytes
-
-            return "rejected", (f"{WORKTREE_TOO_LARGE}: the worktree grew to {human_bytes(self.size_stopped)} while "
-                                f"the lane ran, past limits.worktree_max_mb "
-                                f"({self.req.config.limits.worktree_max_mb} MB), and the lane was stopped; keep "
-                                "generated and downloaded files out of it"), None
+            why = _too_large(self.size_stopped, self.req.config.limits.worktree_max_mb, "while the lane ran")
+            return "rejected", f"{WORKTREE_TOO_LARGE}: {why}", None
         if res.exit_code in (1, 126, 127) and self.bwrap is not None and not res.timed_out:
             cause = sandbox_exec_failure(res.stderr_text())
             gone = vanished_mount(self.launched, res.stderr_text(4096)) if cause else None
@@ -1012,7 +1008,7 @@ def _settle_files(plan, cwd: Path, writable: bool, max_mb: int) -> tuple[list[st
     """After the lane: setuid/setgid bits removed from everything it could write (the worktree, its vendor state,
     ``vendors.X.writable``), and the worktree's size against ``limits.worktree_max_mb``.  Returns (the worktree
     files that had such bits, why the worktree is too large or None)."""
-    from agent.git.workspace import human_bytes, walk_tree
+    from agent.git.workspace import walk_tree
 
     if plan is not None:
         for src in [s for s, _ in plan.over_rw] + [p for p in plan.rw if p != Path(cwd)]:
@@ -1021,10 +1017,16 @@ def _settle_files(plan, cwd: Path, writable: bool, max_mb: int) -> tuple[list[st
     if not writable:
         return [], None
     size, setid = walk_tree(Path(cwd), strip_setid=True)
-    if size > max_mb << 20:
-        return setid, (f"the worktree grew to {human_bytes(size)}, past limits.worktree_max_mb ({max_mb} MB); "
-                       "keep generated and downloaded files out of it")
-    return setid, None
+    return setid, (_too_large(size, max_mb) if size > max_mb << 20 else None)
+
+
+def _too_large(size: int, max_mb: int, when: str = "") -> str:
+    """Why a worktree of ``size`` bytes fails the run (after the turns, or ``when`` a turn was stopped for it)."""
+    from agent.git.workspace import human_bytes
+
+    return (f"the worktree grew to {human_bytes(size)}{' ' + when if when else ''}, past limits.worktree_max_mb "
+            f"({max_mb} MB){', and the lane was stopped' if when else ''}; keep generated and downloaded files out "
+            "of it")
 
 
 def _probe_sandbox(config, agent_home: Path, scratch: Path):
