@@ -248,15 +248,48 @@ def _spare(server: int, timeout: float = 20.0, *, not_one_of: tuple[int, ...] = 
     return one()
 
 
+def _ready_spare(server: int, timeout: float = 30.0) -> int:
+    """The server's spare once it waits for its request: its pages copied (``_own_pages``) and asleep (in its
+    ``recvmsg``, having said ``r``).  A request before that gets a child forked for it, as it should."""
+    spare = _spare(server, timeout)
+
+    def waiting():
+        state = open(f"/proc/{spare}/stat").read().rsplit(")", 1)[1].split()[0]
+        pages = _rollup(spare)
+        return state == "S" and pages["Private_Dirty"] >= 0.8 * pages["Anonymous"]
+
+    _wait(waiting, timeout, "the spare to wait for its request")
+    return spare
+
+
+def test_a_spare_whose_ready_word_is_unread_yet_is_taken_and_one_that_has_not_said_it_is_not():
+    """A request and the spare's ``r`` can come in one select, the request first: the spare is still taken (before:
+    the request forked a child of its own while the spare waited)."""
+    from agent.cli.forkserver import _Spare
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    spare = _Spare(0, ours)
+    assert not spare.said_ready()                       # nothing said: not taken, and the server does not block
+    theirs.sendall(b"r")
+    assert spare.said_ready() and spare.said_ready()    # read once, then remembered
+    ours.setblocking(False)
+    with pytest.raises(BlockingIOError):                # the word is gone from the socket: the loop must not wait
+        ours.recv(1)
+    ours.close()
+    theirs.close()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.close()
+    ended = _Spare(0, ours)
+    assert not ended.said_ready() and ours.recv(1) == b""    # an end stays for the loop to see
+    ours.close()
+
+
 def test_the_next_requests_child_is_forked_with_its_own_pages_before_the_request_comes(lanes, daemon):
     """An idle server keeps the next request's child forked and its pages copied (issue 34): a request no longer
     waits for the fork, nor its command for a few thousand copy-on-write faults.  Before: no child until a request
     came."""
     home, repo, spec = lanes
     server = daemon.pid()
-    spare = _spare(server)
-    # its pages are its own before any request: copied from the server's, not shared with it
-    _wait(lambda: _rollup(spare)["Private_Dirty"] >= 0.8 * _rollup(spare)["Anonymous"], 10, "the spare's pages")
+    spare = _ready_spare(server)        # its pages are its own before any request: copied, not shared with the server
     client = _client(home, repo, spec, vendor="slow", popen=True)
     lane = _running_lane_pid(home)
     assert _ppid(lane) == spare                 # the command runs in the child that was waiting for it
@@ -274,7 +307,7 @@ def test_a_request_while_the_spare_is_taken_gets_a_child_forked_for_it_and_the_s
         lanes, daemon):
     home, repo, spec = lanes
     server = daemon.pid()
-    spare = _spare(server)
+    spare = _ready_spare(server)
     slow = _client(home, repo, spec, vendor="slow", popen=True)
     lane = _running_lane_pid(home)
     assert _ppid(lane) == spare

@@ -213,6 +213,17 @@ class _Spare:
     def __init__(self, pid: int, sock: socket.socket):
         self.pid, self.sock, self.ready = pid, sock, False
 
+    def said_ready(self) -> bool:
+        """Ready, or its ``r`` is waiting on the socket unread (a request and the ``r`` came in one select: the
+        request must not fork a child of its own while the spare waits for it).  An end of the socket is left for
+        the server's loop to see (it reads as the end again)."""
+        if not self.ready:
+            try:
+                self.ready = self.sock.recv(1, socket.MSG_DONTWAIT) == b"r"
+            except OSError:                         # nothing said yet
+                pass
+        return self.ready
+
 
 def _fork_spare(closing: list[int], run) -> _Spare:
     """Fork the next request's child now, while the server is idle: it leaves the server, makes every page it
@@ -381,7 +392,9 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
                         stop.append(0)
                 elif key.data == "spare" and spare is not None:
                     try:
-                        said = spare.sock.recv(1)
+                        said = spare.sock.recv(1, socket.MSG_DONTWAIT)
+                    except BlockingIOError:            # its ``r`` was read already (``said_ready``)
+                        continue
                     except OSError:
                         said = b""
                     if said == b"r":
@@ -396,7 +409,8 @@ def serve(home: Path, run: Callable[[list[str]], None], preload: Iterable[str] =
                         conn, _ = listener.accept()
                     except OSError:
                         continue
-                    why = _take(conn, loaded, children, mine(), run, spare if spare and spare.ready else None)
+                    ready = spare if spare is not None and spare.said_ready() else None
+                    why = _take(conn, loaded, children, mine(), run, ready)
                     if spare is not None and spare.pid in children:
                         drop_spare()                   # it took the request
                     if why is not None:
