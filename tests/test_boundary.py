@@ -768,3 +768,51 @@ def test_the_sandbox_binds_nothing_the_lane_already_sees_read_only_and_keeps_wha
         assert "tool ran" in out and outside.read_text()[:10] in out
         assert "git-written" not in out and not (repo / ".git" / "planted").exists()
         assert ("worktree-written" in out) is writable
+
+
+def test_a_read_only_state_dir_holds_only_what_the_agent_wrote_and_the_lane_cannot_write_it(tmp_path):
+    """A vendor state dir its adapter names in ``read_only_state`` (opencode's config dir: it loads plugins from
+    it, and a task's lanes share their private state; issue 34) is bound read-only: the lane reads the agent's files
+    there and writes nothing (EROFS), while the vendor's other state dirs stay writable.  What an earlier lane left
+    in that private copy (a plugin, a config file the user does not have) is gone before the next lane starts; the
+    user's login file is copied as before.  Before: every state dir was bound read-write and nothing was removed."""
+    from agent.infra import proc
+    from agent.lanes.files import private_state
+    from agent.lanes.sandbox import lane_plan, wrap
+    import subprocess
+
+    repo = make_repo(tmp_path / "repo")
+    home = tmp_path / "agent-home"
+    (home / "run").mkdir(parents=True)
+    user = tmp_path / "user"
+    config, data = user / ".config" / "opencode", user / ".local" / "share" / "opencode"
+    config.mkdir(parents=True)
+    data.mkdir(parents=True)
+    (config / "opencode.jsonc").write_text('{"provider": {}}')
+    root = home / "vendor-state" / "task-1" / "opencode"
+    fixed = {config: {".gitignore": b"node_modules"}}
+    private_state(root, [data, config], ("opencode.json", "opencode.jsonc"), fixed=fixed)
+    priv = root / "1-opencode"
+    (priv / "plugin").mkdir()
+    (priv / "plugin" / "evil.js").write_text("export const P = async () => ({})")    # an earlier lane's plant
+    (priv / "opencode.json").write_text('{"plugin": ["evil"]}')                    # a name the user has no file of
+    (priv / "elsewhere").symlink_to(tmp_path)
+    pairs = private_state(root, [data, config], ("opencode.json", "opencode.jsonc"), fixed=fixed)
+    assert sorted(p.name for p in priv.iterdir()) == [".gitignore", "opencode.jsonc"]
+    assert tmp_path.is_dir() and (priv / ".gitignore").read_bytes() == b"node_modules"
+
+    plan = lane_plan(cwd=repo, writable=True, agent_home=home, run_dir=home / "run", spec_paths=[],
+                     state_paths=[p for p in pairs if p[1] not in fixed], extra_writable=[], homes=[user],
+                     read_only_state=[p for p in pairs if p[1] in fixed])
+    script = (f"cat {config}/.gitignore; echo; cat {config}/opencode.jsonc; echo; "
+              f"mkdir {config}/plugin 2>&1; {{ echo x > {config}/.gitignore; }} 2>&1; "
+              f"echo session > {data}/s.json && echo data-written")
+    argv, env = wrap(bwrap_path(), ["/bin/sh", "-c", script], plan, {"PATH": "/usr/bin:/bin"})
+    with proc.go_now(argv) as (run_argv, fds, setup):
+        out = subprocess.run(run_argv, cwd=repo, env=env, pass_fds=fds, preexec_fn=setup, capture_output=True,
+                             text=True, timeout=60).stdout
+    assert "node_modules" in out and '{"provider": {}}' in out, out
+    assert out.lower().count("read-only file system") == 2, out
+    assert "data-written" in out and (root / "0-opencode" / "s.json").read_text() == "session\n"
+    assert sorted(p.name for p in priv.iterdir()) == [".gitignore", "opencode.jsonc"]
+    assert (priv / ".gitignore").read_bytes() == b"node_modules"

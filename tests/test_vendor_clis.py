@@ -626,3 +626,25 @@ def test_aider_reads_cost_and_auth_from_its_own_events_not_the_models_words(lane
     assert result.usage.get("input_tokens") and result.usage["input_tokens"] < 900_000, why
     stdout = (result.log_dir / "01-turn.stdout").read_text()
     assert "$750.00" in stdout, why          # the model did say it, and aider echoed it
+
+
+def test_opencode_sees_its_config_dir_read_only_and_installs_nothing_into_it(lane, repo, tmp_path):
+    """opencode's config dir is bound read-only in the lane (its adapter's ``read_only_state``), holding the
+    ``.gitignore`` opencode itself would write there: the real opencode reviews and reports as before, and finds the
+    dir unwritable, so it starts no background npm install of its plugin package into it.  That install took its lock
+    (``locks/`` in its state dir) and ~0.2 s of npm's Arborist at every start in a fresh private state (issue 34).
+    Before: the dir was writable, the lock was there by the model's first request, and a lane could put a plugin
+    there for the task's next lane."""
+    seen: list[tuple[list[str], bool]] = []
+
+    def script(req: ModelRequest) -> Reply:
+        if not seen:        # the private state dirs as opencode has them by its first model request
+            (run,) = (tmp_path / "agent-home" / "vendor-state").glob("run-*/opencode")
+            seen.append((sorted(p.name for p in (run / "1-opencode").iterdir()),
+                         (run / "3-opencode" / "locks").exists()))
+        return reviewer_script(req)
+
+    result, server = lane("opencode", "reviewer", script)
+    why = explain(result, server)
+    assert result.status == "complete", why
+    assert seen == [([".gitignore"], False)], why

@@ -120,6 +120,12 @@ class _Base:
         these read-write.  ``env`` is the lane's environment (HOME and the vendor's variables)."""
         return []
 
+    def read_only_state(self, env: dict[str, str]) -> dict[Path, dict[str, bytes]]:
+        """Those of ``state_paths`` the sandbox binds read-only, each with the files the agent writes into its
+        private copy beside the login files (files.private_state).  A lane writes nothing there, so a dir the CLI
+        loads code from (plugins) holds nothing another lane of the task put in it."""
+        return {}
+
     @staticmethod
     def _home(env: dict[str, str]) -> Path:
         return Path(env.get("HOME") or Path.home())
@@ -313,11 +319,21 @@ class OpenCode(_Base):
     PROMPT = "Follow the task specification below exactly; end with the final report it asks for."
     RESUME_PROMPT = "Read the note below and answer as it asks."
 
+    # what opencode writes into a config dir that lacks it (its Config.ensureGitignore); a read-only one without it
+    # ends the run ("Unknown: FileSystem.writeFile", exit 1)
+    GITIGNORE = b"node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore"
+
     def state_paths(self, env: dict[str, str]) -> list[Path]:
         home = self._home(env)
         dirs = (("XDG_DATA_HOME", ".local/share"), ("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
                 ("XDG_STATE_HOME", ".local/state"))
         return [(Path(env[var]) if env.get(var) else home / rel) / "opencode" for var, rel in dirs]
+
+    def read_only_state(self, env: dict[str, str]) -> dict[Path, dict[str, bytes]]:
+        # its config dir: opencode loads plugins, agents and commands from it, and starts a background npm install
+        # into it when it is writable (~0.2 s of npm's Arborist at every start in a fresh state, issue 34); it
+        # skips that install when the dir is not writable
+        return {self.state_paths(env)[1]: {".gitignore": self.GITIGNORE}}
 
     @staticmethod
     def permissions(writable: bool) -> dict:

@@ -205,14 +205,16 @@ def _over_template(data: bytes, template_file: Path) -> bytes:
 
 
 def private_state(root: Path, state_paths: list, login: tuple[str, ...],
-                  template: Path | None = None) -> list[tuple[Path, Path]]:
+                  template: Path | None = None, fixed: dict | None = None) -> list[tuple[Path, Path]]:
     """A private copy of each of a vendor's state paths under ``root`` (one per task: its sessions stay for the
     task's later runs), holding only the login files named in ``login`` copied from the user's (refreshed each
     run), as ``(private, original)`` pairs the sandbox binds read-write in place of the user's live dir.  Nothing a
     lane writes there reaches the user or another task.  A state path that is a file (``~/.claude.json``) is
     copied alone (and, for that one, only its login keys).  ``template``: the binary's state template
     (agent.lanes.vendorstate); a JSON login file it holds too is the template's document with the login keys laid
-    over it (claude's ``.claude.json``: its migrations done, ~30 ms of five rewrites at every start otherwise)."""
+    over it (claude's ``.claude.json``: its migrations done, ~30 ms of five rewrites at every start otherwise).
+    ``fixed``: ``{original dir: {name: bytes}}`` for the dirs the sandbox binds read-only (the adapter's
+    ``read_only_state``): those files are written too, and nothing else stays in that private copy."""
     out: list[tuple[Path, Path]] = []
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     for i, item in enumerate(state_paths):
@@ -228,11 +230,32 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...],
         if priv.is_symlink() or priv.is_file():
             priv.unlink(missing_ok=True)
         priv.mkdir(parents=True, exist_ok=True, mode=0o700)
+        wrote = set()
         for name in login:
             data = _login_bytes(orig / name)
             if data is not None and template is not None and name.endswith(".json"):
                 data = _over_template(data, template / priv.name / name)
             if data is not None:
                 write_private(priv / name, data)
+                wrote.add(name)
+        own = (fixed or {}).get(orig)
+        if own is not None:
+            _only(priv, own, wrote)
         out.append((priv, orig))
     return out
+
+
+def _only(priv: Path, files: dict[str, bytes], login: set[str]) -> None:
+    """A read-only state dir's private copy: ``files`` written (unless already so), the login files written this
+    run (``login``) kept, anything else removed (what a lane wrote there before the dir was read-only, a login file
+    the user no longer has; links unfollowed)."""
+    for name, data in files.items():
+        if read_bytes_nofollow(priv / name, cap=len(data) + 1) != data:
+            write_private(priv / name, data)
+    for entry in os.scandir(priv):
+        if entry.name in files or entry.name in login:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)

@@ -607,11 +607,15 @@ class LaneRun:
 
         template = template_for(self.vendor, self.ctx.bin, originals, state_env, self.home,
                                 self.req.config) if originals else None
+        fixed = self.vendor.read_only_state(state_env) if hasattr(self.vendor, "read_only_state") else {}
+        fixed = {Path(os.path.abspath(os.path.expanduser(str(k)))): v for k, v in fixed.items()}
         state = private_state(self.home / "vendor-state" / scope / self.vendor_name, state,
-                              tuple(getattr(self.vendor, "login_files", ()) or ()), template=template)
+                              tuple(getattr(self.vendor, "login_files", ()) or ()), template=template, fixed=fixed)
         seed(state, template)
         self.plan = lane_plan(cwd=self.cwd, writable=self.writable, agent_home=self.home, run_dir=self.run_dir,
-                              lane_dir=self.lane_dir, spec_paths=[self.spec_path], state_paths=state,
+                              lane_dir=self.lane_dir, spec_paths=[self.spec_path],
+                              state_paths=[p for p in state if p[1] not in fixed],
+                              read_only_state=[p for p in state if p[1] in fixed],
                               extra_writable=list(getattr(self.vc, "writable", ()) or ()))
         self.plan.tmpfs_mb = self.req.config.limits.lane_tmp_mb
         self.plan.unix_sockets = self.req.config.sandbox_unix_sockets

@@ -308,25 +308,25 @@ def system_secrets() -> list[Path]:
 
 def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spec_paths: list[Path],
               state_paths: list, extra_writable: list[Path], homes: list[Path] | None = None,
-              lane_dir: Path | None = None) -> Plan:
+              lane_dir: Path | None = None, read_only_state: list = ()) -> Plan:
     """The plan for a lane in ``cwd`` (see the module doc).  ``run_dir``: the runner's own dir (the git config
     copy goes there; never shown to the lane); ``lane_dir``: the lane's output dir, bound read-write.
     ``state_paths``: the vendor's state, each a ``(private copy, path the vendor expects)`` pair bound read-write
-    (``private_state``), or a path bound as it is.  ``homes``: the users' homes to hide (default
-    ``user_homes()``)."""
+    (``private_state``), or a path bound as it is; ``read_only_state``: such pairs bound read-only (the adapter's
+    ``read_only_state``).  ``homes``: the users' homes to hide (default ``user_homes()``)."""
     cwd = Path(cwd).resolve()
     plan = Plan(cwd=cwd, writable_cwd=writable)
     plan.hide.append(Path(agent_home).resolve())
     plan.homes = list(user_homes() if homes is None else homes)
-    for item in state_paths:
+    for item in [*state_paths, *((src, dest, "ro") for src, dest in read_only_state)]:
         if isinstance(item, tuple):
-            src, dest = item
-            if _inside(Path(dest), [Path("/tmp"), *plan.homes]) is None and not Path(dest).exists():
+            src, dest = Path(item[0]), Path(item[1])
+            if _inside(dest, [Path("/tmp"), *plan.homes]) is None and not dest.exists():
                 try:    # a mount point on the read-only root must exist; in a hidden home bwrap makes it
-                    Path(dest).mkdir(parents=True, exist_ok=True) if Path(src).is_dir() else None
+                    dest.mkdir(parents=True, exist_ok=True) if src.is_dir() else None
                 except OSError:
                     continue
-            plan.over_rw.append((Path(src), Path(os.path.abspath(dest))))
+            (plan.over if len(item) == 3 else plan.over_rw).append((src, Path(os.path.abspath(dest))))
             continue
         extra_writable = [item, *extra_writable]
     for p in extra_writable:
