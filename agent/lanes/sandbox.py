@@ -22,7 +22,8 @@ What a sandboxed lane sees (DESIGN.md "Trust boundaries"):
   URL, nothing git would execute);
 - read-write: what the vendor must write to keep and resume its session (``state_paths`` of its adapter, e.g.
   ``$CODEX_HOME``, ``$CLAUDE_CONFIG_DIR``: the task's private copy shown at that path) and the paths listed in
-  ``vendors.X.writable``;
+  ``vendors.X.writable``; read-only, those state dirs the CLI loads code from (``read_only_state``: opencode's config
+  dir and its plugins), so no lane leaves code there for the task's next lane;
 - its own network namespace: only its vendor's model hosts, through the agent's egress proxy, and no host
   socket dir (``/run``, ``/var/run``, the ledger's and ssh-agent's); see ``agent.lanes.egress``;
 - no unix socket of its own: ``socket(AF_UNIX)`` fails with EPERM (``sandbox.unix_sockets: deny``, the default;
