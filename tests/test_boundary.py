@@ -251,7 +251,8 @@ print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "se
 def test_case4_vendor_state_is_a_private_copy_per_task(tmp_path, monkeypatch):
     """The vendor's dir is never the user's live one: the lane gets a private copy per task holding only what
     login needs.  On main it was bound read-write: the lane wrote a SessionStart hook into the user's
-    settings.json and read other sessions' transcripts.  Its own session files stay for the task's next run."""
+    settings.json and read other sessions' transcripts.  Its own session files stay for the task's next run; the
+    settings it wrote there do not (before, the task's next lane got the hook)."""
     user_cfg = tmp_path / "user-claude"
     (user_cfg / "projects" / "other").mkdir(parents=True)
     (user_cfg / ".credentials.json").write_text('{"token": "LOGIN"}')
@@ -277,7 +278,8 @@ def test_case4_vendor_state_is_a_private_copy_per_task(tmp_path, monkeypatch):
     assert first["settings"] is None and MARKER not in json.dumps(first)   # only login files: no other sessions
     assert not any(name.startswith("projects/other") for name in first["listing"])
     again = run(7, "again")                                                 # the same task: its session is there
-    assert "projects/mine/transcript.jsonl" in again["listing"] and "hooks" in (again["settings"] or "")
+    assert "projects/mine/transcript.jsonl" in again["listing"]
+    assert again["settings"] is None          # not the hook the first run left (claude obeys it: obeyed_files)
     other_task = run(8, "other")                                            # another task: nothing of task 7's
     assert "projects/mine/transcript.jsonl" not in other_task["listing"] and other_task["settings"] is None
     after = {str(p.relative_to(user_cfg)): p.read_bytes() for p in user_cfg.rglob("*") if p.is_file()}
@@ -775,7 +777,9 @@ def test_a_read_only_state_dir_holds_only_what_the_agent_wrote_and_the_lane_cann
     it, and a task's lanes share their private state; issue 34) is bound read-only: the lane reads the agent's files
     there and writes nothing (EROFS), while the vendor's other state dirs stay writable.  What an earlier lane left
     in that private copy (a plugin, a config file the user does not have) is gone before the next lane starts; the
-    user's login file is copied as before.  Before: every state dir was bound read-write and nothing was removed."""
+    user's login file is copied as before.  In the writable dirs, what the CLI obeys or runs (``obeyed``) and a login
+    file the user does not have are gone too, its session state stays.  Before: every state dir was bound read-write
+    and nothing was removed."""
     from agent.infra import proc
     from agent.lanes.files import private_state
     from agent.lanes.sandbox import lane_plan, wrap
@@ -797,8 +801,14 @@ def test_a_read_only_state_dir_holds_only_what_the_agent_wrote_and_the_lane_cann
     (priv / "plugin" / "evil.js").write_text("export const P = async () => ({})")    # an earlier lane's plant
     (priv / "opencode.json").write_text('{"plugin": ["evil"]}')                    # a name the user has no file of
     (priv / "elsewhere").symlink_to(tmp_path)
-    pairs = private_state(root, [data, config], ("opencode.json", "opencode.jsonc"), fixed=fixed)
+    (root / "0-opencode" / "bin").mkdir()
+    (root / "0-opencode" / "bin" / "rg").write_text("#!/bin/sh\n")       # a tool it would run, left by a lane
+    (root / "0-opencode" / "opencode.json").write_text("{}")             # a login name the user has no file of
+    (root / "0-opencode" / "opencode.db").write_text("sessions")         # its session state: kept
+    pairs = private_state(root, [data, config], ("opencode.json", "opencode.jsonc"), fixed=fixed,
+                          obeyed=("bin",))
     assert sorted(p.name for p in priv.iterdir()) == [".gitignore", "opencode.jsonc"]
+    assert sorted(p.name for p in (root / "0-opencode").iterdir()) == ["opencode.db"]
     assert tmp_path.is_dir() and (priv / ".gitignore").read_bytes() == b"node_modules"
 
     plan = lane_plan(cwd=repo, writable=True, agent_home=home, run_dir=home / "run", spec_paths=[],

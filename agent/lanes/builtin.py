@@ -104,6 +104,11 @@ class _Base:
     # what logging in needs, copied from the user's state dirs into the task's private copy (files.private_state)
     login_files: tuple[str, ...] = ()
 
+    # what the CLI obeys or runs from its state dirs besides the login files (instructions, settings with hooks,
+    # plugins, commands; top-level names in a state dir): a task's lanes share their private state, so each lane
+    # starts with none of these (files.private_state): one lane cannot leave them for the next (issue 34)
+    obeyed_files: tuple[str, ...] = ()
+
     # what the CLI writes on a first start before any model turn, made once per binary by ``prime_argv`` and copied
     # into each fresh private state (agent.lanes.vendorstate): top-level file names in a state dir (fnmatch)
     template_files: tuple[str, ...] = ()
@@ -155,6 +160,7 @@ class Codex(_Base):
     name = "codex"
     default_bin = "codex"
     login_files = ("auth.json", "config.toml")
+    obeyed_files = ("AGENTS.md", "AGENTS.override.md", "prompts", "rules", "skills")
     NO_SKILLS = ("-c", "skills.bundled.enabled=false")
     usage_cumulative = True       # run_lane replaces a resumed turn's usage instead of adding it
     # its six SQLite databases (state, logs, memories, queue, goals, ...), migrated: ~60-80 ms of a first start
@@ -236,6 +242,8 @@ class Claude(_Base):
     name = "claude"
     default_bin = "claude"
     login_files = (".credentials.json", ".claude.json")
+    obeyed_files = ("settings.json", "settings.local.json", "CLAUDE.md", "agents", "commands", "hooks",
+                    "output-styles", "plugins", "skills")
     # its global config, made and migrated on a first start (a machine id, migrationVersion): ~14 ms of a start
     # whose config dir has none (an API-key login has no .claude.json to copy; bench/RESULTS.md); only where
     # CLAUDE_CONFIG_DIR is a dir (~/.claude.json is a file of its own)
@@ -316,6 +324,10 @@ class OpenCode(_Base):
     name = "opencode"
     default_bin = "opencode"
     login_files = ("auth.json", "opencode.json", "opencode.jsonc", "config.json")
+    # its config dir is read-only besides (``read_only_state``); its cache dir holds the tools and npm packages it
+    # downloads and runs (``bin/rg``, provider packages)
+    obeyed_files = ("AGENTS.md", "agent", "agents", "command", "commands", "plugin", "plugins", "bin",
+                    "node_modules", "package.json")
     PROMPT = "Follow the task specification below exactly; end with the final report it asks for."
     RESUME_PROMPT = "Read the note below and answer as it asks."
 
@@ -642,6 +654,7 @@ class Gemini(_Base):
     name = "gemini"
     default_bin = "gemini"
     login_files = ("settings.json", "oauth_creds.json", "google_accounts.json", "installation_id")
+    obeyed_files = ("GEMINI.md", "commands", "extensions")
     PROMPT = "Follow the task specification above exactly; end with the final report it asks for."
     RESUME_PROMPT = "Answer the note above."
     _AUTH = re.compile(r"API key not valid|API_KEY_INVALID|UNAUTHENTICATED|PERMISSION_DENIED", re.IGNORECASE)

@@ -205,7 +205,8 @@ def _over_template(data: bytes, template_file: Path) -> bytes:
 
 
 def private_state(root: Path, state_paths: list, login: tuple[str, ...],
-                  template: Path | None = None, fixed: dict | None = None) -> list[tuple[Path, Path]]:
+                  template: Path | None = None, fixed: dict | None = None,
+                  obeyed: tuple[str, ...] = ()) -> list[tuple[Path, Path]]:
     """A private copy of each of a vendor's state paths under ``root`` (one per task: its sessions stay for the
     task's later runs), holding only the login files named in ``login`` copied from the user's (refreshed each
     run), as ``(private, original)`` pairs the sandbox binds read-write in place of the user's live dir.  Nothing a
@@ -214,7 +215,10 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...],
     (agent.lanes.vendorstate); a JSON login file it holds too is the template's document with the login keys laid
     over it (claude's ``.claude.json``: its migrations done, ~30 ms of five rewrites at every start otherwise).
     ``fixed``: ``{original dir: {name: bytes}}`` for the dirs the sandbox binds read-only (the adapter's
-    ``read_only_state``): those files are written too, and nothing else stays in that private copy."""
+    ``read_only_state``): those files are written too, and nothing else stays in that private copy.  In every
+    private copy a login file the user does not have (any more) is removed, and so is each of ``obeyed`` (the
+    adapter's ``obeyed_files``: instructions, hooks, plugins): what the CLI obeys comes from the user or from no
+    one, never from an earlier lane of the task."""
     out: list[tuple[Path, Path]] = []
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     for i, item in enumerate(state_paths):
@@ -241,6 +245,9 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...],
         own = (fixed or {}).get(orig)
         if own is not None:
             _only(priv, own, wrote)
+        else:
+            for name in {*login, *obeyed} - wrote:
+                _remove(priv / name)
         out.append((priv, orig))
     return out
 
@@ -253,9 +260,13 @@ def _only(priv: Path, files: dict[str, bytes], login: set[str]) -> None:
         if read_bytes_nofollow(priv / name, cap=len(data) + 1) != data:
             write_private(priv / name, data)
     for entry in os.scandir(priv):
-        if entry.name in files or entry.name in login:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+        if entry.name not in files and entry.name not in login:
+            _remove(Path(entry.path))
+
+
+def _remove(path: Path) -> None:
+    """Remove what is at ``path``, if anything (a tree without following its links)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)

@@ -610,7 +610,8 @@ class LaneRun:
         fixed = self.vendor.read_only_state(state_env) if hasattr(self.vendor, "read_only_state") else {}
         fixed = {Path(os.path.abspath(os.path.expanduser(str(k)))): v for k, v in fixed.items()}
         state = private_state(self.home / "vendor-state" / scope / self.vendor_name, state,
-                              tuple(getattr(self.vendor, "login_files", ()) or ()), template=template, fixed=fixed)
+                              tuple(getattr(self.vendor, "login_files", ()) or ()), template=template, fixed=fixed,
+                              obeyed=tuple(getattr(self.vendor, "obeyed_files", ()) or ()))
         seed(state, template)
         self.plan = lane_plan(cwd=self.cwd, writable=self.writable, agent_home=self.home, run_dir=self.run_dir,
                               lane_dir=self.lane_dir, spec_paths=[self.spec_path],
