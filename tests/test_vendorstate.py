@@ -155,3 +155,48 @@ def test_a_home_where_nothing_can_be_written_starts_the_lane_without_a_template(
     templates.write_text("not a directory\n")         # what a full or read-only home looks like from here
     assert _template(setup) is None
     assert templates.read_text() == "not a directory\n"
+
+
+def test_a_login_file_the_user_lacks_is_the_templates_again_at_each_lane_and_never_missing(tmp_path):
+    """claude keeps per-project MCP servers (commands it runs) in ``.claude.json``, a login file its template holds
+    too.  A user who logs in by API key has none, so the task's private copy held whatever the task's last lane
+    left there.  Now each lane starts with the template's again (``obeyed``: what the CLI obeys comes from the user
+    or no one), put back in one rename: a lane of the task running beside it (the PR reviewers run side by side)
+    never finds the file missing.  Before: the lane's own copy stayed; removed and seeded, a reader saw it gone."""
+    import json
+    import threading
+
+    user = tmp_path / "user" / ".primed"
+    user.mkdir(parents=True)
+    (user / "login.txt").write_text("token\n")
+    root = tmp_path / "template"
+    (root / "0-.primed").mkdir(parents=True)
+    primed = json.dumps({"migrationVersion": 7}).encode()
+    (root / "0-.primed" / "cfg.json").write_bytes(primed)
+    login = ("login.txt", "cfg.json")
+    pairs = private_state(tmp_path / "task-1", [user], login, template=root)
+    vendorstate.seed(pairs, root)
+    cfg = pairs[0][0] / "cfg.json"
+    assert cfg.read_bytes() == primed
+    cfg.write_text(json.dumps({"migrationVersion": 7, "projects": {"/w": {"mcpServers": {"x": {"command": "sh"}}}}}))
+    misses: list[int] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                cfg.read_bytes()
+            except FileNotFoundError:
+                misses.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(300):
+            pairs = private_state(tmp_path / "task-1", [user], login, template=root)
+            vendorstate.seed(pairs, root)
+    finally:
+        stop.set()
+        reader.join()
+    assert cfg.read_bytes() == primed and (pairs[0][0] / "login.txt").read_text() == "token\n"
+    assert misses == []

@@ -246,8 +246,15 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...],
         if own is not None:
             _only(priv, own, wrote)
         else:
-            for name in {*login, *obeyed} - wrote:
-                _remove(priv / name)
+            for name in sorted({*login, *obeyed} - wrote):
+                # a login file the template holds is put back in one rename, never missing for a moment: a lane of
+                # the task may be running on this state (a task's PR reviewers run side by side)
+                base = None if template is None or name not in login else read_bytes_nofollow(
+                    template / priv.name / name, cap=LOGIN_FILE_CAP)
+                if base is not None:
+                    write_private(priv / name, base)
+                else:
+                    _remove(priv / name)
         out.append((priv, orig))
     return out
 
