@@ -111,12 +111,17 @@ def write_private(path: Path | str, data: str | bytes, mode: int = 0o600) -> Pat
 def fresh_dir(path: Path | str) -> Path:
     """An empty directory at ``path``, whatever was there (a tree is removed without following its links)."""
     p = Path(path)
-    if p.is_symlink() or p.is_file():
-        p.unlink()
-    elif p.exists():
-        shutil.rmtree(p)
+    _remove(p)
     p.mkdir(parents=True, mode=0o700)
     return p
+
+
+def _remove(path: Path) -> None:
+    """Remove what is at ``path``, if anything (a tree without following its links)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 def keep_lane_files(lane_dir: Path, dest: Path, extra_env: dict[str, str] | None = None) -> list[str]:
@@ -204,6 +209,11 @@ def _over_template(data: bytes, template_file: Path) -> bytes:
     return json.dumps({**doc, **login}).encode()
 
 
+def state_origin(item: Path | str) -> Path:
+    """A vendor state path as ``private_state`` pairs it (absolute, ``~`` expanded, links left as named)."""
+    return Path(os.path.abspath(os.path.expanduser(str(item))))
+
+
 def private_state(root: Path, state_paths: list, login: tuple[str, ...],
                   template: Path | None = None, fixed: dict | None = None,
                   obeyed: tuple[str, ...] = ()) -> list[tuple[Path, Path]]:
@@ -222,7 +232,7 @@ def private_state(root: Path, state_paths: list, login: tuple[str, ...],
     out: list[tuple[Path, Path]] = []
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     for i, item in enumerate(state_paths):
-        orig = Path(os.path.abspath(os.path.expanduser(str(item))))
+        orig = state_origin(item)
         priv = root / f"{i}-{orig.name or 'state'}"
         if orig.is_file() or (not orig.exists() and orig.suffix == ".json"):
             data = _login_bytes(orig)
@@ -270,10 +280,3 @@ def _only(priv: Path, files: dict[str, bytes], login: set[str]) -> None:
         if entry.name not in files and entry.name not in login:
             _remove(Path(entry.path))
 
-
-def _remove(path: Path) -> None:
-    """Remove what is at ``path``, if anything (a tree without following its links)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)

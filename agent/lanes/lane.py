@@ -38,7 +38,7 @@ from agent import AgentError
 from agent.infra.text import strip_controls
 from agent.infra.env import lane_env, secret_env_names
 from agent.lanes.files import (binary_key, fresh_dir, keep_lane_files, private_state, read_bytes_nofollow,  # noqa: F401
-                               redact, lane_text, write_private)
+                               redact, lane_text, state_origin, write_private)
 from agent.lanes.report import Report, parse_report, repair_note, verdict
 from agent.lanes.sandbox import (SETUP_RETRIES, SandboxUnavailable, lane_plan, require as require_sandbox,
                                  sandbox_exec_failure, until_set_up, vanished_mount, with_argv_files, wrap)
@@ -608,7 +608,7 @@ class LaneRun:
         template = template_for(self.vendor, self.ctx.bin, originals, state_env, self.home,
                                 self.req.config) if originals else None
         fixed = self.vendor.read_only_state(state_env) if hasattr(self.vendor, "read_only_state") else {}
-        fixed = {Path(os.path.abspath(os.path.expanduser(str(k)))): v for k, v in fixed.items()}
+        fixed = {state_origin(k): v for k, v in fixed.items()}
         state = private_state(self.home / "vendor-state" / scope / self.vendor_name, state,
                               tuple(getattr(self.vendor, "login_files", ()) or ()), template=template, fixed=fixed,
                               obeyed=tuple(getattr(self.vendor, "obeyed_files", ()) or ()))

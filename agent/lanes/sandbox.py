@@ -319,7 +319,7 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
     plan = Plan(cwd=cwd, writable_cwd=writable)
     plan.hide.append(Path(agent_home).resolve())
     plan.homes = list(user_homes() if homes is None else homes)
-    for item in [*state_paths, *((src, dest, "ro") for src, dest in read_only_state)]:
+    for item, binds in [*((i, plan.over_rw) for i in state_paths), *((i, plan.over) for i in read_only_state)]:
         if isinstance(item, tuple):
             src, dest = Path(item[0]), Path(item[1])
             if _inside(dest, [Path("/tmp"), *plan.homes]) is None and not dest.exists():
@@ -327,7 +327,7 @@ def lane_plan(*, cwd: Path, writable: bool, agent_home: Path, run_dir: Path, spe
                     dest.mkdir(parents=True, exist_ok=True) if src.is_dir() else None
                 except OSError:
                     continue
-            (plan.over if len(item) == 3 else plan.over_rw).append((src, Path(os.path.abspath(dest))))
+            binds.append((src, Path(os.path.abspath(dest))))
             continue
         extra_writable = [item, *extra_writable]
     for p in extra_writable:
